@@ -1,0 +1,100 @@
+"""Communication on torch.distributed with gloo (CPU): TP all-reduce, EP all-to-all, all-gather."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from inferhal.core.backend import ParallelLayout
+
+
+class SingleProcessCommunicator:
+    """world_size == 1: every collective is the identity."""
+
+    def __init__(self, layout: ParallelLayout) -> None:
+        self.layout = layout
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [x]
+
+    def all_to_all(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return [c for c in chunks]
+
+    def barrier(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class TorchDistCommunicator:
+    """A process group over ``backend`` (gloo here; NCCL/HCCL in the device backends).
+
+    Collectives have a timeout, so a rank that diverges (e.g. runs a different number of steps) is
+    reported as an error instead of hanging forever.
+    """
+
+    def __init__(self, layout: ParallelLayout, backend: str = "gloo", timeout_s: float = 120.0) -> None:
+        self.layout = layout
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend,
+                init_method=f"tcp://{layout.master_addr}:{layout.master_port}",
+                world_size=layout.world_size,
+                rank=layout.rank,
+                timeout=datetime.timedelta(seconds=timeout_s),
+            )
+        self.group = dist.group.WORLD
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather(self, x: torch.Tensor) -> list[torch.Tensor]:
+        out = [torch.empty_like(x) for _ in range(self.layout.world_size)]
+        dist.all_gather(out, x.contiguous(), group=self.group)
+        return out
+
+    def all_to_all(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Variable-size all-to-all along dim 0 (sizes exchanged first); gloo has no all_to_all, so this
+        uses batched isend/irecv."""
+        n = self.layout.world_size
+        if len(chunks) != n:
+            raise ValueError(f"all_to_all needs {n} chunks, got {len(chunks)}")
+        sizes = torch.tensor([c.shape[0] for c in chunks], dtype=torch.long)
+        recv_sizes = [torch.empty_like(sizes) for _ in range(n)]
+        dist.all_gather(recv_sizes, sizes, group=self.group)
+        me = self.layout.rank
+        tail = chunks[0].shape[1:]
+        dtype = chunks[0].dtype
+        recv = [torch.empty((int(recv_sizes[r][me]), *tail), dtype=dtype) for r in range(n)]
+        ops = []
+        for r in range(n):
+            if r == me:
+                recv[r] = chunks[r].clone()
+                continue
+            ops.append(dist.P2POp(dist.isend, chunks[r].contiguous(), r, group=self.group))
+            ops.append(dist.P2POp(dist.irecv, recv[r], r, group=self.group))
+        if ops:
+            for w in dist.batch_isend_irecv(ops):
+                w.wait()
+        return recv
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def make_communicator(layout: ParallelLayout, backend: str = "gloo"):
+    if layout.world_size == 1:
+        return SingleProcessCommunicator(layout)
+    return TorchDistCommunicator(layout, backend=backend)

@@ -1,0 +1,94 @@
+"""The reference device: any torch device (the CPU by default), with no streams or graphs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+from inferhal.core.backend import KVStorageRequest
+from inferhal.core.profile import DeviceProfile, ExecLevel
+
+DTYPES = frozenset({"float32", "bfloat16", "float16", "float8_e4m3fn", "fp4_e2m1"})
+
+
+def cpu_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def available_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return cpu_memory_bytes() // 2
+
+
+def profile(torch_device: str = "cpu") -> DeviceProfile:
+    return DeviceProfile(
+        backend="reference",
+        device_name=f"PyTorch {torch.__version__} on {torch_device}",
+        torch_device=torch_device,
+        exec_level=ExecLevel.DEVICE,
+        dtypes=DTYPES,
+        # the reference is the oracle: batch-invariant and deterministic by construction (one row at a time)
+        features=frozenset({"batch_invariant", "deterministic", "paged_attention", "paged_sparse_attention",
+                            "fp8_block_linear", "fp4_grouped_gemm"}),
+        memory_bytes=cpu_memory_bytes(),
+        compute_units=os.cpu_count() or 1,
+        sources={"memory_bytes": "os.sysconf", "peak_bandwidth": "not declared: the reference has no roofline"},
+    )
+
+
+class ReferenceDevice:
+    def __init__(self, torch_device: str = "cpu") -> None:
+        self.torch_device = torch.device(torch_device)
+
+    def synchronize(self) -> None:
+        return None
+
+    def stream(self):
+        return contextlib.nullcontext()
+
+    def event(self):
+        return _Event()
+
+    def memory_stats(self) -> dict[str, int]:
+        return {"total": cpu_memory_bytes(), "free": available_memory_bytes()}
+
+
+class _Event:
+    def record(self) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+
+class TorchKVStorage:
+    """One ``[num_blocks, slots_per_block, *slot_shape]`` tensor per (group, layer), zero-initialised."""
+
+    def __init__(self, request: KVStorageRequest, device: str = "cpu") -> None:
+        self.request = request
+        self._caches: dict[tuple[str, int], torch.Tensor] = {}
+        for g in request.groups:
+            for layer in g.layers:
+                self._caches[(g.name, layer)] = torch.zeros(
+                    (request.num_blocks, g.slots_per_block, *g.slot_shape), dtype=g.dtype, device=device
+                )
+
+    def layer_cache(self, group: str, layer: int) -> torch.Tensor:
+        try:
+            return self._caches[(group, layer)]
+        except KeyError:
+            raise KeyError(f"no KV cache for layer {layer} in group {group!r}") from None
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._caches.values())

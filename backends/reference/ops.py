@@ -1,0 +1,150 @@
+"""Reference implementations of the op vocabulary, in plain PyTorch: the numerical oracle.
+
+Each function has the signature documented for its op ID in :mod:`inferhal.core.ops.vocabulary`.
+They favour clarity over speed, accumulate in fp32 and run on any torch device. Model-specific ops
+live in sibling modules (``attention.py``, ``moe.py``, ``mhc.py``) and are collected in :data:`OPS`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from inferhal.backends.reference.quant import dequantize
+from inferhal.core.ops.params import KVWriteParams, RmsNormParams, RopeParams, SampleBatch
+from inferhal.core.ops.quant import QuantWeight
+
+
+def norm_rms(
+    x: torch.Tensor, weight: torch.Tensor | None, p: RmsNormParams, residual: torch.Tensor | None = None
+):
+    h = x if residual is None else x + residual
+    hf = h.float()
+    y = hf * torch.rsqrt(hf.pow(2).mean(dim=-1, keepdim=True) + p.eps)
+    if weight is not None:
+        w = weight.float()
+        y = y * (1.0 + w if p.unit_offset else w)
+    y = y.to(x.dtype)
+    return y if residual is None else (y, h)
+
+
+def rope_apply(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, p: RopeParams) -> torch.Tensor:
+    # x: [T, H, D]; cos_sin: [P, R] = [cos(R/2) | sin(R/2)]
+    r = p.rotary_dim
+    cs = cos_sin[positions.long()].float()  # [T, R]
+    cos, sin = cs[:, None, : r // 2], cs[:, None, r // 2 :]
+    if p.inverse:
+        sin = -sin
+    rot = x[..., :r] if p.placement == "head" else x[..., -r:]
+    rf = rot.float()
+    if p.style == "neox":
+        a, b = rf[..., : r // 2], rf[..., r // 2 :]
+        out = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+    else:
+        a, b = rf[..., 0::2], rf[..., 1::2]
+        out = torch.stack((a * cos - b * sin, b * cos + a * sin), dim=-1).flatten(-2)
+    out = out.to(x.dtype)
+    if p.placement == "head":
+        return torch.cat((out, x[..., r:]), dim=-1)
+    return torch.cat((x[..., :-r], out), dim=-1)
+
+
+def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    wd = dequantize(w, x.dtype) if isinstance(w, QuantWeight) else w.to(x.dtype)
+    return F.linear(x, wd, None if bias is None else bias.to(x.dtype))
+
+
+def embed(ids: torch.Tensor, table: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    x = F.embedding(ids.long(), table)
+    if scale != 1.0:
+        x = x * torch.tensor(scale, dtype=table.dtype)
+    return x
+
+
+def topk_select(scores: torch.Tensor, k: int, valid_len: torch.Tensor | None = None) -> torch.Tensor:
+    # scores: [T, S]; stable ordering: larger score first, then lower index.
+    t, s = scores.shape
+    sc = scores.float()
+    if valid_len is not None:
+        cols = torch.arange(s, device=scores.device)
+        sc = sc.masked_fill(cols[None, :] >= valid_len[:, None], float("-inf"))
+    kk = min(k, s)
+    order = torch.sort(sc, dim=-1, descending=True, stable=True).indices[:, :kk]
+    picked = sc.gather(1, order)
+    idx = torch.where(torch.isinf(picked) & (picked < 0), torch.full_like(order, -1), order)
+    if kk < k:
+        idx = torch.cat((idx, idx.new_full((t, k - kk), -1)), dim=1)
+    return idx
+
+
+def kv_write(
+    values: torch.Tensor,
+    cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    p: KVWriteParams = KVWriteParams(),
+    scale_cache: torch.Tensor | None = None,
+) -> None:
+    # values: [T, *slot]; cache: [NB, BS, *slot]; slot_mapping: [T] flat slots, -1 = skip
+    flat = cache.view(-1, *cache.shape[2:])
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    v = values[keep]
+    if p.quant == "fp8":
+        if scale_cache is None:
+            raise ValueError("kv.write with quant='fp8' needs scale_cache [NB, BS]")
+        amax = v.float().reshape(v.shape[0], -1).abs().amax(dim=1).clamp(min=1e-12)
+        scale = amax / 448.0
+        shape = (-1,) + (1,) * (v.dim() - 1)
+        flat[slots] = (v.float() / scale.view(shape)).clamp(-448, 448).to(flat.dtype)
+        scale_cache.view(-1)[slots] = scale.to(scale_cache.dtype)
+    else:
+        flat[slots] = v.to(flat.dtype)
+
+
+def sample(logits: torch.Tensor, p: SampleBatch) -> torch.Tensor:
+    # logits: [B, V] -> tokens [B]; each row uses only its own settings and generator.
+    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    for i in range(logits.shape[0]):
+        row = logits[i].float()
+        temp = p.temperature[i]
+        if temp <= 0.0:
+            out[i] = torch.argmax(row)
+            continue
+        row = row / temp
+        k = p.top_k[i]
+        if 0 < k < row.numel():
+            kth = torch.topk(row, k).values[-1]
+            row = row.masked_fill(row < kth, float("-inf"))
+        probs = torch.softmax(row, dim=-1)
+        top_p = p.top_p[i]
+        if top_p < 1.0:
+            sp, si = torch.sort(probs, descending=True, stable=True)
+            cum = torch.cumsum(sp, dim=-1)
+            drop = (cum - sp) > top_p  # keep the smallest prefix whose mass reaches top_p
+            sp = sp.masked_fill(drop, 0.0)
+            probs = torch.zeros_like(probs).scatter(0, si, sp)
+        if p.min_p and p.min_p[i] > 0:
+            probs = probs.masked_fill(probs < p.min_p[i] * probs.max(), 0.0)
+        gen = p.generators[i] if p.generators else None
+        out[i] = torch.multinomial(probs / probs.sum(), 1, generator=gen)[0]
+    return out
+
+
+def _ops() -> dict:
+    from inferhal.backends.reference import attention, moe, mhc
+
+    table = {
+        "norm.rms": norm_rms,
+        "rope.apply": rope_apply,
+        "linear": linear,
+        "embed": embed,
+        "topk.select": topk_select,
+        "kv.write": kv_write,
+        "sample": sample,
+    }
+    for mod in (attention, moe, mhc):
+        table.update(mod.OPS)
+    return table
+
+
+OPS = _ops()

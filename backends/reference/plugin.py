@@ -1,0 +1,63 @@
+"""Hook implementations of the reference backend (and nothing else)."""
+
+from __future__ import annotations
+
+from inferhal.core.hookspecs import API_VERSION, hookimpl
+from inferhal.core.profile import Probe
+
+
+@hookimpl
+def inferhal_api_version():
+    return API_VERSION
+
+
+@hookimpl
+def inferhal_probe():
+    return Probe(True, "plain PyTorch on the CPU: always available")
+
+
+@hookimpl
+def inferhal_device_profile(config):
+    from inferhal.backends.reference import device
+
+    return device.profile(str(config.options.get("torch_device", "cpu")))
+
+
+@hookimpl
+def inferhal_device(profile):
+    from inferhal.backends.reference.device import ReferenceDevice
+
+    return ReferenceDevice(profile.torch_device)
+
+
+@hookimpl
+def inferhal_declared_ops():
+    from inferhal.backends.reference.ops import OPS
+
+    return dict.fromkeys(OPS, "device")
+
+
+@hookimpl
+def inferhal_provide_ops():
+    from inferhal.backends.reference.ops import OPS
+
+    return dict(OPS)
+
+
+@hookimpl
+def inferhal_kv_storage(request, profile):
+    from inferhal.backends.reference.device import TorchKVStorage
+
+    return TorchKVStorage(request, profile.torch_device)
+
+
+@hookimpl
+def inferhal_communicator(layout):
+    from inferhal.backends.reference.comm import make_communicator
+
+    return make_communicator(layout, backend="gloo")
+
+
+@hookimpl
+def inferhal_graph_runner():
+    return None

@@ -1,0 +1,135 @@
+"""The objects backends construct through the hooks of :mod:`inferhal.core.hookspecs`.
+
+Protocols say what core needs from a backend; the dataclasses are the plain data that travels into
+the hooks. Nothing here names a device.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+import torch
+
+
+# --------------------------------------------------------------------------------------------------
+# Device: streams, events, synchronisation
+# --------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Device(Protocol):
+    """The runtime device. The only way core touches streams and events."""
+
+    torch_device: torch.device
+
+    def synchronize(self) -> None: ...
+
+    def stream(self) -> AbstractContextManager[Any]:
+        """A context manager that runs enclosed work on a side stream (a no-op where there is none)."""
+
+    def event(self) -> Any:
+        """An event object with ``record()`` and ``synchronize()``."""
+
+    def memory_stats(self) -> dict[str, int]:
+        """At least ``{"total": bytes, "free": bytes}``; the KV planner sizes the pool from it."""
+
+
+# --------------------------------------------------------------------------------------------------
+# KV storage
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KVGroupLayout:
+    """One layer group of the paged KV pool.
+
+    ``slots_per_block`` is ``block_size // tokens_per_slot`` (a CSA group with ratio 4 and 256-token
+    blocks has 64 slots per block); ``slot_shape`` is the shape of one slot's entry in one layer
+    (e.g. ``(2, num_kv_heads, head_dim)`` for K and V, ``(512,)`` for a latent KV entry).
+    """
+
+    name: str
+    layers: tuple[int, ...]
+    slots_per_block: int
+    slot_shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def slot_bytes(self) -> int:
+        n = 1
+        for d in self.slot_shape:
+            n *= d
+        return n * torch.empty((), dtype=self.dtype).element_size()
+
+
+@dataclass(frozen=True)
+class KVStorageRequest:
+    num_blocks: int
+    block_size: int
+    groups: tuple[KVGroupLayout, ...]
+
+
+@runtime_checkable
+class KVStorage(Protocol):
+    """Backing memory of the block pool, per layer group and layer."""
+
+    request: KVStorageRequest
+
+    def layer_cache(self, group: str, layer: int) -> torch.Tensor:
+        """``[num_blocks, slots_per_block, *slot_shape]`` tensor of that layer in that group."""
+
+    def nbytes(self) -> int: ...
+
+
+# --------------------------------------------------------------------------------------------------
+# Communication
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Where this process sits in the parallel layout (``parallel`` config group, resolved)."""
+
+    world_size: int = 1
+    rank: int = 0
+    tp: int = 1
+    ep: int = 1
+    dp: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside world_size {self.world_size}")
+
+
+@runtime_checkable
+class Communicator(Protocol):
+    """Collectives over a torch.distributed process group (identities when ``world_size == 1``)."""
+
+    layout: ParallelLayout
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def all_gather(self, x: torch.Tensor) -> list[torch.Tensor]: ...
+
+    def all_to_all(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Send ``chunks[r]`` to rank ``r``; return what each rank sent here, in rank order."""
+
+    def barrier(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------------------------------
+# Graphs
+# --------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class GraphRunner(Protocol):
+    """Captures a callable for a fixed input signature and replays it."""
+
+    def capture(self, fn: Callable[..., Any], *example_args: Any) -> Callable[..., Any]: ...

@@ -1,0 +1,1 @@
+"""The ``inferhal`` command line; one module ``cmd_<name>.py`` per command (see main.py)."""

@@ -1,0 +1,144 @@
+"""The ``inferhal`` command: ``inferhal COMMAND [SUBCOMMAND] [hydra overrides] [-m]``.
+
+Each command lives in ``inferhal.core.cli.cmd_<command>`` and exposes ``run(cfg, words)``, where ``cfg``
+is the composed root config and ``words`` the subcommand words (``inferhal plan kv`` → ``["kv"]``).
+Overrides are validated against the schemas before anything runs, so a typo fails fast with the
+field or option it names and the valid choices; ``-m`` sweeps through Hydra's multirun.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import pkgutil
+import sys
+from typing import Sequence
+
+from inferhal.core.config.errors import ConfigError, explain
+from inferhal.core.config.schema import register_schemas
+
+CONF_MODULE = "inferhal.conf"
+USAGE = "usage: inferhal COMMAND [SUBCOMMAND...] [key=value ...] [-m]"
+
+
+def commands() -> list[str]:
+    import inferhal.core.cli as pkg
+
+    return sorted(m.name[4:] for m in pkgutil.iter_modules(pkg.__path__) if m.name.startswith("cmd_"))
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+    """→ (command words, overrides, flags)."""
+    words, overrides, flags = [], [], []
+    for arg in argv:
+        if arg.startswith("-"):
+            flags.append(arg)
+        elif "=" in arg or overrides:
+            overrides.append(arg)
+        else:
+            words.append(arg)
+    return words, overrides, flags
+
+
+def compose(overrides: Sequence[str] = (), command: str = "config"):
+    """Compose the root config with ``overrides`` (raises ConfigError with a clear message)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_schemas()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module=CONF_MODULE, version_base=None):
+            return hydra_compose(config_name="config", overrides=[*overrides, f"command='{command}'"])
+    except Exception as exc:
+        raise ConfigError(explain(exc, overrides)) from exc
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def _first_of_sweep(overrides: Sequence[str]) -> list[str]:
+    """For validation before a multirun: each sweep override replaced by its first value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out = []
+    for ov in OverridesParser.create().parse_overrides(list(overrides)):
+        if ov.is_sweep_override():
+            first = next(iter(ov.sweep_string_iterator()))
+            out.append(f"{ov.get_key_element()}={first}")
+        else:
+            out.append(ov.input_line)
+    return out
+
+
+def dispatch(cfg) -> int:
+    words = str(cfg.command).split()
+    logging.basicConfig(level=getattr(logging, str(cfg.log_level).upper(), logging.WARNING),
+                        format="%(levelname)s %(name)s: %(message)s")
+    module = importlib.import_module(f"inferhal.core.cli.cmd_{words[0]}")
+    rc = module.run(cfg, words[1:])
+    return int(rc or 0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    words, overrides, flags = split_argv(argv)
+    if not words or words[0] in ("help",) or "-h" in flags or "--help" in flags:
+        print(USAGE)
+        print("commands: " + ", ".join(commands()))
+        print("examples: inferhal generate prompt='Hello'   inferhal backends   inferhal config backend=reference")
+        return 0 if words[:1] in ([], ["help"]) or "-h" in flags or "--help" in flags else 2
+    if words[0] not in commands():
+        import difflib
+
+        close = difflib.get_close_matches(words[0], commands(), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        print(f"inferhal: unknown command {words[0]!r}.{hint} Commands: {', '.join(commands())}", file=sys.stderr)
+        return 2
+    command = " ".join(words)
+    multirun = "-m" in flags or "--multirun" in flags
+    unknown = [f for f in flags if f not in ("-m", "--multirun")]
+    if unknown:
+        print(f"inferhal: unknown flag(s) {' '.join(unknown)}; {USAGE}", file=sys.stderr)
+        return 2
+    try:
+        cfg = compose(_first_of_sweep(overrides) if multirun else overrides, command)
+    except ConfigError as exc:
+        print(f"inferhal: {exc}", file=sys.stderr)
+        return 2
+    if not multirun:
+        return _run_reporting(cfg)
+    return _multirun(overrides, command)
+
+
+def _run_reporting(cfg) -> int:
+    from inferhal.core.errors import UserError
+
+    try:
+        return dispatch(cfg)
+    except (UserError, ConfigError) as exc:
+        print(f"inferhal: {exc}", file=sys.stderr)
+        return 2
+
+
+def _multirun(overrides: Sequence[str], command: str) -> int:
+    import hydra
+
+    register_schemas()
+    status: list[int] = []
+
+    @hydra.main(version_base=None, config_path=f"pkg://{CONF_MODULE}", config_name="config")
+    def _job(cfg) -> None:
+        status.append(_run_reporting(cfg))
+
+    saved = sys.argv
+    sys.argv = ["inferhal", "--multirun", *overrides, f"command='{command}'"]
+    try:
+        _job()
+    finally:
+        sys.argv = saved
+    return max(status, default=0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

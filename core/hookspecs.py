@@ -1,0 +1,205 @@
+"""The whole backend contract of inferhal, as pluggy hook specifications.
+
+A backend is a module (or object) of ``@hookimpl`` functions, registered through the entry-point
+group ``inferhal.backends``; the entry-point name is the backend name used in ``backend=NAME``.
+The in-tree backends (``reference``, ``cuda_sm100``, ``ascend950``) register exactly that way.
+
+The registry calls every hook on *one* backend at a time (pluggy's ``subset_hook_caller``), so each
+hook sees only its own implementation. Hooks construct; the typed objects they return do the work
+(see :mod:`inferhal.core.backend` for the Protocols). pluggy lets an implementation accept fewer
+arguments than its spec, so this contract can grow without breaking a backend; the registry runs
+``check_pending()`` so that an implementation matching no spec is an error, not a silent no-op.
+
+Hooks marked *required* must be implemented; the registry refuses a backend without them. A backend
+that implements an optional hook returns ``None`` to mean "not provided".
+
+Importing this module imports no device library; nor may any hook implementation at import time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+import pluggy
+
+if TYPE_CHECKING:  # pragma: no cover - names for the docstrings and type checkers only
+    from inferhal.core.backend import Communicator, Device, GraphRunner, KVStorage
+    from inferhal.core.config.schema import BackendConfig
+    from inferhal.core.ops.table import OpImpl
+    from inferhal.core.profile import DeviceProfile, Probe
+    from inferhal.core.backend import KVStorageRequest, ParallelLayout
+
+PROJECT = "inferhal"
+
+#: The version of this contract. A backend declares the version it was written against through
+#: :func:`inferhal_api_version`; the registry refuses a different major version with a clear message.
+API_VERSION = 1
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# --------------------------------------------------------------------------------------------------
+# Registration and probing
+# --------------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def inferhal_api_version() -> int:
+    """*Required.* Return the :data:`API_VERSION` this backend was written against.
+
+    Checked once at registration; a mismatch makes the backend unavailable with a reason that names
+    both versions. firstresult.
+    """
+
+
+@hookspec(firstresult=True)
+def inferhal_probe(config: "BackendConfig") -> "Probe":
+    """*Required.* Say whether this backend can run here, without side effects.
+
+    :param config: the ``backend`` config group; e.g. ``interpret=true`` lets a kernel backend run in
+        its interpreter on a machine without its device.
+
+    Return a :class:`~inferhal.core.profile.Probe` (``available``, a one-line ``reason`` that a user
+    can act on, and optional ``details`` such as the driver version or the device count).
+
+    Must not initialise a device, create a context, allocate memory or spawn a process: it is called
+    for every installed backend by ``inferhal backends`` and by every failed selection. Catch the
+    import and driver errors of the device stack and turn them into ``available=False`` with the
+    reason. firstresult.
+    """
+
+
+# --------------------------------------------------------------------------------------------------
+# Capability data
+# --------------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def inferhal_device_profile(config: "BackendConfig") -> "DeviceProfile":
+    """*Required.* Describe the device this backend will run on, as data.
+
+    :param config: the ``backend`` config group (``name``, ``strict``, ``interpret``, ``device_index``,
+        ``options``).
+    :returns: a :class:`~inferhal.core.profile.DeviceProfile`: the torch device string, supported
+        dtypes, feature names (e.g. ``fp4_grouped_gemm``, ``paged_sparse_attention``), memory capacity,
+        peak memory bandwidth, peak FLOP/s per dtype, alignment rules, and the execution level its
+        native ops run at (``device``, ``interpreter``, ``compiled``, ``wired-unrun``).
+
+    Only called on an available backend. Core and model code ask this profile for capabilities,
+    never for chip names. firstresult.
+    """
+
+
+@hookspec(firstresult=True)
+def inferhal_device(profile: "DeviceProfile", config: "BackendConfig") -> "Device":
+    """*Required.* Construct the runtime device object: streams, events, synchronisation, memory stats.
+
+    Streams and events are obtained only through the returned
+    :class:`~inferhal.core.backend.Device`; core code never calls a device library directly.
+    This is the first hook allowed to initialise the device. firstresult.
+    """
+
+
+# --------------------------------------------------------------------------------------------------
+# Ops
+# --------------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def inferhal_provide_ops(profile: "DeviceProfile", config: "BackendConfig") -> "Mapping[str, OpImpl]":
+    """*Required.* Return the ops this backend implements natively, by op ID.
+
+    :returns: a mapping from op IDs of :mod:`inferhal.core.ops.vocabulary` (e.g. ``"norm.rms"``) to
+        callables with the signature documented there for that ID. An unknown op ID is an error at
+        selection. An op may be wrapped in :class:`~inferhal.core.ops.table.OpImpl` to state its
+        execution level when it differs from the profile's (e.g. one op compiled, another fallback).
+
+    Ops left out fall back to the ``reference`` backend's implementation, visibly: ``inferhal
+    backends`` prints the coverage matrix, a warning is logged once per op, and
+    ``backend.strict=true`` turns a fallback into an error. firstresult.
+    """
+
+
+@hookspec(firstresult=True)
+def inferhal_declared_ops() -> "Mapping[str, str] | None":
+    """*Optional.* The ops this backend implements and the execution level each would run at, as data,
+    without probing or touching a device (``{"norm.rms": "device", "attn.paged": "wired-unrun"}``).
+
+    Lets ``inferhal backends`` print the coverage matrix for a backend that is unavailable here.
+    ``None`` means "ask :func:`inferhal_provide_ops` when available". firstresult.
+    """
+
+
+# --------------------------------------------------------------------------------------------------
+# Memory
+# --------------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def inferhal_kv_storage(request: "KVStorageRequest", profile: "DeviceProfile") -> "KVStorage":
+    """*Required.* Allocate the backing memory of the paged KV block pool.
+
+    :param request: a :class:`~inferhal.core.backend.KVStorageRequest`: number of blocks, block size
+        in tokens, and one :class:`~inferhal.core.backend.KVGroupLayout` per layer group (slot shape,
+        dtype, layers). All groups share one pool of ``num_blocks`` blocks.
+    :returns: a :class:`~inferhal.core.backend.KVStorage` whose ``layer_cache(group, layer)`` returns
+        a tensor of shape ``[num_blocks, slots_per_block, *slot_shape]`` on the device. firstresult.
+    """
+
+
+# --------------------------------------------------------------------------------------------------
+# Communication
+# --------------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def inferhal_communicator(layout: "ParallelLayout", profile: "DeviceProfile") -> "Communicator":
+    """*Required.* Construct the communicator for this rank: a torch.distributed process group and
+    the collectives the engine needs (all-reduce for TP, all-to-all / dispatch-combine for EP,
+    all-gather, barrier).
+
+    :param layout: a :class:`~inferhal.core.backend.ParallelLayout` (world size, rank, tp, ep, dp,
+        the rendezvous address). With ``world_size == 1`` return a communicator whose collectives
+        are identities; no process group is created. firstresult.
+    """
+
+
+# --------------------------------------------------------------------------------------------------
+# Graphs
+# --------------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def inferhal_graph_runner(profile: "DeviceProfile", config: "BackendConfig") -> "GraphRunner | None":
+    """*Optional.* Return a :class:`~inferhal.core.backend.GraphRunner` that captures and replays a
+    step (e.g. CUDA graphs), or ``None`` when the backend has no graphs; the engine then runs eagerly.
+    firstresult.
+    """
+
+
+# --------------------------------------------------------------------------------------------------
+# Escape hatch
+# --------------------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def inferhal_backend_extra(name: str, profile: "DeviceProfile") -> Any:
+    """*Optional.* Named lookup for backend-specific extras that the contract does not cover.
+
+    Core and models never depend on an extra; tools and tests may (e.g. ``"kernel_sources"`` for the
+    ahead-of-time compiler, ``"npu_call_log"`` for the Ascend contract recorder). Return ``None``
+    for an unknown name; :meth:`ActiveBackend.extra <inferhal.core.registry.ActiveBackend.extra>`
+    turns that into a ``KeyError`` that names the backend. firstresult.
+    """
+
+
+REQUIRED_HOOKS = (
+    "inferhal_api_version",
+    "inferhal_probe",
+    "inferhal_device_profile",
+    "inferhal_device",
+    "inferhal_provide_ops",
+    "inferhal_kv_storage",
+    "inferhal_communicator",
+)

@@ -1,0 +1,69 @@
+"""The contract between the engine (model runner) and a model family. Plain data in, logits out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+import torch
+
+from inferhal.core.ops.params import AttnBatch
+from inferhal.core.paging.spec import KVGroupSpec
+
+
+@dataclass(frozen=True)
+class ForwardBatch:
+    """One step's tokens, flattened over sequences.
+
+    ``input_ids[T]`` and ``positions[T]``; ``attn[group]`` is the :class:`AttnBatch` of each KV group the
+    model declared (same ``query_start_loc``; lengths, block tables and slot mappings per group);
+    ``logits_indices[B']`` are the rows of the flat batch whose next-token logits are wanted (usually the
+    last scheduled token of each sequence that is done with its prompt).
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    query_start_loc: torch.Tensor
+    attn: Mapping[str, AttnBatch]
+    logits_indices: torch.Tensor
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class KVCache(Protocol):
+    def layer_cache(self, group: str, layer: int) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class CausalLM(Protocol):
+    """A loaded model bound to one backend's op table."""
+
+    vocab_size: int
+    max_model_len: int
+
+    def kv_groups(self) -> Sequence[KVGroupSpec]:
+        """The paged KV layer groups this model reads and writes."""
+
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """Write this step's KV into ``kv`` and return fp32 logits ``[len(batch.logits_indices), vocab]``."""
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str: ...
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    tokenizer: Tokenizer | None
+    name: str
+    family: str
+    info: Mapping[str, Any] = field(default_factory=dict)

@@ -1,0 +1,160 @@
+"""The fixed vocabulary of semantic op IDs, with the signature every backend implements.
+
+Shapes use ``T`` tokens in the batch, ``B`` sequences, ``H`` query heads, ``Hk`` KV heads, ``D`` head dim,
+``E`` experts, ``K`` top-k. Every op is a pure function of tensors and one frozen params dataclass from
+:mod:`inferhal.core.ops.params`; it reads no global state. Unless stated, outputs have the dtype of the
+first input and reductions accumulate in fp32.
+
+A backend implements any subset (``inferhal_provide_ops``); the rest fall back to ``reference``, visibly.
+Adding an op: add an :class:`OpSpec` here, its reference implementation in
+``backends/reference/ops.py`` and its conformance case in ``tests/conformance/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    id: str
+    signature: str
+    doc: str
+
+
+def _spec(id: str, signature: str, doc: str) -> OpSpec:
+    return OpSpec(id, signature, " ".join(doc.split()))
+
+
+OPS: dict[str, OpSpec] = {
+    s.id: s
+    for s in (
+        _spec(
+            "norm.rms",
+            "(x[T,D], weight[D]|None, p: RmsNormParams, residual[T,D]|None=None) -> y | (y, h)",
+            """RMSNorm over the last dim in fp32: y = x/rms(x) * w (or * (1+w) when p.unit_offset).
+            With a residual, h = x + residual is normalised and (y, h) is returned (fused residual add).""",
+        ),
+        _spec(
+            "rope.apply",
+            "(x[T,H,D], positions[T] int64, cos_sin[P, R] fp32, p: RopeParams) -> x'[T,H,D]",
+            """Rotary embedding on the R rotary channels of each head (p.rotary_dim, at the head's start
+            or end per p.placement), with cos_sin[pos] = [cos(R/2) | sin(R/2)] precomputed by core
+            (YaRN and other scalings live there). p.style 'neox' rotates halves, 'interleaved' rotates
+            even/odd pairs. p.inverse applies the conjugate rotation (DeepSeek-V4 attention output).""",
+        ),
+        _spec(
+            "linear",
+            "(x[T,K], w[N,K] | QuantWeight, bias[N]|None=None) -> y[T,N]",
+            """y = x @ w.T (+ bias). w is a plain tensor, or a QuantWeight in format fp8_block (e4m3
+            with one fp32/ue8m0 scale per 128x128 block) or fp4_group (e2m1 packed two per uint8, one
+            scale per 32-element group along K). The reference dequantises then matmuls in x's dtype.""",
+        ),
+        _spec(
+            "attn.paged",
+            "(q[T,H,D], kv_cache[NB,BS,*slot], batch: AttnBatch, p: AttnParams, sinks[H]|None=None) -> o[T,H,Dv]",
+            """Causal attention of each sequence's new query tokens over its paged KV (already written by
+            kv.write). slot = (K[Hk,D], V[Hk,Dv]) stacked as [2,Hk,D], or one shared latent [Hk,D] when
+            p.shared_kv (K = V). GQA/MQA by H % Hk. p.window > 0 keeps keys with pos > q_pos - window.
+            Optional learned sinks join the softmax denominator only. p.softcap tanh-caps logits.""",
+        ),
+        _spec(
+            "attn.sparse_topk",
+            "(q[T,H,D], kv_cache, batch: AttnBatch, comp_cache, comp_batch: AttnBatch, topk_idx[T,K] int, p: AttnParams, sinks[H]) -> o[T,H,D]",
+            """DeepSeek-V4 hybrid attention: one softmax (with sinks) over the sliding-window keys of
+            kv_cache and the compressed entries topk_idx[t] (-1 = none) of comp_cache. CSA passes the
+            indexer's top-k; HCA passes every causally visible compressed entry.""",
+        ),
+        _spec(
+            "attn.compress",
+            "(kv[T,Dc], gate[T,Dc], state, batch, p: CompressParams) -> entries[N,D]",
+            """CSA/HCA compressor: softmax-gated (with learned position bias) pooling of each closed
+            window of p.ratio tokens (CSA overlaps windows at stride ratio), RMSNorm, RoPE at the
+            window's position.""",
+        ),
+        _spec(
+            "indexer.scores",
+            "(q[T,Hi,Di], keys[S,Di], weights[T,Hi], p: IndexerParams) -> scores[T,S] fp32",
+            """Lightning indexer: score[t,s] = sum_h weights[t,h] * relu(q[t,h] . keys[s]) * scale.""",
+        ),
+        _spec(
+            "topk.select",
+            "(scores[T,S], k: int, valid_len[T]|None=None) -> idx[T,k] int64",
+            """Indices of the k largest scores per row, ties broken by lower index; positions
+            >= valid_len[t] are excluded and padded with -1 when fewer than k remain.""",
+        ),
+        _spec(
+            "moe.route",
+            "(logits[T,E], p: RouteParams, bias[E]|None=None, hash_ids[T,K]|None=None) -> (weights[T,K] fp32, ids[T,K] int64)",
+            """Expert choice: scores = sqrtsoftplus|sigmoid|softmax(logits); ids = top-k of scores + bias
+            (bias only chooses), or the hash table's ids when given; weights = scores[ids], renormalised
+            when p.renormalize, times p.routed_scaling.""",
+        ),
+        _spec(
+            "moe.experts",
+            "(x[T,D], weights[T,K], ids[T,K], w_gate_up[E,2I,D]|QuantWeight, w_down[E,D,I]|QuantWeight, p: ExpertsParams) -> y[T,D]",
+            """Grouped expert GEMMs with SwiGLU: for each (t, k), silu(clamp(g)) * clamp(u) through
+            w_down, scaled by weights[t,k] and summed over k. Gate clamps above at p.swiglu_limit, up
+            clamps to +-limit (0 = no clamp). ids outside [0, E) are skipped (EP-remote experts).""",
+        ),
+        _spec(
+            "moe.dispatch",
+            "(x[T,D], ids[T,K], comm: Communicator, p: EPParams) -> DispatchResult",
+            """EP all-to-all: send each (token, choice) to the rank owning its physical expert; return the
+            received tokens, their local expert ids and the handle combine needs.""",
+        ),
+        _spec(
+            "moe.combine",
+            "(y_local[R,D], weights[T,K], handle, comm: Communicator, p: EPParams) -> y[T,D]",
+            """Inverse of moe.dispatch: return expert outputs to their source ranks and sum them, in a fixed
+            order, weighted by the routing weights.""",
+        ),
+        _spec(
+            "mhc.pre",
+            "(streams[T,N,D], fn[(2+N)N, N*D], base[(2+N)N], scale[3], p: MhcParams) -> (x[T,D], post[T,N], comb[T,N,N])",
+            """Manifold-constrained hyper-connection, entry side: mixing weights from the normalised
+            flattened streams (pre = sigmoid + eps, post = 2 sigmoid, comb = softmax + eps projected by
+            p.sinkhorn_iters Sinkhorn-Knopp steps); x = sum_n pre[n] streams[n].""",
+        ),
+        _spec(
+            "mhc.post",
+            "(y[T,D], streams[T,N,D], post[T,N], comb[T,N,N]) -> streams'[T,N,D]",
+            """Exit side: streams' = post (x) y + comb^T @ streams (each output stream mixes the inputs).""",
+        ),
+        _spec(
+            "kv.write",
+            "(values[T,*slot], cache[NB,BS,*slot], slot_mapping[T] int64, p: KVWriteParams) -> None",
+            """Scatter one entry per token into its page slot (flat slot = block*BS + offset; -1 skips).
+            With p.quant 'fp8' the cache is e4m3 with one fp32 scale per entry in p.scale_cache.""",
+        ),
+        _spec(
+            "sample",
+            "(logits[B,V] fp32, p: SampleBatch) -> tokens[B] int64",
+            """Per row: greedy when temperature == 0, otherwise temperature, top-k, top-p (min-p) filtering
+            then a draw from the row's own torch.Generator (so a seeded row does not depend on the batch).""",
+        ),
+        _spec(
+            "spec.verify",
+            "(draft_ids[B,S], draft_probs[B,S,V]|None, target_logits[B,S+1,V], p: SampleBatch) -> (accepted[B,S+1], n_accepted[B])",
+            """Speculative rejection sampling (exact for temperature > 0, prefix match when greedy).""",
+        ),
+        _spec(
+            "embed",
+            "(ids[T] int64, table[V,D], scale: float) -> x[T,D]",
+            """Embedding lookup times scale (Gemma multiplies by sqrt(D) in the table dtype).""",
+        ),
+    )
+}
+
+
+def op_ids() -> tuple[str, ...]:
+    return tuple(OPS)
+
+
+def check_op_id(op_id: str) -> None:
+    if op_id not in OPS:
+        import difflib
+
+        close = difflib.get_close_matches(op_id, OPS, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise KeyError(f"unknown op id {op_id!r}{hint} (known: {', '.join(OPS)})")
