@@ -73,16 +73,28 @@ class _Event:
 
 
 class TorchKVStorage:
-    """One ``[num_blocks, slots_per_block, *slot_shape]`` tensor per (group, layer), zero-initialised."""
+    """The shared block pool, laid out as vLLM does for hybrid models.
+
+    Every group's page (``slots_per_block * slot_bytes``) is padded to one ``page_bytes``; the i-th layer
+    of every group views the same ``[num_blocks, page_bytes]`` byte buffer. A block id belongs to one
+    group at a time (the block pool guarantees it), so the views never alias live data, and memory is
+    ``num_blocks * page_bytes * max(layers per group)`` instead of one pool per group.
+    """
 
     def __init__(self, request: KVStorageRequest, device: str = "cpu") -> None:
         self.request = request
+        groups = request.groups
+        self.page_bytes = max((g.slots_per_block * g.slot_bytes for g in groups), default=0)
+        self.page_bytes += -self.page_bytes % 16
+        n_slots = max((len(g.layers) for g in groups), default=0)
+        self._buffers = [torch.zeros((request.num_blocks, self.page_bytes), dtype=torch.uint8, device=device)
+                         for _ in range(n_slots)]
         self._caches: dict[tuple[str, int], torch.Tensor] = {}
-        for g in request.groups:
-            for layer in g.layers:
-                self._caches[(g.name, layer)] = torch.zeros(
-                    (request.num_blocks, g.slots_per_block, *g.slot_shape), dtype=g.dtype, device=device
-                )
+        for g in groups:
+            nbytes = g.slots_per_block * g.slot_bytes
+            for i, layer in enumerate(g.layers):
+                raw = self._buffers[i][:, :nbytes]
+                self._caches[(g.name, layer)] = raw.view(g.dtype).view(request.num_blocks, g.slots_per_block, *g.slot_shape)
 
     def layer_cache(self, group: str, layer: int) -> torch.Tensor:
         try:
@@ -91,4 +103,4 @@ class TorchKVStorage:
             raise KeyError(f"no KV cache for layer {layer} in group {group!r}") from None
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self._caches.values())
+        return sum(b.numel() for b in self._buffers)

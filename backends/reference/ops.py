@@ -84,10 +84,11 @@ def kv_write(
     p: KVWriteParams = KVWriteParams(),
     scale_cache: torch.Tensor | None = None,
 ) -> None:
-    # values: [T, *slot]; cache: [NB, BS, *slot]; slot_mapping: [T] flat slots, -1 = skip
-    flat = cache.view(-1, *cache.shape[2:])
+    # values: [T, *slot]; cache: [NB, BS, *slot] (may be a strided view); slot_mapping: [T], -1 = skip
+    bs = cache.shape[1]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
+    blk, off = slots // bs, slots % bs
     v = values[keep]
     if p.quant == "fp8":
         if scale_cache is None:
@@ -95,10 +96,10 @@ def kv_write(
         amax = v.float().reshape(v.shape[0], -1).abs().amax(dim=1).clamp(min=1e-12)
         scale = amax / 448.0
         shape = (-1,) + (1,) * (v.dim() - 1)
-        flat[slots] = (v.float() / scale.view(shape)).clamp(-448, 448).to(flat.dtype)
-        scale_cache.view(-1)[slots] = scale.to(scale_cache.dtype)
+        cache[blk, off] = (v.float() / scale.view(shape)).clamp(-448, 448).to(cache.dtype)
+        scale_cache[blk, off] = scale.to(scale_cache.dtype)
     else:
-        flat[slots] = v.to(flat.dtype)
+        cache[blk, off] = v.to(cache.dtype)
 
 
 def sample(logits: torch.Tensor, p: SampleBatch) -> torch.Tensor:
