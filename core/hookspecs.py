@@ -2,7 +2,7 @@
 
 A backend is a module (or object) of ``@hookimpl`` functions, registered through the entry-point
 group ``inferhal.backends``; the entry-point name is the backend name used in ``backend=NAME``.
-The in-tree backends (``reference``, ``cuda_sm100``, ``ascend950``) register exactly that way.
+The in-tree backends under ``backends/`` register exactly that way.
 
 The registry calls every hook on *one* backend at a time (pluggy's ``subset_hook_caller``), so each
 hook sees only its own implementation. Hooks construct; the typed objects they return do the work
@@ -173,7 +173,7 @@ def inferhal_communicator(layout: "ParallelLayout", profile: "DeviceProfile") ->
 @hookspec(firstresult=True)
 def inferhal_graph_runner(profile: "DeviceProfile", config: "BackendConfig") -> "GraphRunner | None":
     """*Optional.* Return a :class:`~inferhal.core.backend.GraphRunner` that captures and replays a
-    step (e.g. CUDA graphs), or ``None`` when the backend has no graphs; the engine then runs eagerly.
+    step (e.g. device graphs), or ``None`` when the backend has no graphs; the engine then runs eagerly.
     firstresult.
     """
 
@@ -188,7 +188,7 @@ def inferhal_backend_extra(name: str, profile: "DeviceProfile") -> Any:
     """*Optional.* Named lookup for backend-specific extras that the contract does not cover.
 
     Core and models never depend on an extra; tools and tests may (e.g. ``"kernel_sources"`` for the
-    ahead-of-time compiler, ``"npu_call_log"`` for the Ascend contract recorder). Return ``None``
+    ahead-of-time compiler, a recorder of device-operator calls). Return ``None``
     for an unknown name; :meth:`ActiveBackend.extra <inferhal.core.registry.ActiveBackend.extra>`
     turns that into a ``KeyError`` that names the backend. firstresult.
     """

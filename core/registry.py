@@ -235,5 +235,5 @@ class BackendRegistry:
             cfg = BackendConfig(name=name)
             profile = self.call(name, "inferhal_device_profile", config=cfg)
             native = self.call(name, "inferhal_provide_ops", profile=profile, config=cfg) or {}
-            return {op: ExecLevel(getattr(fn, "level", None) or profile.exec_level).value for op in native}
+            return {op: ExecLevel(getattr(fn, "level", None) or profile.exec_level).value for op, fn in native.items()}
         return {op: ExecLevel(level).value for op, level in declared.items()}

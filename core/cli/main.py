@@ -57,18 +57,20 @@ def compose(overrides: Sequence[str] = (), command: str = "config"):
         GlobalHydra.instance().clear()
 
 
-def _first_of_sweep(overrides: Sequence[str]) -> list[str]:
-    """For validation before a multirun: each sweep override replaced by its first value."""
+def sweep_points(overrides: Sequence[str]) -> list[list[str]]:
+    """Override lists that together try every value of every sweep once (validation before a multirun)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    out = []
-    for ov in OverridesParser.create().parse_overrides(list(overrides)):
-        if ov.is_sweep_override():
-            first = next(iter(ov.sweep_string_iterator()))
-            out.append(f"{ov.get_key_element()}={first}")
-        else:
-            out.append(ov.input_line)
-    return out
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    values = [
+        [f"{ov.get_key_element()}={v}" for v in ov.sweep_string_iterator()] if ov.is_sweep_override() else [ov.input_line]
+        for ov in parsed
+    ]
+    base = [vs[0] for vs in values]
+    points = [base]
+    for i, vs in enumerate(values):
+        points += [base[:i] + [v] + base[i + 1 :] for v in vs[1:]]
+    return points
 
 
 def dispatch(cfg) -> int:
@@ -102,7 +104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"inferhal: unknown flag(s) {' '.join(unknown)}; {USAGE}", file=sys.stderr)
         return 2
     try:
-        cfg = compose(_first_of_sweep(overrides) if multirun else overrides, command)
+        try:
+            points = sweep_points(overrides) if multirun else [overrides]
+        except Exception as exc:  # an override that does not parse
+            raise ConfigError(explain(exc, overrides)) from exc
+        for point in points:
+            cfg = compose(point, command)
     except ConfigError as exc:
         print(f"inferhal: {exc}", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ from omegaconf import MISSING
 class BackendConfig:
     name: str = "reference"
     strict: bool = False  # refuse reference fallbacks for ops this backend lacks
-    interpret: bool = False  # kernel backends: run Triton kernels in the interpreter (TRITON_INTERPRET=1)
+    interpret: bool = False  # kernel backends: run their kernels in an interpreter on the host (not a device result)
     device_index: int = 0
     options: Dict[str, Any] = field(default_factory=dict)  # backend-specific extras
 
@@ -55,6 +55,7 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0  # 0 = no per-request cap inside a step
     policy: str = "fcfs"  # fcfs | priority
     async_scheduling: bool = False
+    sliding_replay: str = "exact"  # exact | window | off: bounded replay on resume (core/paging/replay.py)
 
 
 @dataclass
@@ -64,6 +65,8 @@ class CacheConfig:
     memory_fraction: float = 0.5
     enable_prefix_caching: bool = True
     kv_dtype: str = "auto"  # auto (= model dtype) | fp8
+    num_blocks: int = 0  # > 0: use exactly this many blocks (overrides kv_cache_bytes)
+    auto_kv_cap_bytes: int = 4294967296  # cap on a budget derived from free memory (0 = no cap)
 
 
 @dataclass
@@ -152,7 +155,7 @@ class InferhalConfig:
     prompt: Optional[str] = None
     messages: Optional[List[Dict[str, str]]] = None
     prompts_file: Optional[str] = None  # JSONL of {"prompt": ...} or {"messages": [...]} per line
-    target: str = "sm_100a"  # `inferhal kernels compile`
+    target: Optional[str] = None  # `inferhal kernels compile target=NAME`: a target some backend declares
     output: Optional[str] = None  # where a command writes its result file, if it writes one
     seed: int = 0
     log_level: str = "WARNING"
