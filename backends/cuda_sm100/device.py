@@ -1,11 +1,76 @@
-"""Device query through cuda-python's driver API, and the device profile as data."""
+"""Device query through cuda-python's driver API, the device profile as data, and the runtime device
+(streams, events, CUDA graphs through torch.cuda, created lazily: importing this initialises nothing).
+
+Generation differences live here as data (:data:`ARCHS`, :data:`CHIPS`); ops and models ask the
+profile's features, never the chip.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from inferhal.core.profile import DeviceProfile, ExecLevel, Probe
+
+DTYPES = frozenset({"float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "fp4_e2m1"})
+
+#: Capability data per compute capability (major, minor). ``degraded`` names each feature the
+#: kernels need a Blackwell-only instruction for, and what happens instead on that target.
+ARCHS: dict[tuple[int, int], dict[str, Any]] = {
+    (10, 0): {"arch": "sm_100a", "kernel_target": "cuda_sm100", "mma": "tcgen05",
+              "features": {"tcgen05", "tensor_memory", "fp8_block_linear", "fp4_grouped_gemm", "mxfp4_mma",
+                           "paged_attention", "paged_sparse_attention", "cuda_graphs", "batch_invariant"},
+              "smem_per_block": 232448, "tmem_bytes_per_sm": 128 * 512 * 4, "degraded": {}},
+    (10, 3): {"arch": "sm_103a", "kernel_target": "cuda_sm100", "mma": "tcgen05",
+              "features": {"tcgen05", "tensor_memory", "fp8_block_linear", "fp4_grouped_gemm", "mxfp4_mma",
+                           "paged_attention", "paged_sparse_attention", "cuda_graphs", "batch_invariant"},
+              "smem_per_block": 232448, "tmem_bytes_per_sm": 128 * 512 * 4, "degraded": {}},
+    (9, 0): {"arch": "sm_90a", "kernel_target": "cuda_sm90", "mma": "wgmma",
+             "features": {"fp8_block_linear", "paged_attention", "paged_sparse_attention", "cuda_graphs",
+                          "batch_invariant"},
+             "smem_per_block": 232448, "tmem_bytes_per_sm": 0,
+             "degraded": {
+                 "fp4_grouped_gemm": "no e2m1 tensor-core MMA on SM90: tl.dot_scaled decomposes to bf16 wgmma "
+                                     "(correct, ~4x the FLOP cost); feature not declared",
+                 "tcgen05": "no tensor memory / tcgen05 on SM90: tl.dot lowers to wgmma with register accumulators",
+                 "mxfp4_mma": "block-scaled MMA is Blackwell-only",
+             }},
+}
+
+#: Peak numbers per chip, dense (no sparsity), per GPU. Sources: NVIDIA datasheets (the sparse figures
+#: they print are halved to dense). B300 numbers are from NVIDIA's Blackwell Ultra announcement and
+#: the HGX B300 page; check them against the datasheet of the SKU you run on (power caps vary).
+CHIPS: dict[str, dict[str, Any]] = {
+    "B200": {"cc": (10, 0), "memory_bytes": 180 * 10**9, "sms": 148, "bandwidth": 8.0e12,
+             "flops": {"fp4_e2m1": 9.0e15, "float8_e4m3fn": 4.5e15, "bfloat16": 2.25e15, "float16": 2.25e15,
+                       "tf32": 1.1e15, "float32": 75e12},
+             "source": "NVIDIA HGX B200 datasheet (2025), per GPU; sparse figures halved"},
+    "B300": {"cc": (10, 3), "memory_bytes": 288 * 10**9, "sms": 160, "bandwidth": 8.0e12,
+             "flops": {"fp4_e2m1": 13.5e15, "float8_e4m3fn": 4.5e15, "bfloat16": 2.25e15, "float16": 2.25e15,
+                       "tf32": 1.1e15, "float32": 75e12},
+             "source": "NVIDIA HGX B300 page / Blackwell Ultra blog (2025), per GPU; sparse halved; GB300 "
+                       "quotes 15 PFLOPS dense NVFP4 at a higher power limit"},
+    "H200": {"cc": (9, 0), "memory_bytes": 141 * 10**9, "sms": 132, "bandwidth": 4.8e12,
+             "flops": {"float8_e4m3fn": 1.979e15, "bfloat16": 0.989e15, "float16": 0.989e15, "tf32": 0.494e15,
+                       "float32": 67e12},
+             "source": "NVIDIA H200 SXM datasheet (2024); sparse figures halved"},
+}
+
+
+def identify(name: str, major: int, minor: int, memory_bytes: int) -> str | None:
+    """The :data:`CHIPS` key of a probed device, or None when no table applies (peaks then stay 0)."""
+    upper = name.upper()
+    for chip in CHIPS:
+        if chip in upper:
+            return chip
+    if (major, minor) == (10, 0):
+        return "B200"
+    if (major, minor) == (10, 3):
+        return "B300"
+    if (major, minor) == (9, 0) and memory_bytes > 120 * 2**30:
+        return "H200"
+    return None
 
 
 @dataclass(frozen=True)
@@ -64,12 +129,45 @@ def probe(interpret: bool, index: int = 0) -> Probe:
         info = query_device(index)
     except RuntimeError as exc:
         return Probe(False, f"{exc} (backend.interpret=true runs the kernels in Triton's CPU interpreter)")
-    if info.major < 9:
-        return Probe(False, f"{info.name} has compute capability {info.major}.{info.minor}; needs 10.x (or 9.0 degraded)",
-                     {"device": info.name})
-    level = "" if info.major == 10 else " (SM90: degraded target, Blackwell-only kernels fall back)"
+    if (info.major, info.minor) not in ARCHS:
+        return Probe(False, f"{info.name} has compute capability {info.major}.{info.minor}; needs 10.0/10.3 "
+                            f"(or 9.0, degraded)", {"device": info.name})
+    import torch  # the driver sees a GPU; torch must be a CUDA build to allocate on it
+
+    if torch.version.cuda is None:
+        return Probe(False, f"{info.name} found, but torch {torch.__version__} is a CPU build: install a CUDA "
+                            f"build of torch (or use backend.interpret=true)", {"device": info.name})
+    level = "" if info.major == 10 else " (SM90: degraded target, see profile.extra['degraded'])"
     return Probe(True, f"{info.name}, compute capability {info.major}.{info.minor}, {info.sm_count} SMs{level}",
                  {"device": info.name, "cc": f"{info.major}.{info.minor}", "driver": info.driver_version})
+
+
+def device_profile(index: int = 0) -> DeviceProfile:
+    """Probe the GPU and build its profile from :data:`ARCHS` and :data:`CHIPS`."""
+    info = query_device(index)
+    arch = ARCHS.get((info.major, info.minor))
+    if arch is None:
+        raise RuntimeError(f"{info.name}: compute capability {info.major}.{info.minor} has no capability table")
+    chip = identify(info.name, info.major, info.minor, info.memory_bytes)
+    table = CHIPS.get(chip, {})
+    return DeviceProfile(
+        backend="cuda_sm100",
+        device_name=info.name,
+        torch_device=f"cuda:{index}",
+        exec_level=ExecLevel.DEVICE,
+        dtypes=DTYPES if "fp4_grouped_gemm" in arch["features"] else DTYPES - {"fp4_e2m1"},
+        features=frozenset(arch["features"]),
+        memory_bytes=info.memory_bytes,
+        peak_bandwidth=float(table.get("bandwidth", 0.0)),
+        peak_flops=dict(table.get("flops", {})),
+        alignment={"gemm_k": 16, "gemm_n": 16, "fp8_block": 128, "fp4_group": 32, "kv_page_bytes": 512},
+        compute_units=info.sm_count,
+        sources={"memory_bytes": "cuDeviceTotalMem", "compute_units": "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT",
+                 "peaks": table.get("source", f"no peak table for {info.name}: rooflines unavailable")},
+        extra={"arch": arch["arch"], "kernel_target": arch["kernel_target"], "mma": arch["mma"],
+               "chip": chip or "unknown", "cc": f"{info.major}.{info.minor}", "driver": info.driver_version,
+               "degraded": dict(arch["degraded"]), "smem_per_block": arch["smem_per_block"]},
+    )
 
 
 def interpreter_profile() -> DeviceProfile:
@@ -79,6 +177,84 @@ def interpreter_profile() -> DeviceProfile:
         torch_device="cpu",
         exec_level=ExecLevel.INTERPRETER,
         dtypes=frozenset({"float32", "bfloat16", "float16", "float8_e4m3fn", "fp4_e2m1"}),
-        features=frozenset(),
+        # the interpreter computes what the kernels compute, so the numerical features hold; no
+        # hardware features (tcgen05, graphs) and no roofline numbers
+        features=frozenset({"fp8_block_linear", "fp4_grouped_gemm", "paged_attention", "batch_invariant"}),
         sources={"all": "interpreter run: no device numbers apply"},
+        extra={"kernel_target": "interpreter", "arch": "interpreter", "degraded": {}},
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Runtime device: streams, events, graphs (torch.cuda, imported on first use)
+# --------------------------------------------------------------------------------------------------
+
+
+class CudaDevice:
+    """:class:`~inferhal.core.backend.Device` on one GPU. The side stream is created on first use."""
+
+    def __init__(self, torch_device: str) -> None:
+        import torch
+
+        self.torch_device = torch.device(torch_device)
+        self._side = None
+
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self.torch_device)
+
+    def stream(self):
+        import torch
+
+        if self._side is None:
+            self._side = torch.cuda.Stream(device=self.torch_device)
+        return torch.cuda.stream(self._side)
+
+    def event(self):
+        import torch
+
+        return torch.cuda.Event(enable_timing=True)
+
+    def memory_stats(self) -> dict[str, int]:
+        import torch
+
+        free, total = torch.cuda.mem_get_info(self.torch_device)
+        return {"total": int(total), "free": int(free), "allocated": int(torch.cuda.memory_allocated(self.torch_device))}
+
+
+class CudaGraphRunner:
+    """Captures ``fn`` for fixed-shape example args into a CUDA graph; the returned callable copies new
+    inputs into the captured buffers, replays, and returns the captured outputs (valid until the next call)."""
+
+    def __init__(self, torch_device: str, warmup: int = 2) -> None:
+        self.torch_device = torch_device
+        self.warmup = warmup
+
+    def capture(self, fn: Callable[..., Any], *example_args: Any) -> Callable[..., Any]:
+        import torch
+
+        static = [a.clone() if isinstance(a, torch.Tensor) else a for a in example_args]
+        side = torch.cuda.Stream(device=self.torch_device)
+        side.wait_stream(torch.cuda.current_stream(self.torch_device))
+        with torch.cuda.stream(side):  # warm up (Triton compiles, allocator settles) outside the graph
+            for _ in range(self.warmup):
+                fn(*static)
+        torch.cuda.current_stream(self.torch_device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn(*static)
+
+        def replay(*args: Any) -> Any:
+            if len(args) != len(static):
+                raise TypeError(f"captured with {len(static)} arguments, called with {len(args)}")
+            for dst, src in zip(static, args):
+                if isinstance(dst, torch.Tensor):
+                    if src.shape != dst.shape:
+                        raise ValueError(f"graph captured for shape {tuple(dst.shape)}, got {tuple(src.shape)}")
+                    dst.copy_(src, non_blocking=True)
+            graph.replay()
+            return out
+
+        return replay
+

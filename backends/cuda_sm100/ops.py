@@ -1,22 +1,38 @@
 """Ops of the cuda_sm100 backend: Triton kernels from inferhal.kernels, wired by op ID.
 
-Kernels are added per op with their conformance tests; until an op has a kernel it falls back to the
-reference implementation, visibly (``inferhal backends``) and refused under ``backend.strict=true``.
+Each entry names the kernel wrapper (``module:function``, imported lazily, after the plugin has fixed
+the interpreter mode). A wrapper takes the op's vocabulary signature plus a keyword ``target`` that
+selects its tuning data (:mod:`inferhal.kernels.tuning`); :func:`provide` binds it. Ops without a
+kernel fall back to the reference implementation, visibly (``inferhal backends``) and refused under
+``backend.strict=true``.
 """
 
 from __future__ import annotations
 
-#: op ID -> "module:function" of the kernel wrapper in inferhal.kernels (imported lazily).
-KERNEL_OPS: dict[str, str] = {}
+import functools
+
+#: op ID -> "module:function" of the kernel wrapper.
+KERNEL_OPS: dict[str, str] = {
+    "norm.rms": "inferhal.kernels.norm:rms_norm",
+}
+
+#: op ID -> why its kernel is degraded on a target (shown in the op's note).
+DEGRADED: dict[str, dict[str, str]] = {
+    "cuda_sm90": {"moe.experts": "fp4 experts: tl.dot_scaled decomposes e2m1 to bf16 wgmma (no native FP4 MMA)"},
+}
 
 
-def provide(level) -> dict:
+def provide(level, target: str) -> dict:
     import importlib
 
     from inferhal.core.ops.table import OpImpl
 
     out = {}
-    for op_id, target in KERNEL_OPS.items():
-        mod, fn = target.split(":")
-        out[op_id] = OpImpl(getattr(importlib.import_module(mod), fn), level)
+    for op_id, path in KERNEL_OPS.items():
+        mod, fn = path.split(":")
+        impl = functools.partial(getattr(importlib.import_module(mod), fn), target=target)
+        note = f"triton kernel {path} (tuning: {target})"
+        if op_id in DEGRADED.get(target, {}):
+            note += f"; degraded: {DEGRADED[target][op_id]}"
+        out[op_id] = OpImpl(impl, level, note)
     return out

@@ -20,23 +20,29 @@ def inferhal_probe(config):
 @hookimpl
 def inferhal_device_profile(config):
     from inferhal.backends.cuda_sm100 import device
+    from inferhal.kernels.runtime import use_interpreter
 
+    use_interpreter(bool(config.interpret))  # before any kernel module is imported (raises on a mix)
     if config.interpret:
         return device.interpreter_profile()
-    raise NotImplementedError("cuda_sm100 on a real GPU: the SM100 profile arrives with the kernels")
+    return device.device_profile(config.device_index)
 
 
 @hookimpl
 def inferhal_device(profile):
-    from inferhal.backends.reference.device import ReferenceDevice
-
     if profile.exec_level.value == "interpreter":
+        from inferhal.backends.reference.device import ReferenceDevice
+
         return ReferenceDevice("cpu")
-    raise NotImplementedError("cuda_sm100 streams arrive with the kernels")
+    from inferhal.backends.cuda_sm100.device import CudaDevice
+
+    return CudaDevice(profile.torch_device)
 
 
 @hookimpl
 def inferhal_declared_ops():
+    # without probing: what each op would run at here (no GPU is assumed; a probed run reports
+    # "device" through the profile). "interpreter" is the level the test suite verifies them at.
     from inferhal.backends.cuda_sm100.ops import KERNEL_OPS
 
     return dict.fromkeys(KERNEL_OPS, "interpreter")
@@ -46,7 +52,7 @@ def inferhal_declared_ops():
 def inferhal_provide_ops(profile):
     from inferhal.backends.cuda_sm100 import ops
 
-    return ops.provide(profile.exec_level)
+    return ops.provide(profile.exec_level, profile.extra.get("kernel_target", "cuda_sm100"))
 
 
 @hookimpl
@@ -61,3 +67,25 @@ def inferhal_communicator(layout, profile):
     from inferhal.backends.cuda_sm100.comm import make_communicator
 
     return make_communicator(layout, interpret=profile.exec_level.value == "interpreter")
+
+
+@hookimpl
+def inferhal_graph_runner(profile):
+    if profile.exec_level.value != "device":
+        return None  # the interpreter has no graphs: the engine runs eagerly
+    from inferhal.backends.cuda_sm100.device import CudaGraphRunner
+
+    return CudaGraphRunner(profile.torch_device)
+
+
+@hookimpl
+def inferhal_backend_extra(name, profile):
+    if name == "kernel_sources":
+        from inferhal.kernels.registry import KERNELS
+
+        return KERNELS
+    if name == "capabilities":
+        from inferhal.backends.cuda_sm100.device import ARCHS, CHIPS
+
+        return {"archs": ARCHS, "chips": CHIPS}
+    return None

@@ -1,0 +1,63 @@
+"""Device helpers shared by the kernels (``@triton.jit`` functions, so importing this defines kernels).
+
+``INTERP`` is the one interpreter switch (see :mod:`inferhal.kernels.runtime`): kernels receive it as
+a ``tl.constexpr`` and pass it here. Under the interpreter:
+
+- ``dot_operand`` upcasts bf16 to fp32 before ``tl.dot`` (the interpreter's bf16 dot is wrong);
+- ``round_to`` rounds fp32 to bf16 to nearest-even with integer arithmetic (the interpreter's
+  fp32->bf16 cast truncates), so interpreter results round exactly as the device does.
+
+Compiled, both are the identity / the native cast: bf16 operands reach the tensor cores unchanged.
+"""
+
+from __future__ import annotations
+
+from inferhal.kernels import runtime as _runtime  # noqa: F401  (the mode is fixed before the jit below)
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def dot_operand(x, INTERP: tl.constexpr):
+    if INTERP:
+        if x.dtype == tl.bfloat16:
+            return x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def round_to(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """fp32 ``x`` cast to ``DTYPE`` with round-to-nearest-even also in the interpreter."""
+    if INTERP:
+        if DTYPE == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            lsb = (bits >> 16) & 1
+            rounded = (bits + 0x7FFF + lsb) & 0xFFFF0000
+            # NaN / inf keep their bits (exponent all ones): no rounding carry into them
+            special = (bits & 0x7F800000) == 0x7F800000
+            bits = tl.where(special, bits, rounded)
+            return bits.to(tl.float32, bitcast=True).to(DTYPE)
+    return x.to(DTYPE)
+
+
+_TL = {}
+
+
+def tl_dtype(dtype) -> "tl.dtype":
+    """torch dtype -> triton dtype (for ``DTYPE`` constexprs)."""
+    import torch
+
+    if not _TL:
+        _TL.update({torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16,
+                    torch.float8_e4m3fn: tl.float8e4nv, torch.float8_e5m2: tl.float8e5, torch.uint8: tl.uint8,
+                    torch.int32: tl.int32, torch.int64: tl.int64})
+    try:
+        return _TL[dtype]
+    except KeyError:
+        raise TypeError(f"no Triton dtype for {dtype}") from None
+
+
+def interp() -> bool:
+    """The value kernels get for ``INTERP``."""
+    return _runtime.interpreting()

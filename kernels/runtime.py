@@ -1,0 +1,68 @@
+"""The interpreter switch and the one dtype switch every kernel shares.
+
+Triton decides at *definition* time whether ``@triton.jit`` builds an interpreted function: the
+environment variable ``TRITON_INTERPRET=1`` must be set before any kernel module of this package is
+imported. :func:`use_interpreter` sets it and refuses when kernel modules were already imported in
+the other mode (a silent mix would run "interpreter" tests on compiled functions or vice versa).
+
+``DOT_UPCAST`` is the single place where the interpreter's bf16 ``tl.dot`` bug (triton-lang/triton
+#11584: it multiplies raw bf16 bit patterns) is worked around: kernels take a ``UPCAST: tl.constexpr``
+argument, and the wrappers pass ``DOT_UPCAST``. Under the interpreter bf16 operands are upcast to fp32
+before ``tl.dot``; compiled kernels (AOT or on a device) keep bf16 operands and use the tensor cores.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ENV = "TRITON_INTERPRET"
+
+#: modules whose import defines @triton.jit functions (each kernel module imports this one first)
+_KERNEL_MODULE_PREFIX = "inferhal.kernels."
+_NON_KERNEL = {"inferhal.kernels.runtime", "inferhal.kernels.tuning", "inferhal.kernels.registry",
+               "inferhal.kernels.aot", "inferhal.kernels.device_check"}
+
+
+def interpreting() -> bool:
+    """True when kernels are (or will be) defined as interpreted functions."""
+    return os.environ.get(ENV, "0") not in ("", "0")
+
+
+def imported_kernel_modules() -> list[str]:
+    return sorted(m for m in sys.modules if m.startswith(_KERNEL_MODULE_PREFIX) and m not in _NON_KERNEL)
+
+
+def use_interpreter(enabled: bool) -> None:
+    """Select the execution mode of this process's kernels; call before importing any kernel module.
+
+    Raises RuntimeError when kernel modules are already defined in the other mode.
+    """
+    if enabled == interpreting():
+        if enabled:
+            os.environ[ENV] = "1"
+        return
+    loaded = imported_kernel_modules()
+    if loaded:
+        want = "interpreter" if enabled else "compiled"
+        raise RuntimeError(
+            f"cannot switch Triton kernels to {want} mode: {', '.join(loaded)} were already imported with "
+            f"{ENV}={os.environ.get(ENV, '<unset>')}; start a new process (or set {ENV} before importing inferhal.kernels)"
+        )
+    if enabled:
+        os.environ[ENV] = "1"
+    else:
+        os.environ.pop(ENV, None)
+
+
+# Fixed at import of the first kernel module; kernels read it only through their UPCAST constexpr.
+DOT_UPCAST: bool = interpreting()
+
+
+def dot_upcast() -> bool:
+    """The value kernels get for ``UPCAST`` (re-read, so a process that switched before importing agrees)."""
+    return interpreting()
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()

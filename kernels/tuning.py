@@ -1,0 +1,83 @@
+"""Tuning configs as data, keyed by target then kernel.
+
+Every kernel reads its block sizes and launch options from here through :func:`config`; nothing in a
+kernel module hard-codes a tile. A target is a backend's name for a chip family:
+
+- ``cuda_sm100``: NVIDIA Blackwell (SM100/SM103), also used by the Triton interpreter (same code path,
+  so interpreter tests exercise the shipped tiles);
+- ``cuda_sm90``: Hopper, the degraded target (smaller shared memory budget, no tcgen05);
+- ``ascend950``: filled by the Ascend backend for triton-ascend (its own tiles: the Unified Buffer is
+  smaller and the cube unit prefers 16-multiples); a kernel without an entry there uses ``default``.
+
+A config is a plain dict: ``BLOCK_*`` entries become ``tl.constexpr`` arguments, ``num_warps`` /
+``num_stages`` are launch options. One fixed config per (target, kernel) keeps every kernel
+batch-invariant (no split chosen from the token count) and avoids ``@triton.autotune``, which fails in
+the interpreter. Another backend may register its own table with :func:`register_target`.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Mapping
+
+_DEFAULT: dict[str, dict[str, Any]] = {
+    "norm_rms": {"num_warps": 4},
+    "rope": {"num_warps": 1},
+    "moe_route": {"num_warps": 4},
+    "moe_gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
+    "moe_gemm_fp4": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
+    "mhc_pre": {"BLOCK_K": 256, "num_warps": 4},
+    "mhc_post": {"BLOCK_D": 256, "num_warps": 4},
+    "kv_write": {"num_warps": 4},
+    "sample": {"BLOCK_V": 1024, "BISECT_ITERS": 40, "num_warps": 4},
+    "attn_paged": {"BLOCK_N": 32, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2},
+    "topk_select": {"num_warps": 4},
+}
+
+TUNING: dict[str, dict[str, dict[str, Any]]] = {
+    "default": _DEFAULT,
+    "cuda_sm100": {
+        # tcgen05 wants 128-row tiles; 64-wide K keeps a 3-stage bf16 pipeline within ~100 KB of smem
+        "moe_gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
+        "moe_gemm_fp4": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
+        "attn_paged": {"BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 8, "num_stages": 2},
+    },
+    "cuda_sm90": {
+        "moe_gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
+        "moe_gemm_fp4": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2},
+        "attn_paged": {"BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 4, "num_stages": 2},
+    },
+    "ascend950": {},  # the Ascend backend fills this (or register_target) with triton-ascend tiles
+    # the interpreter runs one numpy "program" at a time: small grids of big tiles are fastest there,
+    # but tests must still cross tile edges, so GEMM tiles stay at 32 (test shapes are <= ~256)
+    "interpreter": {
+        "moe_gemm": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1},
+        "moe_gemm_fp4": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
+        "attn_paged": {"BLOCK_N": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 1},
+        "sample": {"BLOCK_V": 256, "BISECT_ITERS": 40, "num_warps": 4},
+        "mhc_pre": {"BLOCK_K": 64, "num_warps": 4},
+        "mhc_post": {"BLOCK_D": 64, "num_warps": 4},
+    },
+}
+
+
+def register_target(target: str, table: Mapping[str, Mapping[str, Any]]) -> None:
+    """Add or extend a target's table (e.g. the Ascend backend's triton-ascend tiles)."""
+    TUNING.setdefault(target, {}).update({k: dict(v) for k, v in table.items()})
+
+
+def config(kernel: str, target: str) -> Mapping[str, Any]:
+    """The config of ``kernel`` on ``target``: the target's entry over the default one."""
+    if target not in TUNING:
+        raise KeyError(f"unknown kernel target {target!r}; known: {', '.join(sorted(TUNING))}")
+    if kernel not in _DEFAULT:
+        raise KeyError(f"no tuning entry for kernel {kernel!r}; known: {', '.join(sorted(_DEFAULT))}")
+    return MappingProxyType({**_DEFAULT[kernel], **TUNING[target].get(kernel, {})})
+
+
+def constexprs(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg.items() if k.isupper()}
+
+
+def launch_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in cfg.items() if k in ("num_warps", "num_stages")}

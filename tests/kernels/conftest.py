@@ -1,0 +1,56 @@
+"""Kernel tests run in Triton's interpreter: the mode is fixed here, at collection, before any test
+module imports a kernel (``@triton.jit`` reads TRITON_INTERPRET when a kernel is defined).
+
+Tolerances (the ``close`` fixture):
+
+Under the interpreter every kernel rounds fp32 -> bf16 to nearest even (``kernels/common.round_to``),
+as the reference (torch) does, so the only differences left are fp32 accumulation order:
+reductions over D terms in a different association differ by a few fp32 ulps (~1e-6 relative), which
+flips a bf16 rounding at most for values sitting on a rounding boundary, i.e. by one bf16 ulp
+(2**-8 relative to the value's binade, 2**-7 worst case). Chains of two roundings (a bf16 intermediate
+feeding a second op, e.g. SwiGLU's h into the down GEMM) can add one more ulp per link.
+"""
+
+from inferhal.kernels.runtime import use_interpreter
+
+use_interpreter(True)
+
+
+import pytest
+import torch
+
+#: name [dtype] -> (max abs error seen, rtol, atol): printed at the end of the run (execution level: interpreter)
+MAX_ERRORS: dict = {}
+
+#: (rtol, atol) for a single rounding of an fp32 result into the dtype
+SINGLE_ROUNDING = {
+    torch.float32: (1e-5, 1e-5),  # fp32 re-association over <= 4096 terms
+    torch.float16: (2**-10, 1e-3),  # one fp16 ulp (10 mantissa bits)
+    torch.bfloat16: (2**-7, 1e-2),  # one bf16 ulp in the worst binade position
+}
+
+
+def check(out: torch.Tensor, ref: torch.Tensor, links: int = 1, name: str = "") -> float:
+    """Assert ``out`` ~= ``ref`` within ``links`` roundings of ``ref.dtype``; return the max abs error."""
+    rtol, atol = SINGLE_ROUNDING[ref.dtype]
+    assert out.shape == ref.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    assert out.dtype == ref.dtype, f"{name}: dtype {out.dtype} != {ref.dtype}"
+    err = (out.float() - ref.float()).abs()
+    worst = float(err.max()) if err.numel() else 0.0
+    key = f"{name or 'unnamed'} [{str(ref.dtype).removeprefix('torch.')}]"
+    prev = MAX_ERRORS.get(key, (0.0, rtol * links, atol * links))
+    MAX_ERRORS[key] = (max(prev[0], worst), rtol * links, atol * links)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=rtol * links, atol=atol * links, msg=lambda m: f"{name}: {m}")
+    return worst
+
+
+@pytest.fixture
+def close():
+    return check
+
+
+def pytest_terminal_summary(terminalreporter):
+    if MAX_ERRORS:
+        terminalreporter.section("kernel max errors vs reference (execution level: interpreter)")
+        for key, (err, rtol, atol) in sorted(MAX_ERRORS.items()):
+            terminalreporter.write_line(f"{key:<40} max|err|={err:.3g}  (rtol={rtol:.3g}, atol={atol:.3g})")
