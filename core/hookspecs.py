@@ -187,8 +187,18 @@ def inferhal_graph_runner(profile: "DeviceProfile", config: "BackendConfig") -> 
 def inferhal_backend_extra(name: str, profile: "DeviceProfile") -> Any:
     """*Optional.* Named lookup for backend-specific extras that the contract does not cover.
 
-    Core and models never depend on an extra; tools and tests may (e.g. ``"kernel_sources"`` for the
-    ahead-of-time compiler, a recorder of device-operator calls). Return ``None``
+    Core and models never depend on an extra; tools and tests may (e.g. a recorder of device-operator
+    calls). ``profile`` is ``None`` when the lookup happens without selecting the backend
+    (:meth:`BackendRegistry.extra <inferhal.core.registry.BackendRegistry.extra>`); such extras must not
+    touch a device. Extras with a meaning in core:
+
+    - ``"aot_targets"``: ``{target_name: compile(out_dir: str) -> list[dict]}``: ahead-of-time
+      compilers for ``inferhal kernels compile target=NAME``. Each row describes one kernel:
+      ``kernel``, ``compiled`` (bool), ``error``, ``registers``, ``shared_bytes``, ``mma`` (the
+      tensor-core instruction family found in the assembly, or ``""``), ``mma_required`` (bool) and
+      ``ok`` (compiled and, where required, the expected MMA instructions are present).
+
+    Return ``None``
     for an unknown name; :meth:`ActiveBackend.extra <inferhal.core.registry.ActiveBackend.extra>`
     turns that into a ``KeyError`` that names the backend. firstresult.
     """

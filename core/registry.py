@@ -142,6 +142,13 @@ class BackendRegistry:
         others = [p for n, p in self.pm.list_name_plugin() if n != name]
         return self.pm.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
 
+    def extra(self, name: str, extra: str) -> Any:
+        """A backend's named extra without selecting it (no device is touched): e.g. the ahead-of-time
+        compiler, which works on a machine without the device. ``None`` when not provided."""
+        if name not in self.records or not self.records[name].registered:
+            return None
+        return self.call(name, "inferhal_backend_extra", name=extra, profile=None)
+
     # ---------------------------------------------------------------- probing
 
     def names(self) -> list[str]:

@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Whole words that would mean core/ knows about a device or a device backend.
 FORBIDDEN = re.compile(
-    r"torch\.cuda|torch_npu|torch\.npu|\btriton\b|\bcuda\b|cuda_sm100|ascend|\bnpu\b|\bsm_?\d{2,3}a?\b|"
+    r"torch\.cuda|torch_npu|torch\.npu|\btriton\b|\bcuda\b|cuda_sm100|\bascend\b|ascend\d|\bnpu\b|\bsm_?\d{2,3}a?\b|"
     r"blackwell|hopper|\b[bh][12]00\b|\bb300\b|davinci|\bhccl\b|\bnccl\b",
     re.IGNORECASE,
 )
