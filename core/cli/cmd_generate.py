@@ -1,13 +1,12 @@
-"""``inferhal generate prompt=... | messages=[...] | prompts_file=...``: generate text with the engine."""
+"""``inferhal generate prompt=... | messages=[...] | prompts_file=...``: generate text with the engine.
+
+See :mod:`inferhal.core.engine.cli_generate` for the three modes and their output.
+"""
 
 from __future__ import annotations
 
-from inferhal.core.errors import UserError
-
 
 def run(cfg, words) -> int:
-    try:
-        from inferhal.core.engine.cli_generate import generate
-    except ImportError as exc:  # until the engine lands
-        raise UserError(f"the engine is not available in this build: {exc}") from None
+    from inferhal.core.engine.cli_generate import generate
+
     return generate(cfg)

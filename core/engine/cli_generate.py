@@ -1,0 +1,144 @@
+"""``inferhal generate``: one prompt streamed to the terminal, a chat, or a JSONL batch job.
+
+- ``prompt='...'`` (default: :data:`DEFAULT_PROMPT` on the default model) streams tokens as they come
+  and ends with a throughput line.
+- ``messages=[{role: user, content: ...}]`` goes through the tokenizer's chat template first.
+- ``prompts_file=x.jsonl`` (one ``{"prompt": ...}`` or ``{"messages": [...]}`` per line, optional
+  ``"max_tokens"``/``"temperature"``/...): a batch job with a rich progress display; results go to
+  ``output=`` as JSONL (else printed). A bad line is reported with its error and the others run.
+Sampling comes from the ``sampling`` config node (``sampling.max_tokens=32 sampling.temperature=0.7``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from typing import Any, Optional, TextIO
+
+from omegaconf import OmegaConf
+
+from inferhal.core.errors import UserError
+from inferhal.core.sampling.params import SamplingParams
+
+DEFAULT_PROMPT = "The three most useful things to know about paged attention are"
+
+
+def sampling_from_cfg(cfg) -> SamplingParams:
+    node = OmegaConf.to_container(cfg.sampling, resolve=True) if "sampling" in cfg else {}
+    return SamplingParams(**{k: v for k, v in node.items() if k in {f.name for f in dataclasses.fields(SamplingParams)}})
+
+
+def generate(cfg, llm: Any = None, out: TextIO = sys.stdout) -> int:
+    if llm is None:
+        from inferhal.core.engine.llm import LLM
+
+        llm = LLM.from_config(cfg)
+    params = sampling_from_cfg(cfg)
+    if cfg.get("prompts_file"):
+        return _batch(llm, cfg.prompts_file, params, cfg.get("output"), out)
+    if cfg.get("messages"):
+        if llm.tokenizer is None:
+            raise UserError("messages= needs a model with a tokenizer and chat template")
+        msgs = OmegaConf.to_container(cfg.messages, resolve=True)
+        prompt: Any = llm.tokenizer.encode(llm.tokenizer.apply_chat_template(msgs, add_generation_prompt=True),
+                                           add_bos=False)
+    else:
+        prompt = cfg.get("prompt") or DEFAULT_PROMPT
+        if llm.tokenizer is None:
+            raise UserError("this model has no tokenizer; use the Python API with token ids")
+        out.write(prompt)
+    return _stream_one(llm, prompt, params, out)
+
+
+def _stream_one(llm, prompt, params: SamplingParams, out: TextIO) -> int:
+    t0 = time.perf_counter()
+    first: Optional[float] = None
+    n = 0
+    final = None
+    for o in llm.stream([prompt], params):
+        if first is None and o.new_token_ids:
+            first = time.perf_counter()
+        n += len(o.new_token_ids)
+        out.write(o.new_text)
+        out.flush()
+        final = o
+    dt = time.perf_counter() - t0
+    ttft = (first or time.perf_counter()) - t0
+    rest = dt - ttft
+    decode = f"{(n - 1) / rest:.1f} tok/s decode" if n > 1 and rest > 0 else "no decode steps"
+    out.write(f"\n[{n} tokens in {dt:.2f} s: {n / dt if dt else 0.0:.1f} tok/s, TTFT {ttft * 1000:.0f} ms, {decode}; "
+              f"prompt {len(final.prompt_token_ids) if final else 0} tokens; finish: {final.finish_reason if final else None}]\n")
+    return 0
+
+
+def _read_jobs(path: str) -> list[tuple[int, Any]]:
+    try:
+        with open(path) as f:
+            lines = [ln for ln in f.read().splitlines()]
+    except OSError as exc:
+        raise UserError(f"prompts_file={path!r}: {exc.strerror}") from None
+    jobs = []
+    for i, ln in enumerate(lines, 1):
+        if not ln.strip():
+            continue
+        try:
+            jobs.append((i, json.loads(ln)))
+        except json.JSONDecodeError as exc:
+            jobs.append((i, exc))
+    return jobs
+
+
+def _batch(llm, path: str, params: SamplingParams, output: Optional[str], out: TextIO) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    eng = llm.engine
+    errors, ids = [], {}
+    for line, job in _read_jobs(path):
+        try:
+            if isinstance(job, Exception) or not isinstance(job, dict):
+                raise ValueError(f"not a JSON object: {job}")
+            extra = {k: v for k, v in job.items() if k not in ("prompt", "messages", "id")}
+            p = dataclasses.replace(params, **extra) if extra else params
+            if "messages" in job:
+                text = llm.tokenizer.apply_chat_template(job["messages"], add_generation_prompt=True)
+                prompt = llm.tokenizer.encode(text, add_bos=False)
+            elif "prompt" in job:
+                prompt = job["prompt"]
+            else:
+                raise ValueError('each line needs "prompt" or "messages"')
+            ids[eng.add_request(prompt, p)] = (line, job.get("id", line))
+        except (ValueError, TypeError) as exc:
+            errors.append({"line": line, "error": str(exc)})
+    results, n_tok = {}, 0
+    t0 = time.perf_counter()
+    console = Console(file=sys.stderr)
+    with Progress(TextColumn("[bold]generate"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tps]}"),
+                  TimeElapsedColumn(), console=console, transient=False) as prog:
+        task = prog.add_task("jobs", total=len(ids), tps="")
+        while eng.has_unfinished():
+            for o in eng.step():
+                n_tok += len(o.new_token_ids)
+                if o.finished:
+                    line, jid = ids[o.request_id]
+                    results[o.request_id] = {"id": jid, "line": line, "text": o.text, "token_ids": o.token_ids,
+                                             "finish_reason": o.finish_reason}
+                    prog.advance(task)
+            dt = time.perf_counter() - t0
+            prog.update(task, tps=f"{n_tok / dt:.1f} tok/s" if dt else "")
+    dt = time.perf_counter() - t0
+    rows = [results[r] for r in ids if r in results] + errors
+    sink = open(output, "w") if output else out
+    try:
+        for r in sorted(rows, key=lambda r: r["line"]):
+            sink.write(json.dumps(r) + "\n")
+    finally:
+        if output:
+            sink.close()
+    out.write(f"[{len(results)} done, {len(errors)} rejected; {n_tok} tokens in {dt:.2f} s: "
+              f"{n_tok / dt if dt else 0.0:.1f} tok/s]\n")
+    for e in errors:
+        print(f"inferhal: prompts_file line {e['line']}: {e['error']}", file=sys.stderr)
+    return 0 if not errors else 1

@@ -1,0 +1,201 @@
+"""The engine: owns the scheduler, the KV pool and the model runner; ``step()`` = schedule → execute → update.
+
+Construct it from a prebuilt :class:`~inferhal.core.models.base.LoadedModel` and an
+:class:`~inferhal.core.registry.ActiveBackend` (what tests and other helpers do), or through
+:class:`~inferhal.core.engine.llm.LLM`, which composes the config and loads the model.
+
+Bad input raises for that request only, in :meth:`Engine.add_request`, before the request touches any
+state (:class:`~inferhal.core.scheduler.scheduler.RequestError` or
+:class:`~inferhal.core.sampling.params.SamplingParamsError`, both ``ValueError`` and ``UserError``);
+every other request goes on untouched.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Hashable, Iterable, Optional, Sequence, Union
+
+import torch
+
+from inferhal.core.config.schema import CacheConfig, SchedulerConfig
+from inferhal.core.engine.outputs import CompletionOutput, RequestOutput
+from inferhal.core.engine.runner import ModelRunner
+from inferhal.core.errors import UserError
+from inferhal.core.models.base import LoadedModel
+from inferhal.core.paging import planning
+from inferhal.core.paging.kv_manager import KVCacheManager
+from inferhal.core.sampling.params import SamplingParams, SamplingParamsError
+from inferhal.core.scheduler.request import Request
+from inferhal.core.scheduler.scheduler import RequestError, Scheduler
+
+Prompt = Union[str, Sequence[int]]
+
+
+def plan_num_blocks(specs, block_size: int, cache: CacheConfig, device: Any, max_num_seqs: int,
+                    max_model_len: int) -> int:
+    """Blocks of the shared pool: ``cache.num_blocks``, else ``cache.kv_cache_bytes`` // bytes per
+    block, else a ``cache.memory_fraction`` of free device memory (capped by ``cache.auto_kv_cap_bytes``
+    and by what ``max_num_seqs`` requests of ``max_model_len`` tokens could use)."""
+    if cache.num_blocks > 0:
+        return cache.num_blocks
+    groups = planning.layouts(specs, block_size)
+    per = planning.bytes_per_block(groups)
+    if cache.kv_cache_bytes > 0:
+        return cache.kv_cache_bytes // per
+    free = int(device.memory_stats().get("free", 0)) if hasattr(device, "memory_stats") else 0
+    budget = int(free * cache.memory_fraction)
+    if cache.auto_kv_cap_bytes > 0:
+        budget = min(budget, cache.auto_kv_cap_bytes)
+    useful = max_num_seqs * (-(-max_model_len // block_size)) * len(specs) + 1
+    return min(budget // per, useful)
+
+
+class Engine:
+    def __init__(self, loaded: LoadedModel, backend: Any, scheduler: SchedulerConfig | None = None,
+                 cache: CacheConfig | None = None, max_model_len: Optional[int] = None, seed: int = 0) -> None:
+        scheduler = scheduler or SchedulerConfig()
+        cache = cache or CacheConfig()
+        self.loaded, self.backend = loaded, backend
+        self.model, self.tokenizer = loaded.model, loaded.tokenizer
+        self.max_model_len = int(max_model_len or self.model.max_model_len)
+        self.specs = tuple(self.model.kv_groups())
+        bs = cache.block_size
+        need = planning.compatible_block_size(self.specs, bs)
+        if need != bs:
+            raise UserError(f"cache.block_size={bs} is not a multiple of every KV group's tokens_per_slot; "
+                            f"use cache.block_size={need}")
+        num_blocks = plan_num_blocks(self.specs, bs, cache, backend.device, scheduler.max_num_seqs, self.max_model_len)
+        if num_blocks < 1:
+            per = planning.bytes_per_block(planning.layouts(self.specs, bs))
+            raise UserError(f"the KV budget holds no block (one block is {per} bytes); raise cache.kv_cache_bytes")
+        self.kv_manager = KVCacheManager(self.specs, bs, num_blocks, cache.enable_prefix_caching)
+        self.kv_storage = backend.kv_storage(planning.storage_request(self.specs, bs, num_blocks))
+        self.scheduler = Scheduler(scheduler, self.kv_manager, self.max_model_len)
+        self.device = torch.device(getattr(backend.device, "torch_device", "cpu"))
+        self.runner = ModelRunner(self.model, backend.ops, self.kv_storage, self.specs, bs, self.device)
+        self.seed = seed
+        self.stream_text = False  # decode text on every step (streaming) or only when a request finishes
+        self._ids = itertools.count()
+        self._prompts: dict[str, Optional[str]] = {}
+        self._logprobs: dict[str, list[dict[int, float]]] = {}
+        self._sent: dict[str, int] = {}  # tokens already reported (streaming deltas)
+        self._text: dict[str, str] = {}
+        self.stats = {"steps": 0, "schedule_s": 0.0, "prepare_s": 0.0, "model_s": 0.0, "sample_s": 0.0,
+                      "update_s": 0.0, "tokens": 0}
+
+    # ------------------------------------------------------------------ requests
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(getattr(self.tokenizer, "eos_token_ids", ()) or ()) if self.tokenizer else ()
+
+    def encode(self, prompt: Prompt) -> tuple[Optional[str], list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("this model has no tokenizer: pass token-id lists instead of strings")
+            return prompt, list(self.tokenizer.encode(prompt))
+        try:
+            ids = [int(t) for t in prompt]
+        except (TypeError, ValueError):
+            raise RequestError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}") from None
+        bad = [t for t in ids if not 0 <= t < self.model.vocab_size]
+        if bad:
+            raise RequestError(f"token id {bad[0]} is outside the vocabulary [0, {self.model.vocab_size})")
+        return None, ids
+
+    def make_request(self, prompt: Prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None,
+                     extra_keys: tuple[Hashable, ...] = ()) -> Request:
+        """Build and validate a request without adding it (raises RequestError / SamplingParamsError)."""
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            raise SamplingParamsError(f"expected SamplingParams, got {type(params).__name__}")
+        text, ids = self.encode(prompt)
+        rid = str(next(self._ids)) if request_id is None else str(request_id)
+        req = Request(rid, ids, params, eos_token_ids=self.eos_token_ids, extra_keys=tuple(extra_keys))
+        self.scheduler.check_request(req)
+        self._prompts[rid] = text
+        return req
+
+    def add_request(self, prompt: Prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None,
+                    extra_keys: tuple[Hashable, ...] = ()) -> str:
+        return self.add(self.make_request(prompt, params, request_id, extra_keys))
+
+    def add(self, req: Request) -> str:
+        self.scheduler.add_request(req)
+        if req.params.temperature > 0:
+            seed = req.params.seed if req.params.seed is not None else self.seed * 1_000_003 + req.arrival
+            req.generator = torch.Generator(device=self.device).manual_seed(int(seed))
+        self._logprobs[req.request_id] = []
+        self._sent[req.request_id] = 0
+        return req.request_id
+
+    def abort(self, request_ids: Iterable[str]) -> list[RequestOutput]:
+        return [self._output(r) for r in self.scheduler.abort(list(request_ids))]
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ------------------------------------------------------------------ the loop
+
+    def step(self) -> list[RequestOutput]:
+        """One iteration; → an output for every request that received a token or finished."""
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        res = self.runner.execute(out, self.scheduler.requests)
+        t2 = time.perf_counter()
+        changed = self.scheduler.update(out, res.tokens)
+        for rid, lp in res.logprobs.items():
+            self._logprobs[rid].append(lp)
+        stopped = self._check_stop_strings(changed)
+        outputs = [self._output(r) for r in changed]
+        t3 = time.perf_counter()
+        s = self.stats
+        s["steps"] += 1
+        s["schedule_s"] += t1 - t0
+        s["prepare_s"] += res.prepare_s
+        s["model_s"] += res.model_s
+        s["sample_s"] += res.sample_s
+        s["update_s"] += t3 - t2
+        s["tokens"] += out.num_scheduled_tokens
+        self.last_step = {"schedule_s": t1 - t0, "execute_s": t2 - t1, "prepare_s": res.prepare_s,
+                          "model_s": res.model_s, "sample_s": res.sample_s, "update_s": t3 - t2,
+                          "num_seqs": len(out.seqs), "num_tokens": out.num_scheduled_tokens, "stopped": stopped}
+        return outputs
+
+    def _check_stop_strings(self, changed: Sequence[Request]) -> int:
+        ids = []
+        for r in changed:
+            if r.params.stop and not r.is_finished and self.tokenizer is not None:
+                text = self.tokenizer.decode(r.output_token_ids)
+                if any(s in text for s in r.params.stop):
+                    ids.append(r.request_id)
+        if ids:
+            self.scheduler.finish(ids, "stop")
+        return len(ids)
+
+    def _output(self, req: Request) -> RequestOutput:
+        rid = req.request_id
+        toks = req.output_token_ids
+        text = ""
+        if self.tokenizer is not None and (req.is_finished or self.stream_text):
+            text = self.tokenizer.decode(toks)
+            if req.finish_reason == "stop" and req.params.stop:
+                cut = min((text.find(s) for s in req.params.stop if s in text), default=-1)
+                if cut >= 0:
+                    text = text[:cut]
+        prev = self._sent.get(rid, 0)
+        prev_text = self._text.get(rid, "")
+        new_text = text[len(prev_text):] if text.startswith(prev_text) else text
+        self._sent[rid], self._text[rid] = len(toks), text
+        lps = self._logprobs.get(rid, [])
+        out = RequestOutput(rid, self._prompts.get(rid), list(req.prompt_token_ids),
+                            [CompletionOutput(0, text, list(toks), req.finish_reason, list(lps))],
+                            finished=req.is_finished, num_cached_tokens=req.num_cached_tokens,
+                            num_preemptions=req.num_preemptions, new_token_ids=list(toks[prev:]), new_text=new_text)
+        if req.is_finished:
+            for d in (self._prompts, self._logprobs, self._sent, self._text):
+                d.pop(rid, None)
+        return out

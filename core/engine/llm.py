@@ -1,0 +1,202 @@
+"""The offline API: ``from inferhal import LLM, SamplingParams``.
+
+>>> llm = LLM(model="gemma3_270m", backend="reference", dtype="float32", max_model_len=2048)
+>>> out = llm.generate(["Hello"], SamplingParams(max_tokens=8, temperature=0.0))
+>>> out[0].text, out[0].token_ids, out[0].finish_reason
+
+Construction:
+
+- ``LLM(model=NAME)``: a config in ``conf/model/``; ``LLM(model=DIR_OR_GGUF)``: a checkpoint, whose
+  family is read from its ``config.json`` (``model_type``) or its ``.gguf`` suffix.
+- ``LLM(loaded_model=LoadedModel, active_backend=ActiveBackend)``: a prebuilt model (tests, other
+  helpers). Keyword overrides still configure the scheduler and cache.
+- Keyword overrides name any field of the model, scheduler, cache or root config
+  (``dtype="float32"``, ``max_model_len=512``, ``max_num_seqs=8``, ``enable_prefix_caching=False``,
+  ``block_size=32``, ``policy="priority"``), or a dotted path (``overrides=["cache.num_blocks=64"]``).
+
+``generate`` validates every request before any runs and raises the first bad one's error (a
+``ValueError``, like vLLM's ``add_request``); to report bad requests one by one while the rest run, use
+``llm.engine.add_request`` (which raises for that request only) and ``llm.engine.step()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Iterator, Optional, Sequence, Union
+
+from omegaconf import OmegaConf
+
+from inferhal.core.config import schema
+from inferhal.core.engine.engine import Engine, Prompt
+from inferhal.core.engine.outputs import RequestOutput
+from inferhal.core.errors import UserError
+from inferhal.core.sampling.params import SamplingParams
+
+_SECTIONS = {"model": schema.ModelConfig, "scheduler": schema.SchedulerConfig, "cache": schema.CacheConfig,
+             "backend": schema.BackendConfig}
+_ROOT = {f.name for f in dataclasses.fields(schema.InferhalConfig)} - set(_SECTIONS)
+_FAMILY_BASE = {"gemma3": "gemma3_270m", "deepseek_v4": "deepseek_v4_flash"}
+_MODEL_TYPES = {"gemma3": "gemma3", "gemma3_text": "gemma3", "deepseek_v4": "deepseek_v4", "deepseek_v3": "deepseek_v4"}
+
+
+def _key_path(key: str) -> str:
+    if "." in key:
+        return key
+    for sec, cls in _SECTIONS.items():
+        if key in {f.name for f in dataclasses.fields(cls)}:
+            return f"{sec}.{key}"
+    if key in _ROOT:
+        return key
+    known = sorted({f.name for c in _SECTIONS.values() for f in dataclasses.fields(c)} | _ROOT)
+    raise UserError(f"LLM: unknown option {key!r}; known options: {', '.join(known)}")
+
+
+def _checkpoint_overrides(path: str) -> tuple[str, dict[str, Any]]:
+    """(model config to start from, fields to set) for a checkpoint directory or GGUF file."""
+    name = os.path.basename(os.path.normpath(path))
+    if path.endswith(".gguf"):
+        family = "gemma3"
+        fmt = "gguf"
+    else:
+        cfg_file = os.path.join(path, "config.json")
+        if not os.path.isfile(cfg_file):
+            raise UserError(f"LLM: {path!r} is a directory without config.json; pass a config name or a checkpoint")
+        with open(cfg_file) as f:
+            mt = json.load(f).get("model_type", "")
+        if mt not in _MODEL_TYPES:
+            raise UserError(f"LLM: checkpoint {path!r} has model_type {mt!r}; supported: {', '.join(_MODEL_TYPES)}")
+        family, fmt = _MODEL_TYPES[mt], "hf"
+    return _FAMILY_BASE[family], {"model.path": path, "model.format": fmt, "model.package": None, "model.name": name}
+
+
+def compose_config(model: Optional[str] = None, backend: Optional[str] = None, overrides: Sequence[str] = (),
+                   **options: Any):
+    """The composed root config of an LLM (see the module docstring for the options)."""
+    from inferhal.core.cli.main import compose
+
+    hydra_ov = list(overrides)
+    sets: dict[str, Any] = {}
+    if model is not None:
+        if os.path.exists(model):
+            base, sets = _checkpoint_overrides(model)
+            hydra_ov.insert(0, f"model={base}")
+        else:
+            hydra_ov.insert(0, f"model={model}")
+    if backend is not None:
+        hydra_ov.insert(0, f"backend={backend}")
+    cfg = compose(hydra_ov, command="generate")
+    for k, v in options.items():
+        sets[_key_path(k)] = v
+    for path, v in sets.items():
+        try:
+            OmegaConf.update(cfg, path, v, merge=False)
+        except Exception as exc:  # omegaconf validation: wrong type / unknown key
+            raise UserError(f"LLM: bad value {v!r} for {path}: {exc}") from None
+    return cfg
+
+
+def _to(cls, node):
+    return cls(**{f.name: node[f.name] for f in dataclasses.fields(cls) if f.name in node})
+
+
+class LLM:
+    def __init__(self, model: Optional[str] = None, backend: Optional[str] = "reference", *,
+                 loaded_model: Any = None, active_backend: Any = None, overrides: Sequence[str] = (),
+                 **options: Any) -> None:
+        cfg = compose_config(model if loaded_model is None else None,
+                             backend if active_backend is None else None, overrides, **options)
+        self._build(cfg, loaded_model, active_backend, "max_model_len" in options)
+
+    @classmethod
+    def from_config(cls, cfg, loaded_model: Any = None, active_backend: Any = None) -> "LLM":
+        """An LLM from an already composed root config (the CLI's path)."""
+        self = cls.__new__(cls)
+        self._build(cfg, loaded_model, active_backend, False)
+        return self
+
+    def _build(self, cfg, loaded_model, active_backend, len_override: bool) -> None:
+        injected = loaded_model
+        self.config = cfg
+        if active_backend is None:
+            from inferhal.core.registry import BackendRegistry
+
+            active_backend = BackendRegistry.discover().select(_to(schema.BackendConfig, cfg.backend))
+        if loaded_model is None:
+            from inferhal.core.models.registry import load_model
+
+            loaded_model = load_model(_to(schema.ModelConfig, cfg.model), active_backend)
+        max_len = int(loaded_model.model.max_model_len)
+        if injected is None or len_override:  # the config's limit applies to a config model
+            max_len = min(max_len, int(cfg.model.max_model_len))
+        self.engine = Engine(loaded_model, active_backend, _to(schema.SchedulerConfig, cfg.scheduler),
+                             _to(schema.CacheConfig, cfg.cache), max_model_len=max_len, seed=int(cfg.seed))
+        self.tokenizer = loaded_model.tokenizer
+
+    @classmethod
+    def from_loaded(cls, loaded_model: Any, active_backend: Any, **options: Any) -> "LLM":
+        """An LLM over a prebuilt model and backend (no config model, no loading)."""
+        return cls(loaded_model=loaded_model, active_backend=active_backend, **options)
+
+    # ------------------------------------------------------------------ generation
+
+    def _requests(self, prompts, sampling_params, priority):
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if isinstance(sampling_params, (list, tuple)):
+            if len(sampling_params) != len(prompts):
+                raise ValueError(f"got {len(sampling_params)} SamplingParams for {len(prompts)} prompts")
+            params = list(sampling_params)
+        else:
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        if priority is not None:
+            params = [dataclasses.replace(p, priority=int(q)) for p, q in zip(params, priority)]
+        reqs = []
+        for i, (pr, sp) in enumerate(zip(prompts, params)):
+            try:
+                reqs.append(self.engine.make_request(pr, sp))
+            except ValueError as exc:
+                raise type(exc)(f"prompt {i}: {exc}") from None
+        return reqs
+
+    def generate(self, prompts: Union[Prompt, Sequence[Prompt]], sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 priority: Optional[Sequence[int]] = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs in input order. Raises before running if any is bad."""
+        reqs = self._requests(prompts, sampling_params, priority)
+        order = [self.engine.add(r) for r in reqs]
+        done: dict[str, RequestOutput] = {}
+        try:
+            while len(done) < len(order):
+                for out in self.engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+        except BaseException:
+            self.engine.abort([r for r in order if r not in done])
+            raise
+        return [done[r] for r in order]
+
+    def stream(self, prompts: Union[Prompt, Sequence[Prompt]], sampling_params=None,
+               priority: Optional[Sequence[int]] = None) -> Iterator[RequestOutput]:
+        """Yield an output (with ``new_token_ids`` / ``new_text``) every time a request gets tokens."""
+        reqs = self._requests(prompts, sampling_params, priority)
+        order = [self.engine.add(r) for r in reqs]
+        self.engine.stream_text = True
+        left = set(order)
+        try:
+            while left:
+                for out in self.engine.step():
+                    if out.finished:
+                        left.discard(out.request_id)
+                    yield out
+        finally:
+            self.engine.stream_text = False
+            if left:
+                self.engine.abort(list(left))
+
+    def chat(self, messages: Sequence[dict], sampling_params: Optional[SamplingParams] = None) -> RequestOutput:
+        if self.tokenizer is None:
+            raise UserError("this model has no tokenizer, so it has no chat template")
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self.generate([self.tokenizer.encode(text, add_bos=False)], sampling_params)[0]

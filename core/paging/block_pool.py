@@ -1,0 +1,162 @@
+"""The block pool: every KV block of the shared pool, ref counts, an LRU free queue and the prefix cache.
+
+Invariants (checked by :meth:`BlockPool.check`, which the property tests call after every step):
+
+- a block is in the free queue iff its ``ref_cnt`` is 0;
+- a block with a ``block_hash`` is in the cache map under ``(group, hash)`` and vice versa;
+- ``num_free_blocks()`` + blocks in use == ``num_blocks``.
+
+Freed blocks keep their hash and content (an evictable cached block) until they are handed out again:
+:meth:`get_new_blocks` takes from the head of the free queue (least recently freed first) and evicts
+the taken block's hash. :meth:`free_blocks` appends to the tail, so callers free a request's blocks
+tail first, which makes the end of a sequence the first to be evicted and keeps shared prefixes longest.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+BlockHash = bytes
+
+
+class Block:
+    __slots__ = ("block_id", "ref_cnt", "block_hash", "group", "prev", "next")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_cnt = 0
+        self.block_hash: Optional[BlockHash] = None
+        self.group: Optional[str] = None  # group whose cache map holds this block (with block_hash)
+        self.prev: Optional[Block] = None
+        self.next: Optional[Block] = None
+
+    def __repr__(self) -> str:  # pragma: no cover - debugging aid
+        return f"Block({self.block_id}, ref={self.ref_cnt}, hashed={self.block_hash is not None})"
+
+
+class FreeBlockQueue:
+    """Doubly linked list of free blocks with O(1) pop-left, append and remove-from-middle."""
+
+    def __init__(self, blocks: Iterable[Block]) -> None:
+        self.head = Block(-1)  # sentinels
+        self.tail = Block(-1)
+        self.head.next, self.tail.prev = self.tail, self.head
+        self.num_free = 0
+        for b in blocks:
+            self.append(b)
+
+    def append(self, b: Block) -> None:
+        last = self.tail.prev
+        last.next, b.prev, b.next, self.tail.prev = b, last, self.tail, b
+        self.num_free += 1
+
+    def popleft(self) -> Block:
+        b = self.head.next
+        if b is self.tail:
+            raise IndexError("no free blocks")
+        self.remove(b)
+        return b
+
+    def remove(self, b: Block) -> None:
+        b.prev.next, b.next.prev = b.next, b.prev
+        b.prev = b.next = None
+        self.num_free -= 1
+
+    def __iter__(self):
+        b = self.head.next
+        while b is not self.tail:
+            yield b
+            b = b.next
+
+
+class BlockPool:
+    """``num_blocks`` blocks shared by every KV group; ``enable_caching`` turns the prefix cache on."""
+
+    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"BlockPool needs num_blocks >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached: dict[tuple[str, BlockHash], Block] = {}
+        self.num_evictions = 0
+
+    def num_free_blocks(self) -> int:
+        return self.free_queue.num_free
+
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks() / self.num_blocks
+
+    # ------------------------------------------------------------------ allocation
+
+    def get_new_blocks(self, n: int) -> list[Block]:
+        """``n`` fresh blocks with ref_cnt 1 (evicting cached content, LRU first)."""
+        if n > self.free_queue.num_free:
+            raise ValueError(f"cannot allocate {n} blocks: only {self.free_queue.num_free} free")
+        out = []
+        for _ in range(n):
+            b = self.free_queue.popleft()
+            if b.block_hash is not None:
+                del self.cached[(b.group, b.block_hash)]
+                b.block_hash = b.group = None
+                self.num_evictions += 1
+            b.ref_cnt = 1
+            out.append(b)
+        return out
+
+    def touch(self, blocks: Iterable[Block]) -> None:
+        """Take one more reference on each block (a prefix-cache hit); free ones leave the queue."""
+        for b in blocks:
+            if b.ref_cnt == 0:
+                self.free_queue.remove(b)
+            b.ref_cnt += 1
+
+    def free_blocks(self, blocks: Iterable[Block]) -> None:
+        """Drop one reference on each block, in order; blocks reaching 0 join the free queue's tail."""
+        for b in blocks:
+            if b.ref_cnt <= 0:
+                raise RuntimeError(f"block {b.block_id} freed more often than it was taken")
+            b.ref_cnt -= 1
+            if b.ref_cnt == 0:
+                self.free_queue.append(b)
+
+    # ------------------------------------------------------------------ prefix cache
+
+    def get_cached_block(self, group: str, block_hash: BlockHash) -> Optional[Block]:
+        if not self.enable_caching:
+            return None
+        return self.cached.get((group, block_hash))
+
+    def cache_block(self, group: str, block: Block, block_hash: BlockHash) -> None:
+        """Register a full block's content under ``block_hash`` (first writer wins for duplicates)."""
+        if not self.enable_caching or block.block_hash is not None:
+            return
+        key = (group, block_hash)
+        if key in self.cached:
+            return  # an identical block is already cached; this one stays private
+        block.block_hash, block.group = block_hash, group
+        self.cached[key] = block
+
+    def reset_prefix_cache(self) -> None:
+        for b in list(self.cached.values()):
+            b.block_hash = b.group = None
+        self.cached.clear()
+
+    # ------------------------------------------------------------------ invariants
+
+    def check(self, expected_refs: Optional[dict[int, int]] = None) -> None:
+        """Raise AssertionError if an invariant is broken; ``expected_refs`` maps block id → holders."""
+        free_ids = [b.block_id for b in self.free_queue]
+        assert len(free_ids) == self.free_queue.num_free == len(set(free_ids)), "free queue is corrupt"
+        free = set(free_ids)
+        for b in self.blocks:
+            assert b.ref_cnt >= 0, f"block {b.block_id} has ref_cnt {b.ref_cnt}"
+            assert (b.ref_cnt == 0) == (b.block_id in free), f"block {b.block_id}: ref_cnt {b.ref_cnt} vs free queue"
+            if b.block_hash is not None:
+                assert self.cached.get((b.group, b.block_hash)) is b, f"block {b.block_id} hashed but not cached"
+            if expected_refs is not None:
+                want = expected_refs.get(b.block_id, 0)
+                assert b.ref_cnt == want, f"block {b.block_id}: ref_cnt {b.ref_cnt}, held by {want}"
+        for (g, h), b in self.cached.items():
+            assert b.block_hash == h and b.group == g, "cache map points at a block with another hash"

@@ -1,0 +1,255 @@
+"""Per-request block tables over every KV group of a model, from one shared :class:`BlockPool`.
+
+Block-table rules per group kind (``bs`` = block size in tokens; a block always covers ``bs`` tokens):
+
+- ``full``: logical block ``j`` holds tokens ``[j*bs, (j+1)*bs)``; kept for the whole request.
+- ``sliding`` (window ``w``): a step whose first new token is at position ``s`` reads keys from
+  ``s - w + 1`` on, so blocks wholly below ``(s - w + 1) // bs`` are released (set to ``None``, shown as
+  ``-1`` in block tables) before the step is allocated.
+- ``compressed`` (ratio ``r``): ``end // r`` entries for ``end`` tokens, ``bs // r`` per block, so
+  ``ceil((end // r) / (bs // r))`` blocks; block ``j`` still holds the entries of tokens ``[j*bs, (j+1)*bs)``.
+
+Prefix caching: block ``j`` of every group is cached under the request's chained hash ``j`` once all
+its tokens are computed. A hit of ``n`` blocks (``C = n*bs`` tokens) needs blocks ``0..n-1`` of every
+full/compressed group and, for a sliding group, only the blocks holding keys ``C-w+1 .. C-1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Hashable, Optional, Sequence
+
+from inferhal.core.paging.block_pool import Block, BlockHash, BlockPool
+from inferhal.core.paging.hashing import extend_block_hashes
+from inferhal.core.paging.spec import KVGroupSpec
+
+
+def blocks_needed(spec: KVGroupSpec, block_size: int, num_tokens: int) -> int:
+    """Logical blocks a group needs to hold ``num_tokens`` tokens of context."""
+    if spec.kind == "compressed":
+        spb = spec.slots_per_block(block_size)
+        return -(-(num_tokens // spec.tokens_per_slot) // spb)
+    return -(-num_tokens // block_size)
+
+
+def first_live_block(spec: KVGroupSpec, block_size: int, first_query: int) -> int:
+    """Lowest logical block a step starting at position ``first_query`` may read (0 unless sliding)."""
+    if spec.kind != "sliding":
+        return 0
+    return max(0, first_query - spec.window + 1) // block_size
+
+
+@dataclass
+class PrefixHit:
+    """Cached blocks a request can reuse: ``blocks[group][j]`` (None where the group needs nothing)."""
+
+    num_tokens: int = 0
+    blocks: dict[str, list[Optional[Block]]] = field(default_factory=dict)
+
+
+@dataclass
+class _ReqBlocks:
+    blocks: dict[str, list[Optional[Block]]]
+    ids: dict[str, list[int]]
+    hashes: list[BlockHash] = field(default_factory=list)
+    num_cached: int = 0  # leading blocks already registered in the prefix cache
+    extra_keys: tuple[Hashable, ...] = ()
+
+
+class KVCacheManager:
+    """Allocates, releases and caches the blocks of each request, for all groups at once."""
+
+    def __init__(self, specs: Sequence[KVGroupSpec], block_size: int, num_blocks: int,
+                 enable_caching: bool = True) -> None:
+        if not specs:
+            raise ValueError("KVCacheManager needs at least one KV group")
+        for s in specs:
+            s.slots_per_block(block_size)  # raises when block_size does not fit a compressed group
+        self.specs = tuple(specs)
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks, enable_caching)
+        self.reqs: dict[str, _ReqBlocks] = {}
+        self._has_sliding = any(s.kind == "sliding" for s in specs)
+
+    @property
+    def enable_caching(self) -> bool:
+        return self.pool.enable_caching
+
+    # ------------------------------------------------------------------ sizing
+
+    def blocks_for(self, num_tokens: int) -> int:
+        """Blocks one request of ``num_tokens`` tokens needs at its largest step (all groups)."""
+        return sum(blocks_needed(s, self.block_size, num_tokens) for s in self.specs)
+
+    def max_blocks_one_step(self, num_tokens: int, chunk: int) -> int:
+        """Worst case the pool must hold for a lone request of ``num_tokens`` with steps of ``chunk``."""
+        total = 0
+        for s in self.specs:
+            if s.kind == "sliding":
+                first = first_live_block(s, self.block_size, max(0, num_tokens - chunk))
+                total += blocks_needed(s, self.block_size, num_tokens) - first
+            else:
+                total += blocks_needed(s, self.block_size, num_tokens)
+        return total
+
+    # ------------------------------------------------------------------ prefix cache lookup
+
+    def _state(self, req_id: str, extra_keys: tuple = ()) -> _ReqBlocks:
+        st = self.reqs.get(req_id)
+        if st is None:
+            st = _ReqBlocks({s.name: [] for s in self.specs}, {s.name: [] for s in self.specs}, extra_keys=extra_keys)
+            self.reqs[req_id] = st
+        return st
+
+    def block_hashes(self, req_id: str, token_ids: Sequence[int], extra_keys: tuple = ()) -> list[BlockHash]:
+        st = self._state(req_id, extra_keys)
+        return extend_block_hashes(st.hashes, token_ids, self.block_size, st.extra_keys)
+
+    def find_prefix_hit(self, req_id: str, token_ids: Sequence[int], extra_keys: tuple = ()) -> PrefixHit:
+        """Longest reusable cached prefix of ``token_ids``, leaving at least one token to compute."""
+        if not self.pool.enable_caching:
+            return PrefixHit()
+        hashes = self.block_hashes(req_id, token_ids, extra_keys)
+        max_n = min(len(hashes), (len(token_ids) - 1) // self.block_size)
+        pool, bs = self.pool, self.block_size
+        n = 0
+        for s in self.specs:  # full/compressed groups: every leading block
+            if s.kind != "sliding":
+                k = 0
+                while k < max_n and pool.get_cached_block(s.name, hashes[k]) is not None:
+                    k += 1
+                max_n = k
+        n = max_n
+        for s in self.specs:  # sliding groups: only the window before the hit point
+            if s.kind != "sliding":
+                continue
+            while n > 0:
+                lo = first_live_block(s, bs, n * bs)
+                if all(pool.get_cached_block(s.name, hashes[j]) is not None for j in range(lo, n)):
+                    break
+                n -= 1
+        if n == 0:
+            return PrefixHit()
+        hit = PrefixHit(num_tokens=n * bs)
+        for s in self.specs:
+            lo = first_live_block(s, bs, n * bs)
+            hit.blocks[s.name] = [None] * lo + [pool.get_cached_block(s.name, hashes[j]) for j in range(lo, n)]
+        return hit
+
+    # ------------------------------------------------------------------ allocation
+
+    def _release_out_of_window(self, st: _ReqBlocks, first_query: int) -> None:
+        for s in self.specs:
+            if s.kind != "sliding":
+                continue
+            lo = first_live_block(s, self.block_size, first_query)
+            bl, ids = st.blocks[s.name], st.ids[s.name]
+            dead = [b for b in bl[:lo] if b is not None]
+            if dead:
+                for j in range(min(lo, len(bl))):
+                    bl[j] = None
+                    ids[j] = -1
+                self.pool.free_blocks(reversed(dead))
+
+    def num_new_blocks(self, req_id: str, num_computed: int, num_new: int, hit: Optional[PrefixHit] = None) -> int:
+        """Blocks :meth:`allocate` would take from the free queue (cached hits with ref 0 count too)."""
+        st = self.reqs.get(req_id)
+        end = num_computed + num_new
+        total = 0
+        for s in self.specs:
+            have = len(st.blocks[s.name]) if st else 0
+            lo = first_live_block(s, self.block_size, num_computed)
+            if hit is not None and hit.num_tokens:
+                hb = hit.blocks[s.name]
+                total += sum(1 for b in hb if b is not None and b.ref_cnt == 0)
+                have = len(hb)
+            total += max(0, blocks_needed(s, self.block_size, end) - max(have, lo))
+        return total
+
+    def allocate(self, req_id: str, num_computed: int, num_new: int, hit: Optional[PrefixHit] = None) -> bool:
+        """Make room for tokens ``[num_computed, num_computed + num_new)``; False (nothing changed) when
+        the pool lacks blocks. A ``hit`` (from :meth:`find_prefix_hit`) is taken on first allocation."""
+        st = self._state(req_id)
+        if self._has_sliding:
+            self._release_out_of_window(st, num_computed)
+        need = self.num_new_blocks(req_id, num_computed, num_new, hit)
+        if need > self.pool.num_free_blocks():
+            return False
+        pool, end = self.pool, num_computed + num_new
+        if hit is not None and hit.num_tokens:
+            for s in self.specs:
+                hb = hit.blocks[s.name]
+                live = [b for b in hb if b is not None]
+                pool.touch(live)
+                st.blocks[s.name] = list(hb)
+                st.ids[s.name] = [-1 if b is None else b.block_id for b in hb]
+            st.num_cached = hit.num_tokens // self.block_size
+        for s in self.specs:
+            bl, ids = st.blocks[s.name], st.ids[s.name]
+            lo = first_live_block(s, self.block_size, num_computed)
+            if len(bl) < lo:  # e.g. a bounded replay that starts past the beginning
+                ids.extend([-1] * (lo - len(bl)))
+                bl.extend([None] * (lo - len(bl)))
+            n = blocks_needed(s, self.block_size, end) - len(bl)
+            if n > 0:
+                new = pool.get_new_blocks(n)
+                bl.extend(new)
+                ids.extend(b.block_id for b in new)
+        return True
+
+    def cache_blocks(self, req_id: str, token_ids: Sequence[int], num_computed: int) -> None:
+        """Register every full, computed block of the request in the prefix cache."""
+        if not self.pool.enable_caching:
+            return
+        st = self.reqs[req_id]
+        n_full = num_computed // self.block_size
+        if n_full <= st.num_cached:
+            return
+        hashes = extend_block_hashes(st.hashes, token_ids, self.block_size, st.extra_keys)
+        for s in self.specs:
+            bl = st.blocks[s.name]
+            for j in range(st.num_cached, min(n_full, len(bl))):
+                if bl[j] is not None:
+                    self.pool.cache_block(s.name, bl[j], hashes[j])
+        st.num_cached = n_full
+
+    def skip_caching_below(self, req_id: str, num_blocks: int) -> None:
+        """Never register the request's first ``num_blocks`` blocks (their KV is not exact, e.g. replayed)."""
+        st = self.reqs[req_id]
+        st.num_cached = max(st.num_cached, num_blocks)
+
+    def free(self, req_id: str) -> None:
+        """Drop everything the request holds (its cached blocks stay evictable in the prefix cache)."""
+        st = self.reqs.pop(req_id, None)
+        if st is None:
+            return
+        for s in self.specs:
+            self.pool.free_blocks(b for b in reversed(st.blocks[s.name]) if b is not None)
+
+    def reset_blocks(self, req_id: str) -> None:
+        """Free the request's blocks but keep its hashes (preemption: it will be recomputed)."""
+        st = self.reqs.get(req_id)
+        if st is None:
+            return
+        for s in self.specs:
+            self.pool.free_blocks(b for b in reversed(st.blocks[s.name]) if b is not None)
+            st.blocks[s.name], st.ids[s.name] = [], []
+        st.num_cached = 0
+
+    def block_ids(self, req_id: str) -> dict[str, list[int]]:
+        return self.reqs[req_id].ids
+
+    # ------------------------------------------------------------------ invariants
+
+    def check(self) -> None:
+        """Ref counts equal the number of request block tables holding each block; ids mirror blocks."""
+        refs: dict[int, int] = {}
+        for st in self.reqs.values():
+            for s in self.specs:
+                bl, ids = st.blocks[s.name], st.ids[s.name]
+                assert len(bl) == len(ids), "block ids out of sync with blocks"
+                for b, i in zip(bl, ids):
+                    assert (b is None and i == -1) or (b is not None and b.block_id == i), "block id mismatch"
+                    if b is not None:
+                        refs[b.block_id] = refs.get(b.block_id, 0) + 1
+        self.pool.check(refs)

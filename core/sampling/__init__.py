@@ -1,0 +1,1 @@
+"""Sampling parameters of a request and the per-request generator rules."""

@@ -1,0 +1,88 @@
+"""``SamplingParams``: what one request asks of the sampler and of the stopping rules.
+
+Validated at construction: an unknown field, ``max_tokens < 1`` or an out-of-range value raises
+:class:`SamplingParamsError` (a ``ValueError`` and a :class:`~inferhal.core.errors.UserError`) that
+names the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from inferhal.core.errors import UserError
+
+
+class SamplingParamsError(UserError, ValueError):
+    """A sampling field is unknown or out of range; the message names it."""
+
+
+@dataclass
+class SamplingParams:
+    """``temperature == 0`` is greedy. ``top_k`` 0 or -1 and ``top_p`` 1.0 are off. ``seed`` gives the
+    request its own generator (output independent of the batch); without one a seeded request still
+    gets its own generator, seeded from the engine seed and the request's arrival order.
+    ``logprobs = k`` returns the top-k log-probabilities of every generated position.
+    ``priority``: lower runs first under ``scheduler.policy=priority``."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    logprobs: int = 0
+    ignore_eos: bool = False
+    priority: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        _check(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}")
+        _check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", f"must be -1, 0 (off) or a positive integer, got {self.top_k!r}")
+        _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
+        _check(isinstance(self.logprobs, int) and self.logprobs >= 0, "logprobs", f"must be an integer >= 0, got {self.logprobs!r}")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be a list of non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @classmethod
+    def from_config(cls, cfg) -> "SamplingParams":
+        """From a ``sampling`` config node (:class:`~inferhal.core.config.schema.SamplingConfig`)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: (list(v) if isinstance(v, Sequence) and not isinstance(v, str) else v)
+                      for k, v in dict(cfg).items() if k in names})
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+_dataclass_init = SamplingParams.__init__
+
+
+def _init(self, *args, **kwargs):
+    unknown = [k for k in kwargs if k not in _FIELDS]
+    if unknown:
+        import difflib
+
+        hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, _FIELDS, n=1)) else repr(k)
+                 for k in unknown]
+        raise SamplingParamsError(f"unknown sampling field(s) {', '.join(hints)}; valid fields: {', '.join(_FIELDS)}")
+    if len(args) > len(_FIELDS):
+        raise SamplingParamsError(f"SamplingParams takes at most {len(_FIELDS)} positional arguments")
+    _dataclass_init(self, *args, **kwargs)
+
+
+SamplingParams.__init__ = _init  # type: ignore[method-assign]
+
+
+def _check(ok: bool, name: str, msg: str) -> None:
+    if not ok:
+        raise SamplingParamsError(f"SamplingParams.{name} {msg}")

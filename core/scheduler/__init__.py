@@ -1,0 +1,1 @@
+"""Continuous batching: requests in, :class:`~inferhal.core.scheduler.output.SchedulerOutput` out."""

@@ -1,0 +1,34 @@
+"""What the scheduler hands the model runner each step: the whole contract between them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    """Compute ``num_new`` tokens of ``request_id`` after ``num_computed``; ``sample`` when this step
+    reaches the end of its known tokens (so a next token is drawn). ``block_ids[group]`` is the block
+    table (-1 for released blocks), valid until the next :meth:`Scheduler.schedule`."""
+
+    request_id: str
+    num_computed: int
+    num_new: int
+    token_ids: Sequence[int]  # the num_new token ids to feed
+    block_ids: Mapping[str, Sequence[int]]
+    sample: bool
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    seqs: tuple[ScheduledSeq, ...]
+    num_scheduled_tokens: int
+    preempted: tuple[str, ...] = ()
+    num_running: int = 0
+    num_waiting: int = 0
+    stats: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs

@@ -1,0 +1,256 @@
+"""Token-budget continuous batching with chunked prefill, prefix-cache hits and preemption by recompute.
+
+Each :meth:`Scheduler.schedule` builds one step under ``max_num_batched_tokens`` and ``max_num_seqs``:
+
+1. Running requests that are decoding (one token to compute), in admission order, then running
+   requests in the middle of a chunked prefill. When the pool has no block for one of them, a victim
+   is preempted by recompute (FCFS: the most recently admitted; priority: the largest
+   ``(priority, arrival)``) until it fits, or the request preempts itself.
+2. Waiting requests (FCFS: arrival order; priority: ``(priority, arrival)``), only in a step with no
+   preemption. Each first takes its longest prefix-cache hit (those tokens are not computed) or, when
+   resuming a sliding-only model, starts at its bounded replay point (:mod:`inferhal.core.paging.replay`).
+
+:meth:`Scheduler.update` applies sampled tokens, stops requests (EOS unless ``ignore_eos``, stop token,
+``max_tokens``, ``max_model_len``) and registers newly full blocks in the prefix cache.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import deque
+from typing import Iterable, Mapping, Optional
+
+from inferhal.core.config.schema import SchedulerConfig
+from inferhal.core.errors import UserError
+from inferhal.core.paging.kv_manager import KVCacheManager
+from inferhal.core.paging.replay import replay_span, replay_start
+from inferhal.core.scheduler.output import ScheduledSeq, SchedulerOutput
+from inferhal.core.scheduler.request import Request, Status
+
+POLICIES = ("fcfs", "priority")
+
+
+class RequestError(UserError, ValueError):
+    """One request cannot be served as given (too long, does not fit the KV pool); the message says why."""
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, max_model_len: int) -> None:
+        if cfg.policy not in POLICIES:
+            raise UserError(f"scheduler.policy must be one of {POLICIES}, got {cfg.policy!r}")
+        if cfg.max_num_seqs < 1 or cfg.max_num_batched_tokens < 1:
+            raise UserError("scheduler.max_num_seqs and scheduler.max_num_batched_tokens must be >= 1")
+        self.cfg = cfg
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.priority = cfg.policy == "priority"
+        self.span = replay_span(kv.specs, cfg.sliding_replay)
+        self.requests: dict[str, Request] = {}
+        self.waiting: deque[Request] = deque()
+        self._wkeys: list[tuple[int, int]] = []  # priority policy: sorted keys parallel to waiting
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        self._arrivals = 0
+
+    # ------------------------------------------------------------------ requests in and out
+
+    def check_request(self, req: Request) -> None:
+        """Raise :class:`RequestError` when ``req`` can never run; changes nothing."""
+        n = req.num_prompt_tokens
+        if n == 0:
+            raise RequestError(f"request {req.request_id!r}: the prompt is empty")
+        if n >= self.max_model_len:
+            raise RequestError(
+                f"request {req.request_id!r}: prompt of {n} tokens does not fit max_model_len={self.max_model_len} "
+                f"(at most {self.max_model_len - 1} prompt tokens, leaving room for one generated token)")
+        if not self.cfg.chunked_prefill and n > self.cfg.max_num_batched_tokens:
+            raise RequestError(
+                f"request {req.request_id!r}: prompt of {n} tokens exceeds scheduler.max_num_batched_tokens="
+                f"{self.cfg.max_num_batched_tokens} and chunked_prefill is off")
+        total = min(n + req.params.max_tokens, self.max_model_len)
+        need = self.kv.max_blocks_one_step(total, self.cfg.max_num_batched_tokens)
+        if need > self.kv.pool.num_blocks:
+            raise RequestError(
+                f"request {req.request_id!r}: {total} tokens need {need} KV blocks but the pool has only "
+                f"{self.kv.pool.num_blocks}; raise cache.kv_cache_bytes (or cache.num_blocks) or lower max_tokens")
+        if req.request_id in self.requests:
+            raise RequestError(f"request id {req.request_id!r} is already in use")
+
+    def add_request(self, req: Request) -> None:
+        self.check_request(req)
+        req.arrival = self._arrivals
+        self._arrivals += 1
+        self.requests[req.request_id] = req
+        self._push_waiting(req)
+
+    def _key(self, req: Request) -> tuple[int, int]:
+        return (req.priority, req.arrival) if self.priority else (0, req.arrival)
+
+    def _push_waiting(self, req: Request, front: bool = False) -> None:
+        req.status = Status.PREEMPTED if req.num_preemptions else Status.WAITING
+        if not self.priority:
+            (self.waiting.appendleft if front else self.waiting.append)(req)
+            return
+        k = self._key(req)
+        i = bisect.bisect(self._wkeys, k)
+        self._wkeys.insert(i, k)
+        self.waiting.insert(i, req)
+
+    def _pop_waiting(self) -> Request:
+        if self.priority:
+            self._wkeys.pop(0)
+        return self.waiting.popleft()
+
+    def _remove_waiting(self, req: Request) -> None:
+        i = self.waiting.index(req)
+        del self.waiting[i]
+        if self.priority:
+            del self._wkeys[i]
+
+    def finish(self, request_ids: Iterable[str], reason: str) -> list[Request]:
+        """Finish requests at any moment (``abort``, or ``stop`` for a stop string) and free their KV."""
+        done = []
+        for rid in request_ids:
+            req = self.requests.pop(rid, None)
+            if req is None:
+                continue
+            if req.status is Status.RUNNING:
+                self.running.remove(req)
+            else:
+                self._remove_waiting(req)
+            self._finish(req, reason)
+            done.append(req)
+        return done
+
+    def abort(self, request_ids: Iterable[str]) -> list[Request]:
+        return self.finish(request_ids, "abort")
+
+    def _finish(self, req: Request, reason: str) -> None:
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        self.kv.free(req.request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # ------------------------------------------------------------------ one step
+
+    def _preempt(self, req: Request) -> None:
+        self.running.remove(req)
+        self.kv.reset_blocks(req.request_id)
+        req.preempted_at = req.num_computed_tokens
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self._push_waiting(req, front=True)
+
+    def _victim(self) -> Request:
+        if self.priority:
+            return max(self.running, key=self._key)
+        return self.running[-1]
+
+    def schedule(self) -> SchedulerOutput:
+        t0 = time.perf_counter()
+        budget = self.cfg.max_num_batched_tokens
+        cap = self.cfg.long_prefill_token_threshold
+        planned: dict[str, int] = {}  # request id -> num_new, in scheduling order
+        preempted: list[str] = []
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
+        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        for req in decodes + prefills:
+            if budget <= 0:
+                break
+            if req.status is not Status.RUNNING:
+                continue  # preempted earlier in this step
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if cap > 0:
+                n = min(n, cap)
+            while not self.kv.allocate(req.request_id, req.num_computed_tokens, n):
+                victim = self._victim()
+                if victim.request_id in planned:
+                    budget += planned.pop(victim.request_id)
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                if victim is req:
+                    break
+            else:
+                planned[req.request_id] = n
+                budget -= n
+        if not preempted:
+            while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+                req = self.waiting[0]
+                if not self._admit(req, budget, cap, planned):
+                    break
+                self._pop_waiting()
+                req.status = Status.RUNNING
+                self.running.append(req)
+                budget -= planned[req.request_id]
+        seqs = []
+        total = 0
+        for rid, n in planned.items():
+            req = self.requests[rid]
+            c = req.num_computed_tokens
+            seqs.append(ScheduledSeq(rid, c, n, req.all_token_ids[c:c + n], self.kv.block_ids(rid),
+                                     c + n == req.num_tokens))
+            total += n
+        return SchedulerOutput(tuple(seqs), total, tuple(preempted), len(self.running), len(self.waiting),
+                               {"schedule_s": time.perf_counter() - t0})
+
+    def _admit(self, req: Request, budget: int, cap: int, planned: dict[str, int]) -> bool:
+        hit = self.kv.find_prefix_hit(req.request_id, req.all_token_ids, req.extra_keys)
+        start = hit.num_tokens
+        replayed = 0
+        if req.num_preemptions and self.span is not None:
+            rs = replay_start(req.preempted_at, self.span)
+            if rs > start:
+                start, hit, replayed = rs, None, req.preempted_at - rs
+        n = req.num_tokens - start
+        if not self.cfg.chunked_prefill and n > budget:
+            return False
+        n = min(n, budget)
+        if cap > 0:
+            n = min(n, cap)
+        if not self.kv.allocate(req.request_id, start, n, hit):
+            return False
+        if not req.num_preemptions:
+            req.num_cached_tokens = start
+        if replayed:  # KV below the preemption point is rebuilt only where the window reads it
+            exact = self.cfg.sliding_replay == "exact"
+            self.kv.skip_caching_below(req.request_id, -(-req.preempted_at // self.kv.block_size) if exact else 1 << 62)
+        req.num_replayed_tokens += replayed
+        req.num_computed_tokens = start
+        planned[req.request_id] = n
+        return True
+
+    def update(self, out: SchedulerOutput, sampled: Mapping[str, int]) -> list[Request]:
+        """Apply one executed step; → the requests that received a token, finished ones included."""
+        changed = []
+        finished = False
+        for seq in out.seqs:
+            req = self.requests.get(seq.request_id)
+            if req is None or req.status is not Status.RUNNING:
+                continue  # aborted while the step ran
+            req.num_computed_tokens += seq.num_new
+            if seq.sample:
+                tok = int(sampled[seq.request_id])
+                req.all_token_ids.append(tok)
+                reason = self._stop_reason(req, tok)
+                changed.append(req)
+                if reason:
+                    self.requests.pop(req.request_id)
+                    self._finish(req, reason)
+                    finished = True
+                    continue
+            self.kv.cache_blocks(req.request_id, req.all_token_ids, req.num_computed_tokens)
+        if finished:
+            self.running = [r for r in self.running if r.status is Status.RUNNING]
+        return changed
+
+    def _stop_reason(self, req: Request, tok: int) -> Optional[str]:
+        p = req.params
+        if (not p.ignore_eos and tok in req.eos_token_ids) or tok in p.stop_token_ids:
+            return "stop"
+        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
+            return "length"
+        return None
