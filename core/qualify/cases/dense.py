@@ -1,0 +1,180 @@
+"""Cases of the dense ops: norm.rms, rope.apply, linear (plain, fp8_block, fp4_group), embed, topk.select."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from inferhal.core.ops.params import RmsNormParams, RopeParams
+from inferhal.core.qualify.cases.base import (DTYPES, OpCase, cases_for, gen, matmul_cost, nbytes,
+                                              randn, row_dim0)
+from inferhal.core.qualify.tolerances import EXACT, ulps
+
+_ROWS0 = dict(rows=lambda a, k: a[0].shape[0], row_slice=lambda out, a, k, n: row_dim0(out, n))
+
+
+def _elem(dtype: str) -> int:
+    return torch.empty((), dtype=DTYPES[dtype]).element_size()
+
+
+# ------------------------------------------------------------------------------------------- norm.rms
+
+@cases_for("norm.rms")
+def norm_rms() -> list[OpCase]:
+    out = []
+    sweep = [(16, 256, False, False, "quick"), (7, 640, True, True, "quick"), (1, 64, False, True, "full"),
+             (33, 1024, True, False, "full"), (128, 4096, False, True, "full")]
+    for t, d, unit, resid, level in sweep:
+        for dtype in ("float32", "bfloat16", "float16"):
+            if level == "quick" and dtype == "float16":
+                continue
+
+            def build(seed, t=t, d=d, unit=unit, resid=resid, dtype=dtype):
+                g = gen(seed)
+                dt = DTYPES[dtype]
+                x = randn(g, t, d, dtype=dt, scale=3.0)
+                w = randn(g, d, dtype=dt, scale=0.5) + (0 if unit else 1)
+                r = randn(g, t, d, dtype=dt) if resid else None
+                kw = {"residual": r} if resid else {}
+                return (x, w, RmsNormParams(eps=1e-6, unit_offset=unit)), kw
+
+            def take(a, k, n):
+                x, w, p = a
+                return (x[:n], w, p), {kk: v[:n] for kk, v in k.items()}
+
+            n = 2 if dtype == "float32" else 4
+            tol = ulps(dtype, n if dtype != "float32" else 16,
+                       "one rounding of the output, one of the fused residual sum, truncating emulator stores;"
+                       " fp32: the mean of squares summed in another order")
+            label = f"T={t} D={d}" + (" unit_offset" if unit else "") + (" +residual" if resid else "")
+            out.append(OpCase("norm.rms", label, dtype, build, tol, level, take=take, **_ROWS0,
+                              cost=lambda a, k: (4.0 * a[0].numel(), nbytes(a[0], a[1], *k.values()) * 2)))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- rope.apply
+
+def _cos_sin(positions: int, rotary: int, theta: float = 10000.0) -> torch.Tensor:
+    inv = 1.0 / theta ** (torch.arange(0, rotary, 2, dtype=torch.float64) / rotary)
+    ang = torch.arange(positions, dtype=torch.float64)[:, None] * inv[None, :]
+    return torch.cat((ang.cos(), ang.sin()), dim=-1).float()  # [P, R]
+
+
+@cases_for("rope.apply")
+def rope_apply() -> list[OpCase]:
+    out = []
+    sweep = [(9, 4, 64, 64, "neox", "head", False, "quick"), (5, 2, 128, 64, "interleaved", "tail", True, "quick"),
+             (32, 8, 128, 128, "neox", "head", False, "full"), (17, 1, 512, 64, "interleaved", "tail", False, "full"),
+             (3, 4, 256, 32, "neox", "tail", True, "full")]
+    for t, h, d, r, style, place, inv, level in sweep:
+        for dtype in ("float32", "bfloat16", "float16"):
+            if level == "quick" and dtype == "float16":
+                continue
+
+            def build(seed, t=t, h=h, d=d, r=r, style=style, place=place, inv=inv, dtype=dtype):
+                g = gen(seed)
+                x = randn(g, t, h, d, dtype=DTYPES[dtype])
+                pos = torch.randint(0, 4096, (t,), generator=g, dtype=torch.long)
+                return (x, pos, _cos_sin(4096, r), RopeParams(r, style, place, inv)), {}
+
+            def take(a, k, n):
+                return (a[0][:n], a[1][:n], a[2], a[3]), {}
+
+            label = f"T={t} H={h} D={d} R={r} {style} {place}" + (" inverse" if inv else "")
+            tol = ulps(dtype, 2 if dtype != "float32" else 8, "one rotation (two products and a sum) and one rounding")
+            out.append(OpCase("rope.apply", label, dtype, build, tol, level, take=take, **_ROWS0,
+                              cost=lambda a, k: (3.0 * a[0].numel(), 2 * nbytes(a[0]))))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- linear
+
+def _quant(w: torch.Tensor, fmt: str):
+    # the reference backend's quantisers make the weights (imported at call time: core imports no backend)
+    from inferhal.backends.reference.quant import quantize_fp4_group, quantize_fp8_block
+
+    return quantize_fp8_block(w) if fmt == "fp8_block" else quantize_fp4_group(w)
+
+
+@cases_for("linear")
+def linear() -> list[OpCase]:
+    out = []
+    sweep = [(16, 128, 256, False, "plain", "quick"), (5, 96, 64, True, "plain", "quick"),
+             (8, 256, 256, False, "fp8_block", "quick"), (8, 128, 256, False, "fp4_group", "quick"),
+             (1, 512, 256, False, "plain", "full"), (64, 256, 512, True, "plain", "full"),
+             (33, 200, 384, False, "fp8_block", "full"), (17, 256, 512, False, "fp4_group", "full")]
+    for t, n, k, bias, fmt, level in sweep:
+        for dtype in ("float32", "bfloat16", "float16"):
+            if level == "quick" and dtype == "float16":
+                continue
+
+            def build(seed, t=t, n=n, k=k, bias=bias, fmt=fmt, dtype=dtype):
+                g = gen(seed)
+                dt = DTYPES[dtype]
+                x = randn(g, t, k, dtype=dt)
+                w = randn(g, n, k, scale=k ** -0.5)
+                w = w.to(dt) if fmt == "plain" else _quant(w, fmt)
+                b = randn(g, n, dtype=dt) if bias else None
+                return (x, w, b), {}
+
+            def take(a, kw, m):
+                return (a[0][:m], a[1], a[2]), {}
+
+            def cost(a, kw, n=n, k=k, fmt=fmt, dtype=dtype):
+                w_elem = {"plain": _elem(dtype), "fp8_block": 1.0, "fp4_group": 0.5}[fmt]
+                return matmul_cost(a[0].shape[0], n, k, _elem(dtype), w_elem)
+
+            base = 4.0 * math.sqrt(k) if dtype == "float32" else (4 if fmt == "plain" else 8)
+            why = ("one output rounding; fp32 sums of K products in another order (sqrt(K) growth)"
+                   if fmt == "plain" else "dequantised weights rounded to the activation dtype, then one rounding")
+            label = f"T={t} N={n} K={k}" + (" +bias" if bias else "") + ("" if fmt == "plain" else f" {fmt}")
+            out.append(OpCase("linear", label, dtype, build, ulps(dtype, base, why), level, take=take, cost=cost,
+                              **_ROWS0))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- embed
+
+@cases_for("embed")
+def embed() -> list[OpCase]:
+    out = []
+    for t, v, d, scale, level in [(12, 1000, 64, 8.0, "quick"), (1, 50, 640, math.sqrt(640), "full"),
+                                  (64, 4096, 256, 1.0, "full")]:
+        for dtype in ("float32", "bfloat16"):
+            def build(seed, t=t, v=v, d=d, scale=scale, dtype=dtype):
+                g = gen(seed)
+                ids = torch.randint(0, v, (t,), generator=g, dtype=torch.long)
+                return (ids, randn(g, v, d, dtype=DTYPES[dtype]), scale), {}
+
+            def take(a, k, n):
+                return (a[0][:n], a[1], a[2]), {}
+
+            tol = ulps(dtype, 1, "one product with the scale, which is itself rounded to the table dtype")
+            out.append(OpCase("embed", f"T={t} V={v} D={d} scale={scale:.3g}", dtype, build, tol, level, take=take,
+                              **_ROWS0, cost=lambda a, k: (float(a[0].numel() * a[1].shape[1]),
+                                                           2.0 * a[0].numel() * a[1].shape[1] * a[1].element_size())))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- topk.select
+
+@cases_for("topk.select")
+def topk_select() -> list[OpCase]:
+    out = []
+    for t, s, k, valid, dtype, level in [(6, 100, 8, False, "float32", "quick"), (9, 300, 16, True, "float32", "quick"),
+                                         (4, 2048, 512, True, "float32", "full"), (5, 64, 64, True, "float32", "full"),
+                                         (8, 256, 32, False, "bfloat16", "full")]:
+        def build(seed, t=t, s=s, k=k, valid=valid, dtype=dtype):
+            g = gen(seed)
+            scores = randn(g, t, s, dtype=DTYPES[dtype])  # bf16 rounding makes ties: broken by lower index
+            vl = torch.randint(1, s + 1, (t,), generator=g) if valid else None
+            return (scores, k), ({"valid_len": vl} if valid else {})
+
+        def take(a, kw, n):
+            return (a[0][:n], a[1]), {kk: v[:n] for kk, v in kw.items()}
+
+        label = f"T={t} S={s} k={k}" + (" valid_len" if valid else "") + (" ties" if dtype == "bfloat16" else "")
+        out.append(OpCase("topk.select", label, dtype, build, EXACT, level, take=take, **_ROWS0,
+                          cost=lambda a, kw: (float(a[0].numel()), nbytes(a[0]))))
+    return out
