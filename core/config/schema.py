@@ -102,8 +102,12 @@ class QualifyConfig:
     seed: int = 0
     output_dir: str = "qualify-report"
     baseline: Optional[str] = None
-    regression_threshold: float = 0.1
+    regression_threshold: float = 0.1  # a case slower than baseline * (1 + threshold) fails
     ops: List[str] = field(default_factory=list)  # empty = every op the backend claims
+    resume: bool = True  # skip the cases a killed run already journalled (same backend, level, seed)
+    golden: bool = True  # end-to-end golden token ids on the tiny models
+    perf_repeats: int = 10  # timed calls per case (device runs with declared peaks only)
+    progress: bool = True  # a progress bar on stderr
 
 
 @dataclass
