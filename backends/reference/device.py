@@ -8,6 +8,7 @@ import os
 import torch
 
 from inferhal.core.backend import KVStorageRequest
+from inferhal.core.paging import planning
 from inferhal.core.profile import DeviceProfile, ExecLevel
 
 DTYPES = frozenset({"float32", "bfloat16", "float16", "float8_e4m3fn", "fp4_e2m1"})
@@ -84,9 +85,8 @@ class TorchKVStorage:
     def __init__(self, request: KVStorageRequest, device: str = "cpu") -> None:
         self.request = request
         groups = request.groups
-        self.page_bytes = max((g.slots_per_block * g.slot_bytes for g in groups), default=0)
-        self.page_bytes += -self.page_bytes % 16
-        n_slots = max((len(g.layers) for g in groups), default=0)
+        self.page_bytes = planning.page_bytes(groups)  # the planner's formula: one source of truth
+        n_slots = planning.layer_slots(groups)
         self._buffers = [torch.zeros((request.num_blocks, self.page_bytes), dtype=torch.uint8, device=device)
                          for _ in range(n_slots)]
         self._caches: dict[tuple[str, int], torch.Tensor] = {}
