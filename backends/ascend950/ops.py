@@ -1,9 +1,530 @@
-"""Ops of the ascend950 backend, mapped to torch_npu fused operators by op ID.
+"""Ops of the ascend950 backend: op IDs mapped to torch_npu fused operators.
 
-Until an op is wired it falls back to the reference implementation, visibly.
+Every wrapper converts the op signature of :mod:`inferhal.core.ops.vocabulary` (semantics: the
+reference implementations in ``backends/reference``) into one documented torch_npu call sequence, and
+falls back to the reference, *visibly* (a ``fallback`` entry in :attr:`NpuOps.events`, a log line),
+for the cases the operator does not cover. The torch_npu module is injected (:class:`NpuOps` takes it),
+so the contract tests drive the wrappers with a fake; nothing here imports torch_npu.
+
+=================  =============================================  ==================================================
+op ID              torch_npu operator(s)                           argument contract relied on (torch-npu 2.13.0 docs)
+=================  =============================================  ==================================================
+norm.rms           npu_rms_norm / npu_add_rms_norm                 gamma has x's dtype and shape [D]; returns (y, rstd)
+                                                                   / (y, rstd, x1+x2); eps as ``epsilon``
+rope.apply         npu_rotary_mul                                  4-D input [1,T,H,R], r1=cos, r2=sin [1,T,1,R] full
+                                                                   width in x's dtype; 'half' = rotate halves (neox),
+                                                                   'interleave' = even/odd pairs
+attn.paged         npu_fused_infer_attention_score (no sinks)      page attention: key/value (blocknum, blocksize, H)
+                   npu_fused_infer_attention_score_v2 (sinks)      contiguous, block_table int32 [B, M],
+                                                                   actual_seq_lengths_kv required, block_size 16-
+                                                                   aligned (128-multiple when Q_S > 1), BSND query,
+                                                                   sparse_mode 3 (rightDownCausal) / 4 (band) with
+                                                                   the 2048x2048 mask; v2 adds learnable_sink (Q_N,)
+                                                                   bf16; decode windows via a (B, KV_S) bool mask
+kv.write           npu_scatter_pa_kv_cache (K,V planes)            key/value [T,Hk,D], caches [NB,BS,Hk,D] contiguous,
+                   npu_scatter_nd_update_ (other slots)            cache_mode='Norm' (ND), slot_mapping int32 in
+                                                                   [0, NB*BS) unique; nd_update: self [NB*BS, F],
+                                                                   indices [n,1] int64, updates [n, F]
+moe.route          npu_moe_gating_top_k                            x [T,E] E <= 2048, norm_type 0 softmax / 1 sigmoid,
+                                                                   bias [E] in x's dtype, renorm=0, group_count=1;
+                                                                   returns (y_out x.dtype, expert_idx int32, norm_out)
+                                                                   with y_out = norm[idx] / (sum + eps) * scaling
+moe.experts        npu_moe_init_routing_v2 → npu_grouped_matmul    init: expert_idx int32 [T,K], expert_tokens_num_type
+                   → npu_swiglu | npu_clipped_swiglu →             1 (counts), flag True, quant_mode -1, row_idx_type 0
+                   npu_grouped_matmul → npu_moe_finalize_routing   (src→dst index, as finalize consumes); gmm:
+                                                                   split_item 2/3, group_type 0 (m-axis), group_list
+                                                                   counts (group_list_type 1), weight [E, K, N];
+                                                                   clipped_swiglu alpha 1, bias 0, interleaved False;
+                                                                   finalize scales [T,K], k=K
+(EP MC2)           npu_moe_distribute_dispatch / _combine          see comm.Mc2Dispatcher (an extra: the vocabulary's
+                                                                   moe.dispatch/combine have no reference yet)
+(W8A8, extra)      npu_dynamic_quant, npu_grouped_matmul_swiglu_   see :meth:`NpuOps.experts_w8a8`; int8 weights in the
+                   quant                                           FRACTAL_NZ layout vllm-ascend's w8a8 checkpoints use
+=================  =============================================  ==================================================
+
+Everything else (linear, attn.sparse_topk, indexer.scores, topk.select, mhc.*, sample, spec.verify,
+embed) comes from triton-ascend builds of the shared Triton kernels where they exist
+(:data:`TRITON_OPS`), otherwise from the reference, visibly.
 """
 
 from __future__ import annotations
 
-#: op ID -> "module:function" of the torch_npu wrapper (imported lazily, on an NPU host only).
-NPU_OPS: dict[str, str] = {}
+import logging
+from typing import Any, Callable
+
+import torch
+
+from inferhal.backends.ascend950.contract import CHECKS, require
+from inferhal.backends.reference import ops as ref
+from inferhal.backends.reference import attention as ref_attn
+from inferhal.backends.reference import moe as ref_moe
+from inferhal.core.ops.params import AttnBatch, AttnParams, ExpertsParams, KVWriteParams, RmsNormParams, RopeParams, RouteParams
+from inferhal.core.ops.quant import QuantWeight
+
+log = logging.getLogger("inferhal.ascend950")
+
+#: op ID → the torch_npu operators its wrapper calls (the `inferhal backends` / qualification rows)
+NPU_OPS: dict[str, tuple[str, ...]] = {
+    "norm.rms": ("npu_rms_norm", "npu_add_rms_norm"),
+    "rope.apply": ("npu_rotary_mul",),
+    "attn.paged": ("npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2"),
+    "kv.write": ("npu_scatter_pa_kv_cache", "npu_scatter_nd_update_"),
+    "moe.route": ("npu_moe_gating_top_k",),
+    "moe.experts": ("npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_swiglu", "npu_clipped_swiglu",
+                    "npu_moe_finalize_routing"),
+}
+
+#: op ID → shared Triton kernel that triton-ascend would build (none is wired: triton-ascend needs CANN
+#: to compile, and no kernel here has been compiled or run for Ascend; see kernels/tuning_ascend950.py)
+TRITON_OPS: dict[str, str] = {}
+
+CAUSAL_MASK_SIZE = 2048  # sparse_mode 2/3/4 take an optimised (2048, 2048) mask
+HALF = (torch.float16, torch.bfloat16)
+
+
+class NpuOps:
+    """The wrappers, bound to one torch_npu-like module. ``events`` lists every fallback taken."""
+
+    def __init__(self, npu: Any) -> None:
+        self.npu = npu
+        self.events: list[tuple[str, str]] = []
+        self._masks: dict[tuple[str, str], torch.Tensor] = {}
+
+    def table(self) -> dict[str, Callable[..., Any]]:
+        return {"norm.rms": self.norm_rms, "rope.apply": self.rope_apply, "attn.paged": self.attn_paged,
+                "kv.write": self.kv_write, "moe.route": self.moe_route, "moe.experts": self.moe_experts}
+
+    def _fallback(self, op_id: str, reason: str) -> None:
+        self.events.append((op_id, reason))
+        log.warning("ascend950: %s falls back to the reference for this call: %s", op_id, reason)
+
+    # ------------------------------------------------------------------------------------ norm.rms
+
+    def norm_rms(self, x: torch.Tensor, weight: torch.Tensor | None, p: RmsNormParams,
+                 residual: torch.Tensor | None = None):
+        # x: [T, D]; gamma must have x's dtype (npu_rms_norm doc)
+        if x.dtype not in HALF + (torch.float32,):
+            self._fallback("norm.rms", f"dtype {x.dtype} not in fp16/bf16/fp32")
+            return ref.norm_rms(x, weight, p, residual)
+        d = x.shape[-1]
+        if weight is None:
+            gamma = torch.ones(d, dtype=x.dtype, device=x.device)
+        else:
+            gamma = ((1.0 + weight.float()) if p.unit_offset else weight.float()).to(x.dtype)
+        if residual is None:
+            y, _rstd = self.npu.npu_rms_norm(x, gamma, epsilon=p.eps)
+            return y
+        y, _rstd, h = self.npu.npu_add_rms_norm(x, residual.to(x.dtype), gamma, epsilon=p.eps)
+        return y, h
+
+    # ------------------------------------------------------------------------------------ rope.apply
+
+    def rope_apply(self, x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, p: RopeParams) -> torch.Tensor:
+        # x: [T, H, D]; cos_sin: [P, R] = [cos(R/2) | sin(R/2)]
+        r = p.rotary_dim
+        cs = cos_sin[positions.long()].float()  # [T, R]
+        cos, sin = cs[:, : r // 2], cs[:, r // 2:]
+        if p.inverse:
+            sin = -sin
+        if p.style == "neox":  # npu 'half': x*cos + rotate_half(x)*sin with full-width cos/sin
+            cos_f, sin_f, mode = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1), "half"
+        else:  # 'interleave': pairs (2i, 2i+1) share angle i
+            cos_f, sin_f, mode = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1), "interleave"
+        rot = (x[..., :r] if p.placement == "head" else x[..., -r:]).contiguous()
+        t, h = x.shape[0], x.shape[1]
+        out = self.npu.npu_rotary_mul(rot.view(1, t, h, r),
+                                      cos_f.to(x.dtype).view(1, t, 1, r).contiguous(),
+                                      sin_f.to(x.dtype).view(1, t, 1, r).contiguous(), rotary_mode=mode)
+        out = out.view(t, h, r)
+        if p.placement == "head":
+            return torch.cat((out, x[..., r:]), dim=-1)
+        return torch.cat((x[..., :-r], out), dim=-1)
+
+    # ------------------------------------------------------------------------------------ attn.paged
+
+    def _mask(self, kind: str, device: torch.device) -> torch.Tensor:
+        key = (kind, str(device))
+        if key not in self._masks:  # True = masked out (strictly upper triangle)
+            n = CAUSAL_MASK_SIZE
+            self._masks[key] = torch.triu(torch.ones(n, n, dtype=torch.bool, device=device), diagonal=1)
+        return self._masks[key]
+
+    def attn_paged(self, q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: AttnParams,
+                   sinks: torch.Tensor | None = None) -> torch.Tensor:
+        # q: [T, H, D]; kv_cache: [NB, BS, 2, Hk, D] (K/V planes) or [NB, BS, Hk, D] (p.shared_kv)
+        why = self._attn_unsupported(q, kv_cache, batch, p)
+        if why:
+            self._fallback("attn.paged", why)
+            return ref_attn.attn_paged(q, kv_cache, batch, p, sinks)
+        nb, bs = kv_cache.shape[:2]
+        if p.shared_kv:
+            hk, d = kv_cache.shape[2], kv_cache.shape[3]
+            key = value = kv_cache.view(nb, bs, hk * d)
+        else:
+            hk, d = kv_cache.shape[3], kv_cache.shape[4]
+            key, value = kv_cache[:, :, 0].view(nb, bs, hk * d), kv_cache[:, :, 1].view(nb, bs, hk * d)
+        h = q.shape[1]
+        qsl = batch.query_start_loc.tolist()
+        lens = [int(v) for v in batch.seq_lens.tolist()]
+        nq = [qsl[b + 1] - qsl[b] for b in range(batch.num_seqs)]
+        table = batch.block_table.to(torch.int32).contiguous()
+        common = dict(num_heads=h, num_key_value_heads=hk, scale=float(p.scale), block_size=int(bs), block_table=table)
+        if all(n == 1 for n in nq):  # decode: one call, BSND with S = 1
+            mask = None
+            if p.window > 0:  # sparse_mode is ignored for Q_S = 1: a (B, KV_S) bool mask (True = masked)
+                kv_s = table.shape[1] * bs
+                kpos = torch.arange(kv_s, device=q.device)
+                qpos = torch.tensor(lens, device=q.device) - 1
+                mask = (kpos[None, :] <= (qpos[:, None] - p.window)).contiguous()
+            out = self._fia(q.view(len(lens), 1, h, d).contiguous(), key, value, sinks, atten_mask=mask,
+                            actual_seq_lengths_kv=lens, input_layout="BSND", **common)
+            return out.view(len(lens), h, d)
+        if bs % 128:
+            self._fallback("attn.paged", f"prefill page attention needs block_size % 128 == 0, got {bs}")
+            return ref_attn.attn_paged(q, kv_cache, batch, p, sinks)
+        outs = []
+        for b in range(batch.num_seqs):  # prefill / mixed: one call per sequence, causal to the right-down corner
+            s, e = qsl[b], qsl[b + 1]
+            if e == s:
+                continue
+            band = dict(sparse_mode=4, pre_tokens=p.window - 1, next_tokens=0) if p.window > 0 else dict(sparse_mode=3)
+            o = self._fia(q[s:e].view(1, e - s, h, d).contiguous(), key, value, sinks,
+                          atten_mask=self._mask("causal", q.device), actual_seq_lengths=[e - s],
+                          actual_seq_lengths_kv=[lens[b]], input_layout="BSND",
+                          **{**common, "block_table": table[b:b + 1].contiguous()}, **band)
+            outs.append(o.view(e - s, h, d))
+        if not outs:
+            return q.new_zeros(0, h, d)
+        return torch.cat(outs, dim=0)
+
+    def _fia(self, q, key, value, sinks, **kw):
+        if sinks is None:
+            out, _lse = self.npu.npu_fused_infer_attention_score(q, key, value, **kw)
+            return out
+        # v2 renames: actual_seq_lengths → actual_seq_qlen, _kv → actual_seq_kvlen, num_heads → num_query_heads,
+        # scale → softmax_scale; learnable_sink is bf16 (Q_N,)
+        ren = {"actual_seq_lengths": "actual_seq_qlen", "actual_seq_lengths_kv": "actual_seq_kvlen",
+               "num_heads": "num_query_heads", "scale": "softmax_scale"}
+        kw2 = {ren.get(k, k): v for k, v in kw.items()}
+        out, _lse = self.npu.npu_fused_infer_attention_score_v2(
+            q, key, value, learnable_sink=sinks.to(torch.bfloat16).contiguous(), **kw2)
+        return out
+
+    @staticmethod
+    def _attn_unsupported(q, kv_cache, batch, p) -> str:
+        if q.dtype not in HALF:
+            return f"query dtype {q.dtype}: page attention takes fp16/bf16"
+        if kv_cache.dtype != q.dtype:
+            return f"KV dtype {kv_cache.dtype} differs from query dtype {q.dtype} (quantised KV is not wired)"
+        if p.softcap > 0:
+            return "softcap has no npu_fused_infer_attention_score argument"
+        nb, bs = kv_cache.shape[:2]
+        if bs % 16 or bs > 512:
+            return f"page attention needs block_size 16-aligned and <= 512, got {bs}"
+        if p.shared_kv:
+            if kv_cache.dim() != 4 or not kv_cache.is_contiguous():
+                return "shared latent cache must be a contiguous [NB, BS, Hk, D] tensor"
+            hk, d = kv_cache.shape[2:]
+        else:
+            if kv_cache.dim() != 5 or kv_cache.shape[2] != 2:
+                return "K/V cache must be [NB, BS, 2, Hk, D]"
+            if not (kv_cache[:, :, 0].is_contiguous() and kv_cache[:, :, 1].is_contiguous()):
+                return "K and V planes are not contiguous (allocate through the ascend950 kv_storage)"
+            hk, d = kv_cache.shape[3:]
+        if q.shape[-1] != d:
+            return f"query head dim {q.shape[-1]} differs from the KV head dim {d}"
+        if d % 16:
+            return f"head dim {d} is not 16-aligned"
+        if q.shape[1] % hk or q.shape[1] // hk > 64:
+            return f"{q.shape[1]} query heads over {hk} KV heads: needs H % Hk == 0 and H / Hk <= 64"
+        if hk * d >= 65535:
+            return f"(blocknum, blocksize, H) layout needs Hk*D < 65535, got {hk * d}"
+        return ""
+
+    # ------------------------------------------------------------------------------------ kv.write
+
+    def kv_write(self, values: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor,
+                 p: KVWriteParams = KVWriteParams(), scale_cache: torch.Tensor | None = None) -> None:
+        # values: [T, *slot]; cache: [NB, BS, *slot]; slot_mapping: [T], -1 = skip
+        if p.quant != "none":
+            self._fallback("kv.write", f"quant={p.quant!r}: quantising scatter is not wired")
+            return ref.kv_write(values, cache, slot_mapping, p, scale_cache)
+        keep = slot_mapping >= 0
+        slots, v = slot_mapping[keep], values[keep].to(cache.dtype)
+        if slots.numel() == 0:
+            return None
+        nb, bs = cache.shape[:2]
+        kv_planes = cache.dim() == 5 and cache.shape[2] == 2
+        if kv_planes and cache[:, :, 0].is_contiguous() and cache[:, :, 1].is_contiguous():
+            self.npu.npu_scatter_pa_kv_cache(v[:, 0].contiguous(), v[:, 1].contiguous(), cache[:, :, 0],
+                                             cache[:, :, 1], slots.to(torch.int32), cache_mode="Norm")
+            return None
+        if not cache.is_contiguous():
+            self._fallback("kv.write", "cache is neither K/V planes nor contiguous")
+            return ref.kv_write(values, cache, slot_mapping, p, scale_cache)
+        flat = cache.view(nb * bs, -1)
+        self.npu.npu_scatter_nd_update_(flat, slots.long().view(-1, 1), v.reshape(v.shape[0], -1).contiguous())
+        return None
+
+    # ------------------------------------------------------------------------------------ moe.route
+
+    def moe_route(self, logits: torch.Tensor, p: RouteParams, bias: torch.Tensor | None = None,
+                  hash_ids: torch.Tensor | None = None):
+        # logits: [T, E] -> weights [T, K] fp32, ids [T, K] int64
+        norm_type = {"softmax": 0, "sigmoid": 1}.get(p.scoring)
+        why = ""
+        if norm_type is None:
+            why = f"scoring {p.scoring!r}: npu_moe_gating_top_k has softmax (0) and sigmoid (1) only"
+        elif hash_ids is not None:
+            why = "hash routing: the op wants input_ids + tid2eid, the vocabulary passes looked-up ids"
+        elif not p.renormalize:
+            why = "renormalize=False: npu_moe_gating_top_k always renormalises the chosen weights"
+        elif logits.shape[-1] > 2048 or logits.shape[-1] <= 2:
+            why = f"{logits.shape[-1]} experts: the op takes 2 < E <= 2048"
+        elif logits.dtype not in HALF + (torch.float32,):
+            why = f"dtype {logits.dtype}"
+        if why:
+            self._fallback("moe.route", why)
+            return ref_moe.moe_route(logits, p, bias, hash_ids)
+        y, idx, _norm = self.npu.npu_moe_gating_top_k(
+            logits, p.top_k, bias=None if bias is None else bias.to(logits.dtype), k_group=1, group_count=1,
+            group_select_mode=0, renorm=0, norm_type=norm_type, out_flag=False,
+            routed_scaling_factor=float(p.routed_scaling), eps=1e-20)
+        return y.float(), idx.long()
+
+    # ------------------------------------------------------------------------------------ moe.experts
+
+    def moe_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gate_up, w_down,
+                    p: ExpertsParams) -> torch.Tensor:
+        # x: [T, D]; w_gate_up: [E, 2I, D]; w_down: [E, D, I]
+        if isinstance(w_gate_up, QuantWeight) or isinstance(w_down, QuantWeight):
+            self._fallback("moe.experts", "QuantWeight experts: MXFP4/MXFP8 repacking for npu_grouped_matmul is not wired")
+            return ref_moe.moe_experts(x, weights, ids, w_gate_up, w_down, p)
+        if x.dtype not in HALF:
+            self._fallback("moe.experts", f"dtype {x.dtype}: grouped matmul is wired for fp16/bf16")
+            return ref_moe.moe_experts(x, weights, ids, w_gate_up, w_down, p)
+        t, k = ids.shape
+        e = w_gate_up.shape[0]
+        valid = (ids >= 0) & (ids < e)  # EP-remote experts: route to expert 0 with weight 0 (exact skip)
+        ids32 = torch.where(valid, ids, torch.zeros_like(ids)).to(torch.int32).contiguous()
+        scales = torch.where(valid, weights.float(), torch.zeros_like(weights, dtype=torch.float32))
+        expanded_x, src_to_dst, counts, _ = self.npu.npu_moe_init_routing_v2(
+            x, ids32, active_num=t * k, expert_num=e, drop_pad_mode=0, expert_tokens_num_type=1,
+            expert_tokens_num_flag=True, quant_mode=-1, active_expert_range=[0, e], row_idx_type=0)
+        gmm = dict(group_list=counts, split_item=2, group_type=0, group_list_type=1)
+        gu = self.npu.npu_grouped_matmul([expanded_x], [w_gate_up.to(x.dtype).transpose(1, 2)], **gmm)[0]
+        if p.swiglu_limit > 0:
+            act = self.npu.npu_clipped_swiglu(gu, dim=-1, alpha=1.0, limit=float(p.swiglu_limit), bias=0.0,
+                                              interleaved=False)
+        else:
+            act = self.npu.npu_swiglu(gu, dim=-1)
+        y = self.npu.npu_grouped_matmul([act], [w_down.to(x.dtype).transpose(1, 2)], **gmm)[0]
+        return self.npu.npu_moe_finalize_routing(y, None, None, None, scales.to(x.dtype), src_to_dst, ids32,
+                                                 drop_pad_mode=0, k=k)
+
+    def experts_w8a8(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13_nz: torch.Tensor,
+                     w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> torch.Tensor:
+        """W8A8 experts as vllm-ascend's int8 checkpoints run them (not reachable from the op table:
+        :class:`QuantWeight` has no int8 format). ``w13_nz``: int8 gate/up weights in FRACTAL_NZ (5-D),
+        ``w13_scale`` [E, 2I]; ``w2`` int8 [E, I, D], ``w2_scale`` [E, D]. Per-token dynamic int8
+        activations (``npu_dynamic_quant``), fused grouped matmul + SwiGLU + requantisation, then an
+        int8 grouped matmul dequantised to x's dtype (``output_dtype``)."""
+        t, k = ids.shape
+        e = w13_nz.shape[0]
+        ids32 = ids.to(torch.int32).contiguous()
+        expanded_x, src_to_dst, counts, _ = self.npu.npu_moe_init_routing_v2(
+            x, ids32, active_num=t * k, expert_num=e, drop_pad_mode=0, expert_tokens_num_type=1,
+            expert_tokens_num_flag=True, quant_mode=-1, active_expert_range=[0, e], row_idx_type=0)
+        xq, xs = self.npu.npu_dynamic_quant(expanded_x)
+        hq, hs, _ = self.npu.npu_grouped_matmul_swiglu_quant(xq, w13_nz, counts, w13_scale, xs)
+        out_dtype = 1 if x.dtype == torch.float16 else 27  # aclDataType: ACL_FLOAT16=1, ACL_BF16=27
+        y = self.npu.npu_grouped_matmul([hq], [w2], scale=[w2_scale], per_token_scale=[hs], group_list=counts,
+                                        split_item=2, group_type=0, group_list_type=1, output_dtype=out_dtype)[0]
+        return self.npu.npu_moe_finalize_routing(y, None, None, None, weights.to(x.dtype), src_to_dst, ids32,
+                                                 drop_pad_mode=0, k=k)
+
+
+# ---------------------------------------------------------------------------------------- preconditions
+# Checks of the documented constraints each wrapper relies on; RecordingNpu runs them on every call.
+
+
+def _t(b: dict, name: str) -> torch.Tensor | None:
+    return b.get(name)
+
+
+def _check_rms(b: dict) -> None:
+    x, g = _t(b, "self") if "self" in b else _t(b, "x1"), _t(b, "gamma")
+    op = "npu_rms_norm" if "self" in b else "npu_add_rms_norm"
+    require(x.dtype in HALF + (torch.float32,), op, f"dtype {x.dtype} not fp16/bf16/fp32")
+    require(g.dtype == x.dtype, op, "gamma must have the input's dtype")
+    require(tuple(g.shape) == tuple(x.shape[-1:]), op, f"gamma {tuple(g.shape)} must be the last dim {x.shape[-1]}")
+    if "x2" in b:
+        require(b["x2"].shape == x.shape and b["x2"].dtype == x.dtype, op, "x2 must match x1")
+
+
+def _check_rotary(b: dict) -> None:
+    x, c, s = b["self"], b["r1"], b["r2"]
+    op = "npu_rotary_mul"
+    require(x.dim() == 4 and c.dim() == 4 and s.dim() == 4, op, "input, r1, r2 must be 4-D")
+    require(c.dtype == x.dtype == s.dtype, op, "r1/r2 must have the input's dtype")
+    require(b.get("rotary_mode", "half") in ("half", "interleave"), op, "rotary_mode half|interleave")
+    require(c.shape[-1] == x.shape[-1], op, "r1/r2 last dim must equal the input's")
+
+
+def _check_fia(b: dict) -> None:
+    v2 = "num_query_heads" in b or "learnable_sink" in b or "actual_seq_kvlen" in b
+    op = "npu_fused_infer_attention_score" + ("_v2" if v2 else "")
+    q, k, v = b["query"], b["key"], b["value"]
+    require(q.dtype in HALF, op, f"query dtype {q.dtype} (page attention: fp16/bf16)")
+    for name in ("query", "key", "value"):
+        require(b[name].is_contiguous(), op, f"{name} must be contiguous (不支持非连续的Tensor)")
+    require(k.shape == v.shape, op, "key and value shapes must match")
+    layout = b.get("input_layout", "BSH")
+    require(layout in ("BSH", "BSND", "BNSD", "TND", "BNSD_BSND"), op, f"input_layout {layout!r}")
+    heads = b.get("num_query_heads" if v2 else "num_heads", 1)
+    kvh = b.get("num_key_value_heads", 0) or heads
+    bt = b.get("block_table")
+    if layout == "BSND":
+        require(q.dim() == 4 and q.shape[2] == heads, op, f"BSND query [B,S,N,D] with N == num_heads ({heads})")
+    if bt is not None:  # page attention
+        bs = b.get("block_size", 0)
+        require(bt.dtype == torch.int32 and bt.dim() == 2, op, "block_table must be 2-D int32")
+        require(bt.shape[0] == q.shape[0], op, "block_table rows must equal the batch")
+        require(k.dim() == 3 and k.shape[1] == bs, op, "paged key must be (blocknum, blocksize, H)")
+        require(k.shape[2] == kvh * q.shape[-1], op, "paged key H must be num_key_value_heads * D")
+        require(bs > 0 and bs % 16 == 0 and bs <= 512, op, f"block_size {bs} must be 16-aligned and <= 512")
+        kvlen = b.get("actual_seq_kvlen" if v2 else "actual_seq_lengths_kv")
+        require(kvlen is not None and len(kvlen) == q.shape[0], op, "page attention needs actual_seq_lengths_kv per batch")
+        require(max(kvlen) <= bt.shape[1] * bs, op, "a KV length exceeds its block table")
+        if q.shape[1] > 1:
+            require(bs % 128 == 0, op, "Q_S > 1 with page attention needs block_size a multiple of 128")
+    require(heads % kvh == 0 and heads // kvh <= 64, op, "num_heads % num_key_value_heads == 0 and ratio <= 64")
+    mode = b.get("sparse_mode", 0)
+    mask = b.get("atten_mask")
+    if mode in (2, 3, 4):
+        require(mask is not None and tuple(mask.shape[-2:]) == (2048, 2048), op, f"sparse_mode {mode} needs the 2048x2048 mask")
+    if mask is not None:
+        require(mask.dtype in (torch.bool, torch.int8, torch.uint8), op, "atten_mask must be bool/int8/uint8")
+    if v2 and b.get("learnable_sink") is not None:
+        ls = b["learnable_sink"]
+        require(ls.dtype == torch.bfloat16 and tuple(ls.shape) == (heads,), op, "learnable_sink must be bf16 (Q_N,)")
+
+
+def _check_scatter_pa(b: dict) -> None:
+    op = "npu_scatter_pa_kv_cache"
+    k, v, kc, vc, sm = b["key"], b["value"], b["key_cache"], b["value_cache"], b["slot_mapping"]
+    for name in ("key", "value", "key_cache", "value_cache", "slot_mapping"):
+        require(b[name].is_contiguous(), op, f"{name} must be contiguous (输入参数不支持非连续)")
+    require(k.dtype == v.dtype == kc.dtype == vc.dtype, op, "key, value and caches must share a dtype")
+    require(k.dim() == 3 and kc.dim() == 4, op, "3-D key/value with 4-D caches")
+    require(k.shape[:2] == v.shape[:2], op, "key/value first two dims must match")
+    require(sm.dtype in (torch.int32, torch.int64) and sm.dim() == 1 and sm.shape[0] == k.shape[0], op,
+            "slot_mapping int32/int64 [T]")
+    require(b.get("cache_mode") in (None, "Norm"), op, "ND caches need cache_mode None or 'Norm'")
+
+
+def _check_nd_update(b: dict) -> None:
+    op = "npu_scatter_nd_update_"
+    s, i, u = b["self"], b["indices"], b["updates"]
+    require(i.dtype in (torch.int32, torch.int64) and i.dim() == 2 and i.shape[1] == 1, op, "indices [n, 1] int")
+    require(u.shape[0] == i.shape[0] and tuple(u.shape[1:]) == tuple(s.shape[1:]), op, "updates [n, *self[1:]]")
+    require(u.dtype == s.dtype, op, "updates must have self's dtype")
+
+
+def _check_gating(b: dict) -> None:
+    op = "npu_moe_gating_top_k"
+    x, k = b["x"], b["k"]
+    require(x.dim() == 2 and 2 < x.shape[-1] <= 2048, op, "x [T, E] with E <= 2048")
+    gc, kg = b.get("group_count", 1), b.get("k_group", 1)
+    require(1 <= k <= x.shape[-1] // gc * kg, op, "1 <= k <= E / group_count * k_group")
+    require(b.get("renorm", 0) == 0 and b.get("norm_type", 0) in (0, 1), op, "renorm 0, norm_type 0|1")
+    if b.get("bias") is not None:
+        require(b["bias"].dtype == x.dtype and tuple(b["bias"].shape) == (x.shape[-1],), op, "bias [E] in x's dtype")
+
+
+def _check_init_routing(b: dict) -> None:
+    op = "npu_moe_init_routing_v2"
+    x, idx = b["x"], b["expert_idx"]
+    require(x.dim() == 2 and idx.dim() == 2 and idx.shape[0] == x.shape[0], op, "x [T, H], expert_idx [T, K]")
+    require(idx.dtype == torch.int32, op, "expert_idx must be int32")
+    require(b.get("drop_pad_mode", 0) == 0, op, "drop_pad_mode: only 0 is supported")
+    require(b.get("expert_tokens_num_type", 0) in (1, 2) and b.get("expert_tokens_num_flag") is True, op,
+            "expert_tokens_num_type 1|2 with expert_tokens_num_flag=True (the only supported modes)")
+    require(b.get("quant_mode", -1) in (-1, 1), op, "quant_mode -1|1")
+    n = b.get("expert_num", -1)
+    require(0 < n <= 10240, op, "expert_num in (0, 10240]")
+    rng = b.get("active_expert_range", [])
+    require(len(rng) == 2 and 0 <= rng[0] < rng[1] <= n, op, "active_expert_range [start, end) within expert_num")
+
+
+def _check_gmm(b: dict) -> None:
+    op = "npu_grouped_matmul"
+    xs, ws = b["x"], b["weight"]
+    require(len(xs) == 1 and len(ws) == 1, op, "one x and one stacked weight (split_item 2/3, group_type 0)")
+    require(b.get("split_item") in (2, 3) and b.get("group_type") == 0, op, "split_item 2|3 with group_type 0")
+    x, w, gl = xs[0], ws[0], b.get("group_list")
+    require(x.dim() == 2 and w.dim() == 3 and x.shape[1] == w.shape[1], op, "x [M, K], weight [E, K, N]")
+    require(gl is not None and gl.dim() == 1 and gl.shape[0] == w.shape[0] and gl.dtype == torch.int64, op,
+            "group_list int64 [E]")
+    require(b.get("group_list_type") == 1, op, "group_list_type 1 (per-group counts)")
+    if x.dtype != torch.int8:
+        require(w.dtype == x.dtype, op, "x and weight share a floating dtype")
+
+
+def _check_swiglu(b: dict) -> None:
+    x = b["self"] if "self" in b else b["x"]
+    op = "npu_swiglu" if "self" in b else "npu_clipped_swiglu"
+    require(x.shape[b.get("dim", -1)] % 2 == 0, op, "the split dim must be even")
+    if op == "npu_clipped_swiglu":
+        require(x.is_contiguous(), op, "x must be contiguous")
+
+
+def _check_finalize(b: dict) -> None:
+    op = "npu_moe_finalize_routing"
+    rows, idx, sc = b["expanded_permuted_rows"], b["expanded_src_to_dst_row"], b.get("scales")
+    k = b.get("k", 1)
+    require(rows.dim() == 2 and idx.dim() == 1 and idx.shape[0] == rows.shape[0], op, "rows [T*K, H], index [T*K]")
+    require(idx.dtype == torch.int32, op, "expanded_src_to_dst_row must be int32")
+    if sc is not None:
+        require(sc.dim() == 2 and sc.shape[0] * sc.shape[1] == rows.shape[0] and sc.shape[1] == k, op, "scales [T, K]")
+        require(sc.dtype == rows.dtype, op, "scales must have the rows' dtype")
+    require(b.get("drop_pad_mode", 0) in (0, 1, 2, 3), op, "drop_pad_mode")
+
+
+def _check_dyn_quant(b: dict) -> None:
+    require(b["input"].dtype in HALF, "npu_dynamic_quant", "input must be fp16/bf16")
+
+
+def _check_gmm_swiglu_quant(b: dict) -> None:
+    op = "npu_grouped_matmul_swiglu_quant"
+    require(b["x"].dtype == torch.int8 and b["x"].dim() == 2, op, "x int8 [M, K]")
+    require(b["weight"].dtype == torch.int8 and b["weight"].dim() == 5, op, "weight int8 FRACTAL_NZ (5-D)")
+    require(b["group_list"].dtype == torch.int64 and b["group_list"].shape[0] == b["weight"].shape[0], op,
+            "group_list int64 [E]")
+    require(b["x_scale"].dim() == 1 and b["x_scale"].shape[0] == b["x"].shape[0], op, "x_scale [M] fp32")
+
+
+CHECKS.update({
+    "npu_rms_norm": [_check_rms], "npu_add_rms_norm": [_check_rms], "npu_rotary_mul": [_check_rotary],
+    "npu_fused_infer_attention_score": [_check_fia], "npu_fused_infer_attention_score_v2": [_check_fia],
+    "npu_scatter_pa_kv_cache": [_check_scatter_pa], "npu_scatter_nd_update_": [_check_nd_update],
+    "npu_moe_gating_top_k": [_check_gating], "npu_moe_init_routing_v2": [_check_init_routing],
+    "npu_grouped_matmul": [_check_gmm], "npu_swiglu": [_check_swiglu], "npu_clipped_swiglu": [_check_swiglu],
+    "npu_moe_finalize_routing": [_check_finalize], "npu_dynamic_quant": [_check_dyn_quant],
+    "npu_grouped_matmul_swiglu_quant": [_check_gmm_swiglu_quant],
+})
+
+
+def declared() -> dict[str, str]:
+    """op ID → execution level, without touching a device: every native op is wired, never run here."""
+    return {op: "wired-unrun" for op in NPU_OPS}
+
+
+def provide(npu: Any) -> dict[str, Any]:
+    """The op table for ``inferhal_provide_ops``, each op tagged ``wired-unrun`` with its operators."""
+    from inferhal.core.ops.table import OpImpl
+    from inferhal.core.profile import ExecLevel
+
+    ops = NpuOps(npu)
+    return {op: OpImpl(fn, ExecLevel.WIRED_UNRUN, "torch_npu." + " / ".join(NPU_OPS[op]))
+            for op, fn in ops.table().items()}

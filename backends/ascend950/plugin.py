@@ -5,45 +5,61 @@ from __future__ import annotations
 from inferhal.core.hookspecs import API_VERSION, hookimpl
 
 
+def _torch_npu():
+    import importlib
+
+    return importlib.import_module("torch_npu")
+
+
 @hookimpl
 def inferhal_api_version():
     return API_VERSION
 
 
 @hookimpl
-def inferhal_probe():
+def inferhal_probe(config):
     from inferhal.backends.ascend950 import device
 
-    return device.probe()
+    return device.probe(config.device_index)
 
 
 @hookimpl
 def inferhal_declared_ops():
-    from inferhal.backends.ascend950.ops import NPU_OPS
+    from inferhal.backends.ascend950 import ops
 
-    return dict.fromkeys(NPU_OPS, "wired-unrun")
+    return ops.declared()
 
 
 @hookimpl
 def inferhal_device_profile(config):
-    raise NotImplementedError("ascend950 device profile arrives with the torch_npu wiring")
+    from inferhal.backends.ascend950 import device
+
+    return device.query_profile(config.device_index)
 
 
 @hookimpl
 def inferhal_device(profile):
-    raise NotImplementedError("ascend950 device arrives with the torch_npu wiring")
+    from inferhal.backends.ascend950.device import AscendDevice
+
+    return AscendDevice(profile)
 
 
 @hookimpl
-def inferhal_provide_ops(profile):
-    return {}
+def inferhal_provide_ops(config):
+    from inferhal.backends.ascend950 import ops
+    from inferhal.backends.ascend950.contract import RecordingNpu
+
+    npu = _torch_npu()
+    if config.options.get("record_npu_calls", False):  # validate + log every call against the contract
+        npu = RecordingNpu(npu)
+    return ops.provide(npu)
 
 
 @hookimpl
 def inferhal_kv_storage(request, profile):
-    from inferhal.backends.reference.device import TorchKVStorage
+    from inferhal.backends.ascend950.device import AscendKVStorage
 
-    return TorchKVStorage(request, profile.torch_device)
+    return AscendKVStorage(request, profile.torch_device)
 
 
 @hookimpl
@@ -51,3 +67,15 @@ def inferhal_communicator(layout):
     from inferhal.backends.ascend950.comm import make_communicator
 
     return make_communicator(layout)
+
+
+@hookimpl
+def inferhal_graph_runner():
+    return None  # ACL graph capture (torch.npu.NPUGraph) is not wired: the engine runs eagerly
+
+
+@hookimpl
+def inferhal_backend_extra(name):
+    from inferhal.backends.ascend950 import extras
+
+    return extras.lookup(name, _torch_npu)

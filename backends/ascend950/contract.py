@@ -1,0 +1,294 @@
+"""The torch_npu operators the ascend950 backend calls, their documented signatures, and a call recorder.
+
+:data:`SCHEMAS` holds the signature of every operator the backend may call, as torch_npu 2.13.0 declares
+it (``torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml`` in the ``torch-npu==2.13.0`` wheel;
+argument meanings from ``torch_npu/_op_plugin_docs.py`` in the same wheel). Unused trailing optional
+arguments of very long schemas are kept, so a misspelt keyword is caught.
+
+:class:`RecordingNpu` wraps a ``torch_npu``-like object (the real module on an NPU host, a fake in the
+tests). Every call is checked against its schema (argument names, positional/keyword split, required
+arguments, argument kinds) and against the backend's own documented preconditions in :data:`CHECKS`,
+then recorded as plain data (:class:`NpuCall`: operator name, per-argument shape/dtype/contiguity, and
+the values of strings, ints, floats and int lists). Nothing here imports torch_npu.
+
+What this proves without a device: that each call the wrappers make is well-formed against the
+published signatures and respects the documented constraints we rely on. What it does not prove: that
+the operator computes what the fake computes. That needs an Ascend device (tests marked ``ascend``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+SOURCE = "torch-npu==2.13.0 wheel: torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml (schemas), torch_npu/_op_plugin_docs.py (argument docs)"
+
+SCHEMAS: dict[str, str] = {
+    "npu_rms_norm": "npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)",
+    "npu_add_rms_norm": "npu_add_rms_norm(Tensor x1, Tensor x2, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor, Tensor)",
+    "npu_rotary_mul": "npu_rotary_mul(Tensor self, Tensor r1, Tensor r2, str rotary_mode='half', Tensor? rotate=None) -> Tensor",
+    "npu_apply_rotary_pos_emb": "npu_apply_rotary_pos_emb(Tensor query, Tensor key, Tensor cos, Tensor sin, str layout='BSND', str rotary_mode='half') -> (Tensor, Tensor)",
+    "npu_fused_infer_attention_score": (
+        "npu_fused_infer_attention_score(Tensor query, Tensor key, Tensor value, *, Tensor? pse_shift=None, "
+        "Tensor? atten_mask=None, SymInt[]? actual_seq_lengths=None, SymInt[]? actual_seq_lengths_kv=None, "
+        "Tensor? dequant_scale1=None, Tensor? quant_scale1=None, Tensor? dequant_scale2=None, Tensor? quant_scale2=None, "
+        "Tensor? quant_offset2=None, Tensor? antiquant_scale=None, Tensor? antiquant_offset=None, "
+        "Tensor? key_antiquant_scale=None, Tensor? key_antiquant_offset=None, Tensor? value_antiquant_scale=None, "
+        "Tensor? value_antiquant_offset=None, Tensor? block_table=None, Tensor? query_padding_size=None, "
+        "Tensor? kv_padding_size=None, Tensor? key_shared_prefix=None, Tensor? value_shared_prefix=None, "
+        "SymInt[]? actual_shared_prefix_len=None, Tensor? query_rope=None, Tensor? key_rope=None, "
+        "Tensor? key_rope_antiquant_scale=None, int num_heads=1, float scale=1.0, int pre_tokens=2147483647, "
+        "int next_tokens=2147483647, str input_layout=\"BSH\", int num_key_value_heads=0, int sparse_mode=0, "
+        "int inner_precise=0, int block_size=0, int antiquant_mode=0, int key_antiquant_mode=0, "
+        "int value_antiquant_mode=0, bool softmax_lse_flag=False) -> (Tensor, Tensor)"
+    ),
+    "npu_fused_infer_attention_score_v2": (
+        "npu_fused_infer_attention_score_v2(Tensor query, Tensor key, Tensor value, *, Tensor? query_rope=None, "
+        "Tensor? key_rope=None, Tensor? pse_shift=None, Tensor? atten_mask=None, SymInt[]? actual_seq_qlen=None, "
+        "SymInt[]? actual_seq_kvlen=None, Tensor? block_table=None, Tensor? dequant_scale_query=None, "
+        "Tensor? dequant_scale_key=None, Tensor? dequant_offset_key=None, Tensor? dequant_scale_value=None, "
+        "Tensor? dequant_offset_value=None, Tensor? dequant_scale_key_rope=None, Tensor? quant_scale_out=None, "
+        "Tensor? quant_offset_out=None, Tensor? quant_scale_p=None, Tensor? learnable_sink=None, "
+        "int num_query_heads=1, int num_key_value_heads=0, float softmax_scale=1.0, int pre_tokens=2147483647, "
+        "int next_tokens=2147483647, str input_layout=\"BSH\", int sparse_mode=0, int block_size=0, "
+        "int query_quant_mode=0, int key_quant_mode=0, int value_quant_mode=0, int inner_precise=0, "
+        "bool return_softmax_lse=False, int? query_dtype=None, int? key_dtype=None, int? value_dtype=None, "
+        "int? out_dtype=None) -> (Tensor, Tensor)"
+    ),
+    "npu_scatter_pa_kv_cache": (
+        "npu_scatter_pa_kv_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
+        "Tensor slot_mapping, *, Tensor? compress_lens=None, Tensor? compress_seq_offsets=None, "
+        "Tensor? seq_lens=None, str? cache_mode='PA_NZ') -> ()"
+    ),
+    "npu_scatter_nd_update_": "npu_scatter_nd_update_(Tensor(a!) self, Tensor indices, Tensor updates) -> Tensor(a!)",
+    "npu_moe_gating_top_k": (
+        "npu_moe_gating_top_k(Tensor x, int k, *, Tensor? bias=None, Tensor? input_ids=None, Tensor? tid2eid=None, "
+        "int k_group=1, int group_count=1, int group_select_mode=0, int renorm=0, int norm_type=0, "
+        "bool out_flag=False, float routed_scaling_factor=1.0, float eps=1e-20) -> (Tensor, Tensor, Tensor)"
+    ),
+    "npu_moe_init_routing_v2": (
+        "npu_moe_init_routing_v2(Tensor x, Tensor expert_idx, *, Tensor? scale=None, Tensor? offset=None, "
+        "int active_num=-1, int expert_capacity=-1, int expert_num=-1, int drop_pad_mode=0, "
+        "int expert_tokens_num_type=0, bool expert_tokens_num_flag=False, int quant_mode=-1, "
+        "int[2] active_expert_range=[], int row_idx_type=0, int? x_dtype=None) -> (Tensor, Tensor, Tensor, Tensor)"
+    ),
+    "npu_moe_finalize_routing": (
+        "npu_moe_finalize_routing(Tensor expanded_permuted_rows, Tensor? skip1, Tensor? skip2, Tensor? bias, "
+        "Tensor? scales, Tensor expanded_src_to_dst_row, Tensor? export_for_source_row, int? drop_pad_mode=0, "
+        "int? k=1) -> Tensor"
+    ),
+    "npu_grouped_matmul": (
+        "npu_grouped_matmul(Tensor[] x, Tensor[] weight, *, Tensor[]? bias=None, Tensor[]? scale=None, "
+        "Tensor[]? offset=None, Tensor[]? antiquant_scale=None, Tensor[]? antiquant_offset=None, "
+        "Tensor[]? per_token_scale=None, Tensor? group_list=None, Tensor[]? activation_input=None, "
+        "Tensor[]? activation_quant_scale=None, Tensor[]? activation_quant_offset=None, int? split_item=0, "
+        "int? group_type=None, int? group_list_type=0, int? act_type=0, int[]? tuning_config=None, "
+        "int? output_dtype=None, int? x_dtype=None, int? weight_dtype=None, int? scale_dtype=None, "
+        "int? per_token_scale_dtype=None) -> Tensor[]"
+    ),
+    "npu_swiglu": "npu_swiglu(Tensor self, int dim=-1) -> Tensor",
+    "npu_clipped_swiglu": (
+        "npu_clipped_swiglu(Tensor x, *, Tensor? group_index=None, int dim=-1, float alpha=1.702, "
+        "float limit=7.0, float bias=1.0, bool interleaved=True) -> Tensor"
+    ),
+    "npu_dynamic_quant": (
+        "npu_dynamic_quant(Tensor input, *, Tensor? smooth_scales=None, Tensor? group_index=None, "
+        "int? dst_type=None, str quant_mode=\"pertoken\", float dst_type_max=0.0) -> (Tensor, Tensor)"
+    ),
+    "npu_grouped_matmul_swiglu_quant": (
+        "npu_grouped_matmul_swiglu_quant(Tensor x, Tensor weight, Tensor group_list, Tensor weight_scale, "
+        "Tensor x_scale, *, Tensor? bias=None, Tensor? offset=None) -> (Tensor, Tensor, Tensor)"
+    ),
+    "npu_moe_distribute_dispatch": (
+        "npu_moe_distribute_dispatch(Tensor x, Tensor expert_ids, str group_ep, int ep_world_size, int ep_rank_id, "
+        "int moe_expert_num, *, Tensor? scales=None, Tensor? x_active_mask=None, Tensor? expert_scales=None, "
+        "str group_tp=\"\", int tp_world_size=0, int tp_rank_id=0, int expert_shard_type=0, int shared_expert_num=1, "
+        "int shared_expert_rank_num=0, int quant_mode=0, int global_bs=0, int expert_token_nums_type=1) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)"
+    ),
+    "npu_moe_distribute_combine": (
+        "npu_moe_distribute_combine(Tensor expand_x, Tensor expert_ids, Tensor expand_idx, Tensor ep_send_counts, "
+        "Tensor expert_scales, str group_ep, int ep_world_size, int ep_rank_id, int moe_expert_num, *, "
+        "Tensor? tp_send_counts=None, Tensor? x_active_mask=None, Tensor? activation_scale=None, "
+        "Tensor? weight_scale=None, Tensor? group_list=None, Tensor? expand_scales=None, Tensor? shared_expert_x=None, "
+        "str group_tp=\"\", int tp_world_size=0, int tp_rank_id=0, int expert_shard_type=0, int shared_expert_num=1, "
+        "int shared_expert_rank_num=0, int global_bs=0, int out_dtype=0, int comm_quant_mode=0, "
+        "int group_list_type=0) -> Tensor"
+    ),
+}
+
+
+class ContractError(AssertionError):
+    """A torch_npu call breaks its documented signature or a documented precondition."""
+
+
+# ---------------------------------------------------------------------------------------- schema parsing
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: str  # Tensor | Tensor[] | int | float | bool | str | int[] | SymInt[]
+    optional: bool  # "?" in the schema: None is accepted
+    has_default: bool
+    keyword_only: bool
+
+
+_PARAM = re.compile(r"^(?P<type>[A-Za-z]+(?:\[\d*\])?(?:\([a-z]!\))?)(?P<opt>\?)?\s+(?P<name>\w+)(?P<default>=.*)?$")
+
+
+def parse_schema(schema: str) -> tuple[str, list[Param]]:
+    name, rest = schema.split("(", 1)
+    args = rest.rsplit(") ->", 1)[0]
+    params, kw_only = [], False
+    for raw in _split_args(args):
+        raw = raw.strip()
+        if raw == "*":
+            kw_only = True
+            continue
+        m = _PARAM.match(raw)
+        if not m:
+            raise ValueError(f"cannot parse argument {raw!r} of {name}")
+        kind = re.sub(r"\([a-z]!\)", "", m["type"])
+        kind = re.sub(r"\[\d+\]", "[]", kind)
+        params.append(Param(m["name"], kind, bool(m["opt"]), m["default"] is not None, kw_only))
+    return name.strip(), params
+
+
+def _split_args(s: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in s:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur)
+    return out
+
+
+PARSED: dict[str, list[Param]] = {k: parse_schema(v)[1] for k, v in SCHEMAS.items()}
+
+
+def bind(op: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Bind a call to its schema like Python would; raise :class:`ContractError` on any mismatch."""
+    if op not in PARSED:
+        raise ContractError(f"torch_npu.{op} is not in the documented contract table (contract.SCHEMAS)")
+    params = PARSED[op]
+    positional = [p for p in params if not p.keyword_only]
+    if len(args) > len(positional):
+        raise ContractError(f"torch_npu.{op}: {len(args)} positional arguments, the schema allows {len(positional)}")
+    bound = {p.name: a for p, a in zip(positional, args)}
+    names = {p.name for p in params}
+    for k, v in kwargs.items():
+        if k not in names:
+            raise ContractError(f"torch_npu.{op}: unknown keyword {k!r}")
+        if k in bound:
+            raise ContractError(f"torch_npu.{op}: {k!r} given twice")
+        bound[k] = v
+    for p in params:
+        if p.name not in bound:
+            if not p.has_default and not p.optional:
+                raise ContractError(f"torch_npu.{op}: required argument {p.name!r} missing")
+            continue
+        _check_kind(op, p, bound[p.name])
+    return bound
+
+
+def _check_kind(op: str, p: Param, v: Any) -> None:
+    if v is None:
+        if not p.optional:
+            raise ContractError(f"torch_npu.{op}: {p.name} ({p.kind}) must not be None")
+        return
+    ok = {
+        "Tensor": lambda x: isinstance(x, torch.Tensor),
+        "Tensor[]": lambda x: isinstance(x, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in x),
+        "int": lambda x: isinstance(x, int) and not isinstance(x, bool),
+        "float": lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
+        "bool": lambda x: isinstance(x, bool),
+        "str": lambda x: isinstance(x, str),
+        "int[]": lambda x: isinstance(x, (list, tuple)) and all(isinstance(i, int) for i in x),
+        "SymInt[]": lambda x: isinstance(x, (list, tuple)) and all(isinstance(i, int) for i in x),
+    }[p.kind]
+    if not ok(v):
+        raise ContractError(f"torch_npu.{op}: {p.name} must be {p.kind}, got {type(v).__name__}")
+
+
+# ---------------------------------------------------------------------------------------- recording
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    shape: tuple[int, ...]
+    dtype: str
+    contiguous: bool
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "TensorInfo":
+        return cls(tuple(t.shape), str(t.dtype).removeprefix("torch."), t.is_contiguous())
+
+
+@dataclass(frozen=True)
+class NpuCall:
+    """One recorded call: operator name and each bound argument as plain data."""
+
+    op: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+    def tensor(self, name: str) -> TensorInfo:
+        return self.args[name]
+
+
+def describe(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return TensorInfo.of(v)
+    if isinstance(v, (list, tuple)):
+        return tuple(describe(x) for x in v)
+    return v
+
+
+Check = Callable[[dict], None]
+CHECKS: dict[str, list[Check]] = {}  # filled by ops.py next to the wrapper that relies on each rule
+
+
+def require(cond: bool, op: str, msg: str) -> None:
+    if not cond:
+        raise ContractError(f"torch_npu.{op}: {msg}")
+
+
+class RecordingNpu:
+    """A ``torch_npu`` stand-in that validates, records, then delegates each call to ``impl``.
+
+    ``impl`` is the real ``torch_npu`` module on an NPU host (then the log shows what ran) or a fake
+    module object in the tests (never a site-packages import).
+    """
+
+    def __init__(self, impl: Any, checks: Mapping[str, Sequence[Check]] | None = None) -> None:
+        self._impl = impl
+        self._checks = CHECKS if checks is None else checks
+        self.calls: list[NpuCall] = []
+
+    def __getattr__(self, op: str) -> Callable[..., Any]:
+        if op.startswith("_"):
+            raise AttributeError(op)
+        fn = getattr(self._impl, op)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            bound = bind(op, args, kwargs)
+            for check in self._checks.get(op, ()):
+                check(bound)
+            self.calls.append(NpuCall(op, {k: describe(v) for k, v in bound.items()}))
+            return fn(*args, **kwargs)
+
+        return call
+
+    def ops_called(self) -> list[str]:
+        return [c.op for c in self.calls]

@@ -1,0 +1,42 @@
+"""The ascend950 backend's named extras (``ActiveBackend.extra(name)``), for tools and tests only.
+
+- ``"contract"``: the contract module (operator schemas, precondition checks, :class:`RecordingNpu`);
+- ``"npu_call_log"``: a factory ``make() -> (RecordingNpu, NpuOps)``: wrappers whose every torch_npu
+  call is validated against the contract and logged (``recorder.calls``);
+- ``"mc2"``: ``factory(comm, moe_expert_num, quant=False) -> Mc2Dispatcher`` (EP dispatch/combine);
+- ``"generations"``: the generation capability table (:data:`device.GENERATIONS`);
+- ``"tuning"``: the triton-ascend tuning table and its UB-budget check (``kernels/tuning_ascend950.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+def lookup(name: str, torch_npu: Callable[[], Any]) -> Any:
+    if name == "contract":
+        from inferhal.backends.ascend950 import contract
+
+        return contract
+    if name == "npu_call_log":
+        def make():
+            from inferhal.backends.ascend950.contract import RecordingNpu
+            from inferhal.backends.ascend950.ops import NpuOps
+
+            rec = RecordingNpu(torch_npu())
+            return rec, NpuOps(rec)
+
+        return make
+    if name == "mc2":
+        from inferhal.backends.ascend950.comm import mc2_factory
+
+        return mc2_factory(torch_npu())
+    if name == "generations":
+        from inferhal.backends.ascend950.device import GENERATIONS
+
+        return GENERATIONS
+    if name == "tuning":
+        from inferhal.kernels import tuning_ascend950
+
+        return tuning_ascend950
+    return None
