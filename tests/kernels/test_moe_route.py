@@ -1,13 +1,17 @@
 """moe.route kernel vs the reference, in the interpreter.
 
 Routing weights are fp32 throughout (scores, renormalisation): tolerance 1e-5 relative covers exp/log
-implementations differing by a few ulps. Ids must be identical as sets per token (random logits: no ties).
+implementations differing by a few ulps. Ids: the kernel's choice must be *a* top-k of the reference's
+choice values (scores + bias): its values equal the reference's top-k values within 1e-6 (two experts
+whose choice values are within fp32 rounding of each other may swap; with 256 saturating sigmoids this
+happens), and the weights are checked at the kernel's ids.
 """
 
 import pytest
 import torch
 
 from inferhal.backends.reference.moe import moe_route as ref_route
+from inferhal.backends.reference.moe import score
 from inferhal.core.ops.params import RouteParams
 from inferhal.kernels.moe_route import moe_route
 
@@ -22,13 +26,24 @@ def by_id(w, ids):
 @pytest.mark.parametrize("with_bias,renorm", [(False, True), (True, True), (True, False)])
 def test_route_matches_reference(t, e, k, scoring, with_bias, renorm, close):
     g = torch.Generator().manual_seed(t * 7 + e + k)
-    logits = torch.randn(t, e, generator=g) * 4  # wide range: softplus linear region and tails
+    # x2.5: reaches softplus' tails, but keeps sigmoid away from saturation, where scores of different
+    # experts come within one fp32 ulp of 1.0 and the choice between them is rounding noise
+    logits = torch.randn(t, e, generator=g) * 2.5
     bias = torch.randn(e, generator=g) * 0.5 if with_bias else None
     p = RouteParams(top_k=k, scoring=scoring, renormalize=renorm, routed_scaling=1.5)
     w, ids = by_id(*moe_route(logits, p, bias))
-    rw, rids = by_id(*ref_route(logits, p, bias))
-    assert torch.equal(ids, rids)
-    close(w, rw, name=f"moe.route {scoring}")
+    scores = score(logits, scoring)
+    choose = scores if bias is None else scores + bias
+    top = torch.topk(choose, k, dim=-1).values
+    picked = choose.gather(1, ids).sort(dim=-1, descending=True).values
+    torch.testing.assert_close(picked, top, rtol=0, atol=1e-6)
+    assert all(len(set(r)) == k for r in ids.tolist())  # k distinct experts
+    rw = scores.gather(1, ids)
+    if renorm:
+        rw = rw / (rw.sum(-1, keepdim=True) + 1e-20)
+    close(w, rw * 1.5, name=f"moe.route {scoring}")
+    exact = by_id(*ref_route(logits, p, bias))[1]
+    assert t == 0 or (ids == exact).all(dim=1).float().mean() >= 0.5  # most tokens: no near-tie at all
 
 
 def test_route_bf16_logits_and_hash(close):
