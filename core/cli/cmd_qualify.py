@@ -42,7 +42,9 @@ def _sweep_suffix() -> str:
     return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", ",".join(sorted(keep)))[:120]
 
 
-def run(cfg, words) -> int:
+def run(cfg, words, registry=None) -> int:
+    """``registry``: a prebuilt :class:`~inferhal.core.registry.BackendRegistry` (tests register extra
+    backends in-process); default: every installed backend."""
     from inferhal.core.qualify import report as report_mod
     from inferhal.core.qualify import runner
     from inferhal.core.registry import BackendRegistry, BackendSelectionError
@@ -54,7 +56,7 @@ def run(cfg, words) -> int:
         raise UserError(f"qualify.level must be quick or full, got {q.level!r}")
     bcfg = BackendConfig(**OmegaConf.to_container(cfg.backend, resolve=True))
     out_dir = report_dir(cfg)
-    reg = BackendRegistry.discover()
+    reg = registry if registry is not None else BackendRegistry.discover()
     try:
         # select first: a kernel backend prepares its process (e.g. an interpreter switch) before its ops load
         active = reg.select(bcfg)

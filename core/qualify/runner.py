@@ -77,7 +77,9 @@ def _row_base(case, level: ExecLevel) -> dict:
             "tolerance": case.tol.to_dict(), "notes": case.notes}
 
 
-def run_case(case, active, reference, level: ExecLevel, opts: QualifyOptions, baseline: dict) -> dict:
+def run_case(case, active, reference, level: ExecLevel, opts: QualifyOptions, baseline: dict,
+             measure: str | None = None) -> dict:
+    """All checks of one case → its report row. ``measure`` overrides why performance is not measured."""
     row = _row_base(case, level)
     if level not in RUNNABLE:
         row.update(status="not-run", message=f"{level.value}: never executed here, so not qualified")
@@ -90,7 +92,7 @@ def run_case(case, active, reference, level: ExecLevel, opts: QualifyOptions, ba
         fn=active.ops.entry(case.op_id).fn, ref_fn=reference.ops.entry(case.op_id).fn,
         torch_device=prof.torch_device, seed=opts.seed, reruns=opts.reruns,
         batch_invariant=prof.supports("batch_invariant"), peak_bandwidth=prof.peak_bandwidth,
-        peak_flops=float(prof.peak_flops.get(case.dtype, 0.0)), measure=_measure_reason(active, level, case.dtype),
+        peak_flops=float(prof.peak_flops.get(case.dtype, 0.0)), measure=measure if measure is not None else _measure_reason(active, level, case.dtype),
         synchronize=getattr(active.device, "synchronize", lambda: None), warmup=opts.warmup, repeats=opts.repeats)
     stage = "run"
     try:

@@ -1,0 +1,53 @@
+"""A test backend whose one native op is wired to a device operator it cannot run here (wired-unrun)."""
+
+from __future__ import annotations
+
+from inferhal.core.hookspecs import API_VERSION, hookimpl
+from inferhal.core.ops.table import OpImpl
+from inferhal.core.profile import DeviceProfile, ExecLevel, Probe
+
+
+@hookimpl
+def inferhal_api_version():
+    return API_VERSION
+
+
+@hookimpl
+def inferhal_probe():
+    return Probe(True, "unrun test backend")
+
+
+@hookimpl
+def inferhal_device_profile(config):
+    return DeviceProfile(backend="unrun", device_name="a device that is not here", torch_device="cpu",
+                         exec_level=ExecLevel.WIRED_UNRUN, dtypes={"float32", "bfloat16"})
+
+
+@hookimpl
+def inferhal_device(profile):
+    from inferhal.backends.reference.device import ReferenceDevice
+
+    return ReferenceDevice("cpu")
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("a wired-unrun op was called")
+
+
+@hookimpl
+def inferhal_provide_ops():
+    return {"norm.rms": OpImpl(_never, ExecLevel.WIRED_UNRUN, "device operator, recorded only")}
+
+
+@hookimpl
+def inferhal_kv_storage(request, profile):
+    from inferhal.backends.reference.device import TorchKVStorage
+
+    return TorchKVStorage(request)
+
+
+@hookimpl
+def inferhal_communicator(layout):
+    from inferhal.backends.reference.comm import make_communicator
+
+    return make_communicator(layout)
