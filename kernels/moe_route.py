@@ -1,6 +1,6 @@
 """MoE routing: ``moe.route`` (sqrtsoftplus | sigmoid | softmax scores, correction bias used only to
-choose, top-k, renormalisation, routed scaling; or hash-routed ids). One program per token holds the
-whole row of expert logits (E <= a few hundred), so routing is batch-invariant.
+choose, top-k, renormalisation, routed scaling; or hash-routed ids). One program holds BLOCK_T whole rows of
+expert logits (E <= a few hundred); rows never interact, so routing is batch-invariant.
 Ties in the choice break towards the lower expert id. Oracle: ``backends/reference/moe.py:moe_route``
 (its ids come unsorted from ``torch.topk``: compare per token as sets)."""
 
@@ -33,43 +33,48 @@ def _score(l, row_max, row_sum, SCORING: tl.constexpr):
 
 
 @triton.jit
-def moe_route_kernel(logit_ptr, bias_ptr, hash_ptr, w_ptr, id_ptr, E, stride_l, scaling,
-                     K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, SCORING: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, HAS_HASH: tl.constexpr, RENORM: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+def moe_route_kernel(logit_ptr, bias_ptr, hash_ptr, w_ptr, id_ptr, T, E, stride_l, scaling,
+                     K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+                     SCORING: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_HASH: tl.constexpr, RENORM: tl.constexpr):
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)  # BLOCK_T tokens, each row independent
+    rmask = rows < T
     cols = tl.arange(0, BLOCK_E)
-    valid = cols < E
-    l = tl.load(logit_ptr + t * stride_l + cols, mask=valid, other=-float("inf")).to(tl.float32)
-    row_max = tl.max(l, axis=0)
-    row_sum = tl.sum(tl.where(valid, tl.exp(l - row_max), 0.0), axis=0)
+    valid = rmask[:, None] & (cols < E)[None, :]
+    l = tl.load(logit_ptr + rows[:, None] * stride_l + cols[None, :], mask=valid, other=-float("inf")).to(tl.float32)
+    row_max = tl.max(l, axis=1)
+    row_max = tl.where(rmask, row_max, 0.0)
+    row_sum = tl.sum(tl.where(valid, tl.exp(l - row_max[:, None]), 0.0), axis=1)
+    row_sum = tl.where(rmask, row_sum, 1.0)
     kcols = tl.arange(0, BLOCK_K)
-    kmask = kcols < K
+    kmask = rmask[:, None] & (kcols < K)[None, :]
     if HAS_HASH:
-        ids = tl.load(hash_ptr + t * K + kcols, mask=kmask, other=0).to(tl.int64)
-        lk = tl.load(logit_ptr + t * stride_l + ids, mask=kmask, other=0.0).to(tl.float32)
-        w = tl.where(kmask, _score(lk, row_max, row_sum, SCORING), 0.0)
+        ids = tl.load(hash_ptr + rows[:, None] * K + kcols[None, :], mask=kmask, other=0).to(tl.int64)
+        lk = tl.load(logit_ptr + rows[:, None] * stride_l + ids, mask=kmask, other=0.0).to(tl.float32)
+        w = tl.where(kmask, _score(lk, row_max[:, None], row_sum[:, None], SCORING), 0.0)
     else:
-        s = _score(l, row_max, row_sum, SCORING)
+        s = _score(l, row_max[:, None], row_sum[:, None], SCORING)
         choose = s
         if HAS_BIAS:
-            choose = s + tl.load(bias_ptr + cols, mask=valid, other=0.0).to(tl.float32)
+            choose = s + tl.load(bias_ptr + cols, mask=cols < E, other=0.0).to(tl.float32)[None, :]
         choose = tl.where(valid, choose, -float("inf"))
-        ids = tl.zeros((BLOCK_K,), dtype=tl.int64)
-        w = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        ids = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.int64)
+        w = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.float32)
         for j in tl.static_range(K):
-            best = tl.max(choose, axis=0)
-            idx = tl.min(tl.where(choose == best, cols, BLOCK_E), axis=0)  # lowest id among ties
-            ids = tl.where(kcols == j, idx.to(tl.int64), ids)
-            w = tl.where(kcols == j, tl.sum(tl.where(cols == idx, s, 0.0), axis=0), w)
-            choose = tl.where(cols == idx, -float("inf"), choose)
+            best = tl.max(choose, axis=1)
+            hit = choose == best[:, None]
+            idx = tl.min(tl.where(hit, cols[None, :], BLOCK_E), axis=1)  # lowest id among ties
+            sel = cols[None, :] == idx[:, None]
+            ids = tl.where(kcols[None, :] == j, idx.to(tl.int64)[:, None], ids)
+            w = tl.where(kcols[None, :] == j, tl.sum(tl.where(sel, s, 0.0), axis=1)[:, None], w)
+            choose = tl.where(sel, -float("inf"), choose)
     if RENORM:
-        w = w / (tl.sum(w, axis=0) + 1e-20)
-    tl.store(w_ptr + t * K + kcols, w * scaling, mask=kmask)
-    tl.store(id_ptr + t * K + kcols, ids, mask=kmask)
+        w = w / (tl.sum(w, axis=1)[:, None] + 1e-20)
+    tl.store(w_ptr + rows[:, None] * K + kcols[None, :], w * scaling, mask=kmask)
+    tl.store(id_ptr + rows[:, None] * K + kcols[None, :], ids, mask=kmask)
 
 
 def moe_route(logits: torch.Tensor, p: RouteParams, bias: torch.Tensor | None = None,
-              hash_ids: torch.Tensor | None = None, *, target: str = "cuda_sm100"):
+              hash_ids: torch.Tensor | None = None, *, target: str | None = None):
     """``moe.route``: logits[T, E] -> (weights[T, K] fp32, ids[T, K] int64)."""
     t, e = logits.shape
     k = p.top_k
@@ -84,9 +89,11 @@ def moe_route(logits: torch.Tensor, p: RouteParams, bias: torch.Tensor | None = 
     ids = torch.empty((t, k), dtype=torch.int64, device=logits.device)
     if t:
         cfg = config("moe_route", target)
-        moe_route_kernel[(t,)](
+        bt = cfg["BLOCK_T"]
+        moe_route_kernel[(triton.cdiv(t, bt),)](
             lg, bias.contiguous() if bias is not None else lg, hash_ids.contiguous() if hash_ids is not None else ids,
-            w, ids, e, lg.stride(0), float(p.routed_scaling), K=k, BLOCK_E=next_pow2(e), BLOCK_K=next_pow2(k),
+            w, ids, t, e, lg.stride(0), float(p.routed_scaling), K=k, BLOCK_T=bt, BLOCK_E=next_pow2(e),
+            BLOCK_K=next_pow2(k),
             SCORING=SCORING[p.scoring], HAS_BIAS=bias is not None, HAS_HASH=hash_ids is not None,
             RENORM=p.renormalize, num_warps=cfg["num_warps"])
     return w, ids

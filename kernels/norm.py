@@ -42,7 +42,7 @@ def rms_norm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, D, stride_x, stride_r, st
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, p: RmsNormParams,
-             residual: torch.Tensor | None = None, *, target: str = "cuda_sm100"):
+             residual: torch.Tensor | None = None, *, target: str | None = None):
     """``norm.rms``: x[..., D] -> y, or (y, h = x + residual) with a residual."""
     shape = x.shape
     d = shape[-1]

@@ -46,7 +46,7 @@ def rope_kernel(x_ptr, pos_ptr, cs_ptr, y_ptr, H, D, stride_xt, stride_xh, strid
 
 
 def rope_apply(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, p: RopeParams,
-               *, target: str = "cuda_sm100") -> torch.Tensor:
+               *, target: str | None = None) -> torch.Tensor:
     """``rope.apply``: x[T, H, D] -> rotated copy."""
     if x.dim() != 3:
         raise ValueError(f"rope.apply: x must be [T, H, D], got shape {tuple(x.shape)}")

@@ -3,8 +3,9 @@
 Every kernel reads its block sizes and launch options from here through :func:`config`; nothing in a
 kernel module hard-codes a tile. A target is a backend's name for a chip family:
 
-- ``cuda_sm100``: NVIDIA Blackwell (SM100/SM103), also used by the Triton interpreter (same code path,
-  so interpreter tests exercise the shipped tiles);
+- ``cuda_sm100``: NVIDIA Blackwell (SM100/SM103);
+- ``interpreter``: the Triton CPU interpreter (same kernels; smaller GEMM tiles so that test shapes
+  cross tile edges, bigger row blocks so that fewer programs run);
 - ``cuda_sm90``: Hopper, the degraded target (smaller shared memory budget, no tcgen05);
 - ``ascend950``: filled by the Ascend backend for triton-ascend (its own tiles: the Unified Buffer is
   smaller and the cube unit prefers 16-multiples); a kernel without an entry there uses ``default``.
@@ -23,7 +24,7 @@ from typing import Any, Mapping
 _DEFAULT: dict[str, dict[str, Any]] = {
     "norm_rms": {"num_warps": 4},
     "rope": {"num_warps": 1},
-    "moe_route": {"num_warps": 4},
+    "moe_route": {"BLOCK_T": 4, "num_warps": 4},
     "moe_gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
     "moe_gemm_fp4": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
     "mhc_pre": {"BLOCK_K": 256, "num_warps": 4},
@@ -54,6 +55,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "moe_gemm": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1},
         "moe_gemm_fp4": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
         "attn_paged": {"BLOCK_N": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 1},
+        "moe_route": {"BLOCK_T": 16, "num_warps": 4},
         "sample": {"BLOCK_V": 256, "BISECT_ITERS": 40, "num_warps": 4},
         "mhc_pre": {"BLOCK_K": 64, "num_warps": 4},
         "mhc_post": {"BLOCK_D": 64, "num_warps": 4},
@@ -66,8 +68,17 @@ def register_target(target: str, table: Mapping[str, Mapping[str, Any]]) -> None
     TUNING.setdefault(target, {}).update({k: dict(v) for k, v in table.items()})
 
 
-def config(kernel: str, target: str) -> Mapping[str, Any]:
+def default_target() -> str:
+    """The target a wrapper tunes for when none is passed: ``interpreter`` under TRITON_INTERPRET, else
+    ``cuda_sm100`` (the cuda_sm100 backend always passes its device's target explicitly)."""
+    from inferhal.kernels.runtime import interpreting
+
+    return "interpreter" if interpreting() else "cuda_sm100"
+
+
+def config(kernel: str, target: str | None = None) -> Mapping[str, Any]:
     """The config of ``kernel`` on ``target``: the target's entry over the default one."""
+    target = target or default_target()
     if target not in TUNING:
         raise KeyError(f"unknown kernel target {target!r}; known: {', '.join(sorted(TUNING))}")
     if kernel not in _DEFAULT:

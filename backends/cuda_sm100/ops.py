@@ -14,6 +14,8 @@ import functools
 #: op ID -> "module:function" of the kernel wrapper.
 KERNEL_OPS: dict[str, str] = {
     "norm.rms": "inferhal.kernels.norm:rms_norm",
+    "rope.apply": "inferhal.kernels.rope:rope_apply",
+    "moe.route": "inferhal.kernels.moe_route:moe_route",
 }
 
 #: op ID -> why its kernel is degraded on a target (shown in the op's note).
