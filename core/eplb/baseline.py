@@ -1,0 +1,30 @@
+"""The greedy baseline: "replicate the heaviest, then pack".
+
+Same structure and replica allocation as :func:`~inferhal.core.eplb.policy.rebalance_experts` (each extra
+slot to the expert with the highest load per replica), but the replicas are packed by the greedy LPT
+(heaviest replica to the lightest GPU with a free slot) and never refined -- the scheme of DeepSeek's
+public EPLB, written here from its description, so that the benchmark compares packing quality.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inferhal.core.eplb.packing import lpt_pack
+from inferhal.core.eplb.policy import rebalance_experts, rebalance_with
+
+
+def rebalance_greedy(weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int,
+                     num_gpus: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Baseline with :func:`rebalance_experts`'s signature and output semantics."""
+    return rebalance_with(weight, num_replicas, num_groups, num_nodes, num_gpus, lpt_pack)
+
+
+def rebalance_per_layer(weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int,
+                        num_gpus: int, policy=rebalance_experts) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``policy`` run one layer at a time in a Python loop (the speed reference; same results)."""
+    outs = [policy(weight[l : l + 1], num_replicas, num_groups, num_nodes, num_gpus) for l in range(weight.shape[0])]
+    return tuple(torch.cat(parts, dim=0) for parts in zip(*outs))  # type: ignore[return-value]
+
+
+POLICIES = {"inferhal": rebalance_experts, "greedy": rebalance_greedy}

@@ -1,0 +1,122 @@
+"""The rebalance policy: a pure function from a load tensor to a placement, signature-compatible with
+DeepSeek EPLB's ``rebalance_experts``.
+
+Structure (DeepSeek's semantics): hierarchical when ``num_groups % num_nodes == 0`` -- pack the expert
+groups onto nodes, replicate within each node, pack each node's replicas onto its GPUs -- and global
+otherwise (one group, one node). Our steps:
+
+1. replicas: each extra slot goes to the expert with the highest load per replica (D'Hondt). This
+   minimises the largest per-replica load exactly, which is also the replica part of the lower bound.
+2. packing: balanced Karmarkar-Karp (largest differencing with equal counts), then swap local search
+   between the heaviest GPU and the others (:mod:`.packing`). The baseline (:mod:`.baseline`) packs with
+   the greedy LPT instead.
+
+Everything is vectorised over layers (and nodes): the number of tensor ops does not depend on ``L``.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable
+
+import torch
+
+from inferhal.core.eplb.packing import kk_pack, pack_loads, refine_swaps, round_pack
+from inferhal.core.eplb.placement import build_log2phy
+from inferhal.core.eplb.validate import check_layout, check_load
+
+PackFn = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def replicate(weight: torch.Tensor, num_physical: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """D'Hondt apportionment: ``weight[X, n]`` -> ``(phy2log[X, num_physical], logcnt[X, n])``.
+
+    Slots ``0..n-1`` hold experts ``0..n-1``; each further slot goes to the argmax of ``weight / logcnt``.
+    """
+    x, n = weight.shape
+    rows = torch.arange(x)
+    phy2log = torch.cat((torch.arange(n).expand(x, n), torch.empty(x, num_physical - n, dtype=torch.long)), dim=1)
+    logcnt = torch.ones(x, n, dtype=torch.long)
+    for i in range(n, num_physical):
+        e = (weight / logcnt).argmax(dim=1)
+        phy2log[:, i] = e
+        logcnt[rows, e] += 1
+    return phy2log, logcnt
+
+
+def ours_pack(weight: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two starts -- balanced KK and round-wise LPT -- each refined by swaps; per row the lighter maximum."""
+    candidates = [refine_swaps(weight, start(weight, num_packs)[0], num_packs) for start in (kk_pack, round_pack)]
+    (pa, ra), (pb, rb) = candidates
+    ma, mb = (pack_loads(weight, p, num_packs).amax(dim=1) for p in (pa, pb))
+    take_b = (mb < ma)[:, None]
+    return torch.where(take_b, pb, pa), torch.where(take_b, rb, ra)
+
+
+@contextmanager
+def _one_thread():
+    """The policy runs thousands of tiny ops; intra-op threads only add contention (20x slower on 2 busy
+    cores), so run single-threaded and restore the caller's setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _inverse(perm: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(perm).scatter_(1, perm, torch.arange(perm.shape[1]).expand_as(perm))
+
+
+def hierarchical_phy2log(weight: torch.Tensor, num_physical: int, num_groups: int, num_nodes: int,
+                         num_gpus: int, pack: PackFn) -> torch.Tensor:
+    """``weight[L, E]`` (float, valid) -> ``phy2log[L, R]``; global placement is ``num_groups = num_nodes = 1``."""
+    L, E = weight.shape
+    gsize = E // num_groups
+    groups_per_node = num_groups // num_nodes
+    # 1. groups -> nodes; "mlog" numbers experts node by node (node n owns mlog n*E/N .. (n+1)*E/N-1).
+    gpack, grank = pack(weight.view(L, num_groups, gsize).sum(-1), num_nodes)  # [L, G]
+    log2mlog = ((gpack * groups_per_node + grank) * gsize)[:, :, None] + torch.arange(gsize)
+    log2mlog = log2mlog.reshape(L, E)
+    mlog2log = _inverse(log2mlog)
+    # 2. replicate within each node: rows are (layer, node).
+    wnode = weight.gather(1, mlog2log).view(L * num_nodes, E // num_nodes)
+    phy2mlog, mlogcnt = replicate(wnode, num_physical // num_nodes)  # [L*N, R/N]
+    # 3. pack each node's replicas onto its GPUs.
+    per_replica = (wnode / mlogcnt).gather(1, phy2mlog)
+    ppack, prank = pack(per_replica, num_gpus // num_nodes)
+    slots = num_physical // num_gpus
+    pphy2phy = _inverse(ppack * slots + prank)
+    pphy2mlog = phy2mlog.gather(1, pphy2phy).view(L, num_nodes, -1)
+    pphy2mlog = (pphy2mlog + (torch.arange(num_nodes) * (E // num_nodes))[None, :, None]).view(L, num_physical)
+    return mlog2log.gather(1, pphy2mlog)
+
+
+def rebalance_with(weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int,
+                   pack: PackFn) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    w = check_load(weight)
+    hierarchical = check_layout(w.shape[1], num_replicas, num_groups, num_nodes, num_gpus)
+    if not hierarchical:
+        num_groups = num_nodes = 1
+    with _one_thread():
+        phy2log = hierarchical_phy2log(w, num_replicas, num_groups, num_nodes, num_gpus, pack)
+    E = w.shape[1]
+    logcnt = torch.zeros(w.shape[0], E, dtype=torch.long).scatter_add_(1, phy2log, torch.ones_like(phy2log))
+    return phy2log, build_log2phy(phy2log, E, num_replicas - E + 1), logcnt
+
+
+def rebalance_experts(weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int,
+                      num_gpus: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Place ``num_replicas`` physical experts for the load ``weight[L, E]``.
+
+    :param weight: ``[L, E]`` token counts (or any non-negative load) per layer and logical expert.
+    :param num_replicas: physical slots per layer, a multiple of ``num_gpus`` and ``>= E``.
+    :param num_groups: expert groups (``E % num_groups == 0`` when hierarchical).
+    :param num_nodes: nodes; hierarchical placement when ``num_groups % num_nodes == 0``.
+    :param num_gpus: GPUs (EP ranks); slot ``p`` lives on GPU ``p // (num_replicas // num_gpus)``.
+    :returns: ``phy2log[L, R]`` int64, ``log2phy[L, E, R - E + 1]`` int64 padded with -1 (replica ``r``
+        of expert ``e`` is its r-th lowest slot), ``logcnt[L, E]`` int64.
+    :raises EplbInputError: NaN, infinite or negative loads, a wrong shape, or sizes that do not divide.
+    """
+    return rebalance_with(weight, num_replicas, num_groups, num_nodes, num_gpus, ours_pack)
