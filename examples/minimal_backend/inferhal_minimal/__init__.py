@@ -1,0 +1,1 @@
+"""inferhal-minimal-backend: the smallest complete inferhal backend (see docs/backends.md)."""
