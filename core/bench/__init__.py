@@ -1,0 +1,1 @@
+"""Benchmarks: ``inferhal bench <kind>`` runs ``inferhal.core.bench.<kind>.run(cfg)``."""
