@@ -40,7 +40,17 @@ def mhc_post(y: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: t
     return (post.unsqueeze(-1).float() * y.float().unsqueeze(1) + mixed).to(streams.dtype)
 
 
+def mhc_head(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, p: MhcParams):
+    # streams: [T, N, D]; fn: [N, N*D]; base: [N]; scale: [1] -> x [T, D]
+    t = streams.shape[0]
+    flat = streams.reshape(t, -1).float()
+    flat = flat * torch.rsqrt(flat.pow(2).mean(dim=-1, keepdim=True) + p.norm_eps)
+    pre = torch.sigmoid(F.linear(flat, fn.float()) * scale.float()[0] + base.float()) + p.eps
+    return (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
+
+
 OPS = {
+    "mhc.head": mhc_head,
     "mhc.pre": mhc_pre,
     "mhc.post": mhc_post,
 }

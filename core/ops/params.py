@@ -114,6 +114,29 @@ class MhcParams:
 
 
 @dataclass(frozen=True)
+class CompressParams:
+    """attn.compress: windows of ``ratio`` tokens; ``overlap`` = CSA (entry e pools [(e-1)m, (e+1)m) from the
+    two feature halves of the state), else HCA (entry e pools [e m, (e+1) m)). ``rope`` rotates the pooled
+    entry at position e*m; ``eps`` is its RMSNorm epsilon."""
+
+    ratio: int
+    overlap: bool
+    rope: RopeParams
+    eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        _require(self.ratio >= 2, f"CompressParams.ratio must be >= 2, got {self.ratio}")
+
+
+@dataclass(frozen=True)
+class IndexerParams:
+    """indexer.scores: score = sum_h (weights[t,h] * weight_scale) * relu(q[t,h] . k[s]) * scale."""
+
+    scale: float
+    weight_scale: float = 1.0
+
+
+@dataclass(frozen=True)
 class SampleBatch:
     """Per-row sampling settings of one step. ``generators[i]`` is row i's own generator (or None)."""
 

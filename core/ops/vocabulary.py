@@ -60,22 +60,31 @@ OPS: dict[str, OpSpec] = {
         ),
         _spec(
             "attn.sparse_topk",
-            "(q[T,H,D], kv_cache, batch: AttnBatch, comp_cache, comp_batch: AttnBatch, topk_idx[T,K] int, p: AttnParams, sinks[H]) -> o[T,H,D]",
-            """DeepSeek-V4 hybrid attention: one softmax (with sinks) over the sliding-window keys of
-            kv_cache and the compressed entries topk_idx[t] (-1 = none) of comp_cache. CSA passes the
-            indexer's top-k; HCA passes every causally visible compressed entry.""",
+            "(q[T,H,D], kv_cache[NB,BS,D], batch: AttnBatch, comp_cache[NB',BS',D]|None, comp_batch: AttnBatch|None, topk_idx[T,K] int64|None, p: AttnParams, sinks[H]|None=None) -> o[T,H,D]",
+            """DeepSeek-V4 hybrid attention, one softmax (sinks join the denominator only) per query over
+            (a) its sliding-window keys in kv_cache (the shared latent K = V of a sliding group,
+            pos > q_pos - p.window, causal) and (b) the compressed entries topk_idx[t] (logical entry
+            indices of its sequence, -1 = none) of comp_cache, restricted to causally closed entries
+            (e < (q_pos+1) // comp_batch.tokens_per_slot). CSA passes the indexer's top-k; HCA passes every
+            visible entry. comp_* None = window only (sliding layers).""",
         ),
         _spec(
             "attn.compress",
-            "(kv[T,Dc], gate[T,Dc], state, batch, p: CompressParams) -> entries[N,D]",
-            """CSA/HCA compressor: softmax-gated (with learned position bias) pooling of each closed
-            window of p.ratio tokens (CSA overlaps windows at stride ratio), RMSNorm, RoPE at the
-            window's position.""",
+            "(state_cache[NB,BS,2,C], batch: AttnBatch, rows[N] int64, position_bias[m,C], norm_weight[D], cos_sin[P,R], p: CompressParams) -> entries[N,D]",
+            """CSA/HCA compressor over the paged per-token state (slot = [kv | gate], written by kv.write
+            in a sliding group). For each flat row (a token at position (e+1)m-1 that closes window e):
+            entry = sum_j softmax_j(gate_j + position_bias) * kv_j per channel over the window's tokens
+            (CSA, p.overlap: window e-1's first half C[:D] and window e's second half C[D:], D = C/2;
+            HCA: [e m, (e+1) m), D = C), then RMSNorm(norm_weight) and RoPE (p.rope) at position e*m.
+            The caller writes the entries into its compressed group with kv.write.""",
         ),
         _spec(
             "indexer.scores",
-            "(q[T,Hi,Di], keys[S,Di], weights[T,Hi], p: IndexerParams) -> scores[T,S] fp32",
-            """Lightning indexer: score[t,s] = sum_h weights[t,h] * relu(q[t,h] . keys[s]) * scale.""",
+            "(q[T,Hi,Di], key_cache[NB,BS,Di], batch: AttnBatch, weights[T,Hi], p: IndexerParams) -> scores[T,S] fp32",
+            """Lightning indexer over the paged compressed keys of batch (a compressed group, S = max
+            seq_lens): score[t,s] = sum_h weights[t,h] * p.weight_scale * relu(q[t,h] . key[s]) * p.scale;
+            -inf where entry s is not causally closed for token t (s >= (pos+1)//m) or past its sequence,
+            so topk.select pads those with -1.""",
         ),
         _spec(
             "topk.select",
@@ -115,6 +124,12 @@ OPS: dict[str, OpSpec] = {
             """Manifold-constrained hyper-connection, entry side: mixing weights from the normalised
             flattened streams (pre = sigmoid + eps, post = 2 sigmoid, comb = softmax + eps projected by
             p.sinkhorn_iters Sinkhorn-Knopp steps); x = sum_n pre[n] streams[n].""",
+        ),
+        _spec(
+            "mhc.head",
+            "(streams[T,N,D], fn[N, N*D], base[N], scale[1], p: MhcParams) -> x[T,D]",
+            """Final hyper-connection head: pre = sigmoid(scale * (rmsnorm(flat streams) @ fn.T) + base)
+            + p.eps; x = sum_n pre[n] streams[n] (before the final norm and LM head).""",
         ),
         _spec(
             "mhc.post",

@@ -1,0 +1,12 @@
+"""DeepSeek-V4 (transformers' ``deepseek_v4``): hybrid CSA/HCA attention with a sliding-window branch and
+sinks, mHC residual streams, MoE with a shared expert and hash-routed early layers, MTP draft layers.
+
+Files: ``config`` (config.json validation), ``kv`` (paged KV groups), ``rope`` (rotary tables),
+``attention`` / ``model`` (the forward pass on op IDs), ``names`` (official ↔ transformers tensor
+names), ``shapes`` (expected tensors), ``quantized`` (FP8/FP4), ``loader``, ``make_checkpoint``
+(random checkpoints), ``tokenizer``.
+"""
+
+from inferhal.core.models.deepseek_v4.kv import kv_groups, kv_groups_from_config
+
+__all__ = ["kv_groups", "kv_groups_from_config"]

@@ -1,0 +1,98 @@
+"""DeepSeek-V4 hybrid attention of one layer, on op IDs over the paged KV groups of :mod:`.kv`.
+
+Per layer: low-rank Q (``q_a`` → RMSNorm → ``q_b`` → per-head unweighted RMSNorm), one latent KV head
+(K = V, RMSNorm), interleaved partial RoPE on the last ``rope_dim`` channels (``main`` table on sliding
+layers, the YaRN ``compress`` table on CSA/HCA layers); the latent goes into ``swa``. CSA/HCA layers
+also push their compressor state, close windows into compressed entries (``attn.compress``) and, for
+CSA, let the lightning indexer choose ``index_topk`` entries. One softmax with the learned sinks covers
+window and compressed keys (``attn.sparse_topk``); the output is de-rotated (inverse RoPE at the query
+position) and projected through the grouped low-rank ``o_a`` (per group) and ``o_b``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from inferhal.core.models.deepseek_v4.config import CSA, SLIDING
+from inferhal.core.ops.params import AttnParams, CompressParams, IndexerParams, RopeParams
+
+if TYPE_CHECKING:
+    from inferhal.core.models.base import ForwardBatch, KVCache
+    from inferhal.core.models.deepseek_v4.model import DeepseekV4ForCausalLM
+
+
+def all_visible(positions: torch.Tensor, ratio: int) -> torch.Tensor:
+    """HCA: every causally closed entry of each token, ``[T, max]`` logical indices, -1 padded."""
+    vis = (positions.long() + 1) // ratio
+    width = int(vis.max()) if vis.numel() else 0
+    idx = torch.arange(width, device=positions.device)[None, :].expand(positions.shape[0], width)
+    return torch.where(idx < vis[:, None], idx, torch.full_like(idx, -1))
+
+
+def compress(m: "DeepseekV4ForCausalLM", prefix: str, layer: int, group: str, ratio: int, overlap: bool,
+             x: torch.Tensor, batch: "ForwardBatch", kv: "KVCache", cos_sin: torch.Tensor) -> None:
+    """Write this step's compressor state for ``group`` and every entry the step's tokens close."""
+    ops, w = m.ops, m.weights
+    state = torch.stack((ops["linear"](x, w[prefix + "kv_proj.weight"]),
+                         ops["linear"](x, w[prefix + "gate_proj.weight"])), dim=1)  # [T, 2, C]
+    sb = batch.attn[group + "_state"]
+    scache = kv.layer_cache(group + "_state", layer)
+    ops["kv.write"](state, scache, sb.slot_mapping, m.kv_write_p)
+    cb = batch.attn[group]
+    rows = torch.nonzero(cb.slot_mapping >= 0).flatten()
+    if rows.numel() == 0:
+        return
+    p = CompressParams(ratio, overlap, m.rope_p, m.cfg.rms_eps)
+    entries = ops["attn.compress"](scache, sb, rows, w[prefix + "position_bias"], w[prefix + "kv_norm.weight"],
+                                   cos_sin, p)  # [N, D]
+    ops["kv.write"](entries, kv.layer_cache(group, layer), cb.slot_mapping[rows], m.kv_write_p)
+
+
+def attention(m: "DeepseekV4ForCausalLM", pre: str, layer: int, x: torch.Tensor, batch: "ForwardBatch",
+              kv: "KVCache") -> torch.Tensor:
+    """x: [T, D] (after input_layernorm) → [T, D]."""
+    cfg, ops, w = m.cfg, m.ops, m.weights
+    t, h, hd = x.shape[0], cfg.num_heads, cfg.head_dim
+    a = pre + "self_attn."
+    lt = cfg.layer_type(layer)
+    pos = batch.positions
+    top = int(pos.max()) if t else 0
+    cs = (m.rope_main if lt == SLIDING else m.rope_compress).get(top)
+    rp = m.rope_p
+
+    qr = ops["norm.rms"](ops["linear"](x, w[a + "q_a_proj.weight"]), w[a + "q_a_norm.weight"], m.norm_p)
+    q = ops["norm.rms"](ops["linear"](qr, w[a + "q_b_proj.weight"]).view(t, h, hd), None, m.norm_p)
+    q = ops["rope.apply"](q, pos, cs, rp)  # [T, H, hd]
+    lat = ops["norm.rms"](ops["linear"](x, w[a + "kv_proj.weight"]), w[a + "kv_norm.weight"], m.norm_p)
+    lat = ops["rope.apply"](lat[:, None], pos, cs, rp)[:, 0]  # [T, hd]
+    swa = batch.attn["swa"]
+    cache = kv.layer_cache("swa", layer)
+    ops["kv.write"](lat, cache, swa.slot_mapping, m.kv_write_p)
+
+    comp_cache = comp_batch = topk = None
+    if lt != SLIDING:
+        ratio = cfg.ratio(layer)
+        group = "csa" if lt == CSA else "hca"
+        c = a + "compressor."
+        compress(m, c, layer, group, ratio, lt == CSA, x, batch, kv, cs)
+        comp_batch, comp_cache = batch.attn[group], kv.layer_cache(group, layer)
+        if lt == CSA:
+            compress(m, c + "indexer.", layer, "csa_index", ratio, True, x, batch, kv, cs)
+            hi, di = cfg.index_n_heads, cfg.index_head_dim
+            iq = ops["linear"](qr, w[c + "indexer.q_b_proj.weight"]).view(t, hi, di)
+            iq = ops["rope.apply"](iq, pos, cs, rp)
+            iw = ops["linear"](x, w[c + "indexer.scorer.weights_proj.weight"])  # [T, Hi]
+            scores = ops["indexer.scores"](iq, kv.layer_cache("csa_index", layer), batch.attn["csa_index"], iw,
+                                           IndexerParams(scale=di ** -0.5, weight_scale=hi ** -0.5))
+            topk = ops["topk.select"](scores, cfg.index_topk)
+        else:
+            topk = all_visible(pos, ratio)
+
+    p = AttnParams(scale=hd ** -0.5, num_kv_heads=1, window=cfg.sliding_window, shared_kv=True)
+    o = ops["attn.sparse_topk"](q, cache, swa, comp_cache, comp_batch, topk, p, w[a + "sinks"])
+    o = ops["rope.apply"](o, pos, cs, RopeParams(rp.rotary_dim, rp.style, rp.placement, inverse=True))
+    og = o.reshape(t, cfg.o_groups, h * hd // cfg.o_groups)
+    parts = [ops["linear"](og[:, g], wa) for g, wa in enumerate(m.o_a_groups[pre])]
+    return ops["linear"](torch.cat(parts, dim=-1), w[a + "o_b_proj.weight"])

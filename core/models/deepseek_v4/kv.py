@@ -1,0 +1,81 @@
+"""The paged KV layer groups of DeepSeek-V4 (see :class:`~inferhal.core.paging.spec.KVGroupSpec`).
+
+=================  ==========  =====================  ================================  =====================
+group              kind        tokens per slot        slot (one layer)                  layers
+=================  ==========  =====================  ================================  =====================
+``swa``            sliding     1 (window n_win)       latent K=V ``(head_dim,)``        every layer + MTP
+``csa``            compressed  CSA ratio m            compressed entry ``(head_dim,)``  CSA layers
+``csa_index``      compressed  m                      indexer key ``(index_head_dim,)`` CSA layers
+``csa_state``      sliding     1 (window 2m)          ``(2, 2*head_dim)`` kv; gate      CSA layers
+``csa_index_state`` sliding    1 (window 2m)          ``(2, 2*index_head_dim)``         CSA layers
+``hca``            compressed  HCA ratio m'           ``(head_dim,)``                   HCA layers
+``hca_state``      sliding     1 (window m')          ``(2, head_dim)`` kv; gate        HCA layers
+=================  ==========  =====================  ================================  =====================
+
+The state groups hold each token's compressor projections (kv and gate, before the position bias) until
+the window that needs them has closed: CSA windows overlap (entry ``e`` pools tokens ``[(e-1)m, (e+1)m)``),
+so they keep ``2m`` tokens; HCA keeps ``m'``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+from inferhal.core.errors import UserError
+from inferhal.core.models.deepseek_v4.config import CSA, HCA, V4Config, parse_config
+from inferhal.core.paging.spec import KVGroupSpec
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise UserError(f"model.dtype={name!r} is not supported by deepseek_v4; use one of {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def v4_config(model_cfg: Any) -> V4Config:
+    """The :class:`V4Config` of a ``model`` config: ``arch`` for format=random, else ``path``/config.json."""
+    if getattr(model_cfg, "format", "hf") == "random":
+        return parse_config(dict(model_cfg.arch or {}))
+    path = getattr(model_cfg, "path", None)
+    if not path:
+        if model_cfg.arch:
+            return parse_config(dict(model_cfg.arch))
+        raise UserError(f"model {model_cfg.name!r}: format={model_cfg.format!r} needs model.path (an HF directory)")
+    cj = os.path.join(path, "config.json")
+    if not os.path.isfile(cj):
+        raise UserError(f"model.path={path!r} has no config.json")
+    with open(cj) as f:
+        return parse_config(json.load(f))
+
+
+def kv_groups(cfg: V4Config, dtype: torch.dtype = torch.float32) -> list[KVGroupSpec]:
+    csa = tuple(i for i, t in enumerate(cfg.layer_types) if t == CSA)
+    hca = tuple(i for i, t in enumerate(cfg.layer_types) if t == HCA)
+    every = tuple(range(cfg.num_layers + cfg.num_mtp))
+    out = [KVGroupSpec("swa", "sliding", every, (cfg.head_dim,), dtype, window=cfg.sliding_window)]
+    if csa:
+        m = cfg.compress_rates[CSA]
+        out += [
+            KVGroupSpec("csa", "compressed", csa, (cfg.head_dim,), dtype, tokens_per_slot=m),
+            KVGroupSpec("csa_index", "compressed", csa, (cfg.index_head_dim,), dtype, tokens_per_slot=m),
+            KVGroupSpec("csa_state", "sliding", csa, (2, 2 * cfg.head_dim), dtype, window=2 * m),
+            KVGroupSpec("csa_index_state", "sliding", csa, (2, 2 * cfg.index_head_dim), dtype, window=2 * m),
+        ]
+    if hca:
+        m = cfg.compress_rates[HCA]
+        out += [
+            KVGroupSpec("hca", "compressed", hca, (cfg.head_dim,), dtype, tokens_per_slot=m),
+            KVGroupSpec("hca_state", "sliding", hca, (2, cfg.head_dim), dtype, window=m),
+        ]
+    return out
+
+
+def kv_groups_from_config(model_cfg: Any) -> list[KVGroupSpec]:
+    """KV groups of a ``model`` config without loading weights (``inferhal plan kv``)."""
+    return kv_groups(v4_config(model_cfg), torch_dtype(getattr(model_cfg, "dtype", "float32")))

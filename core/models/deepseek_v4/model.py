@@ -1,0 +1,171 @@
+"""DeepSeek-V4 causal LM on HAL op IDs: mHC residual streams, hybrid attention, MoE, MTP draft heads.
+
+Layer ``i`` (``x`` = ``hc_mult`` streams ``[T, N, D]``)::
+
+    a, post, comb = mhc.pre(x, attn_hc)   ->  x = mhc.post(attention(rms(a)), x, post, comb)
+    f, post, comb = mhc.pre(x, ffn_hc)    ->  x = mhc.post(moe(rms(f)), x, post, comb)
+
+then ``mhc.head`` → RMSNorm → ``lm_head``. MTP layer ``k`` (DeepSeek's ``MTPBlock``) takes the main
+model's final streams at position ``p`` and the embedding of the token at ``p + 1``:
+``x = e_proj(enorm(embed(next))) + h_proj(hnorm(streams))`` per stream, one sliding-window block (KV
+layer ``num_layers + k`` of ``swa``), its own HC head and norm, the shared LM head → draft logits for
+``p + 2``. transformers does not implement MTP; it is checked against this code's own paths only.
+
+Expert-load statistics: pass ``recorder`` (any object with ``record(layer: int, ids: Tensor[T, K])``,
+:class:`ExpertLoadRecorder`); every MoE layer reports the routed expert ids of its tokens, MTP layers
+as layer ``num_layers + k``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+
+import torch
+
+from inferhal.core.models.base import ForwardBatch, KVCache
+from inferhal.core.models.deepseek_v4.attention import attention
+from inferhal.core.models.deepseek_v4.config import V4Config
+from inferhal.core.models.deepseek_v4.kv import kv_groups
+from inferhal.core.models.deepseek_v4.rope import RopeCache
+from inferhal.core.ops.params import ExpertsParams, KVWriteParams, MhcParams, RmsNormParams, RopeParams, RouteParams
+from inferhal.core.ops.quant import QuantWeight
+from inferhal.core.paging.spec import KVGroupSpec
+
+
+@runtime_checkable
+class ExpertLoadRecorder(Protocol):
+    """Receives the routed expert ids ``[T, K]`` (int64, logical expert ids) of every MoE layer call."""
+
+    def record(self, layer: int, ids: torch.Tensor) -> None: ...
+
+
+def _rows(w: torch.Tensor | QuantWeight, start: int, end: int) -> torch.Tensor | QuantWeight:
+    """Rows ``start:end`` of a ``[N, K]`` weight (block-aligned for fp8_block)."""
+    if not isinstance(w, QuantWeight):
+        return w[start:end]
+    br = w.block[0]
+    if w.format != "fp8_block" or start % br or (end % br and end != w.shape[0]):
+        raise ValueError("row slice of a quantised weight must be block aligned")
+    return QuantWeight(w.data[start:end], w.scale[start // br:-(-end // br)], w.format, (end - start, w.shape[1]), w.block)
+
+
+def _cat_rows(a: torch.Tensor | QuantWeight, b: torch.Tensor | QuantWeight) -> torch.Tensor | QuantWeight:
+    """Stack two ``[N, K]`` weights along N (the shared expert's gate and up), as ``[1, 2N, K]``."""
+    if isinstance(a, QuantWeight) and isinstance(b, QuantWeight) and a.format == b.format and (
+            a.format == "fp4_group" or a.shape[0] % a.block[0] == 0):
+        return QuantWeight(torch.cat((a.data, b.data))[None], torch.cat((a.scale, b.scale))[None], a.format,
+                           (1, a.shape[0] + b.shape[0], a.shape[1]), a.block)
+    from inferhal.core.models.deepseek_v4.quantized import to_dense
+
+    return torch.cat((to_dense(a), to_dense(b)))[None]
+
+
+class DeepseekV4ForCausalLM:
+    """A loaded DeepSeek-V4 bound to one backend's op table (implements :class:`~inferhal.core.models.base.CausalLM`)."""
+
+    def __init__(self, cfg: V4Config, weights: Mapping[str, Any], ops: Any, dtype: torch.dtype, max_model_len: int,
+                 device: str | torch.device = "cpu", has_mtp: bool = False, recorder: ExpertLoadRecorder | None = None):
+        self.cfg, self.ops, self.dtype = cfg, ops, dtype
+        self.weights = dict(weights)
+        self.vocab_size = cfg.vocab_size
+        self.max_model_len = min(max_model_len, cfg.max_position_embeddings)
+        self.num_mtp_layers = cfg.num_mtp if has_mtp else 0
+        self.recorder = recorder
+        lim = cfg.max_position_embeddings
+        self.rope_main = RopeCache(cfg.rope_main, min(self.max_model_len, 4096), lim, device)
+        self.rope_compress = RopeCache(cfg.rope_compress, min(self.max_model_len, 4096), lim, device)
+        self.rope_p = RopeParams(cfg.rope_dim, style="interleaved", placement="tail")
+        self.norm_p = RmsNormParams(eps=cfg.rms_eps)
+        self.mhc_p = MhcParams(cfg.hc_mult, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_eps)
+        self.route_p = RouteParams(cfg.top_k, cfg.scoring, cfg.renormalize, cfg.routed_scaling)
+        self.experts_p = ExpertsParams(swiglu_limit=cfg.swiglu_limit)
+        self.kv_write_p = KVWriteParams()
+        self._groups = kv_groups(cfg, dtype)
+        self.o_a_groups: dict[str, list] = {}
+        self.shared: dict[str, tuple] = {}
+        prefixes = [f"layers.{i}." for i in range(cfg.num_layers)] + [f"mtp.{k}." for k in range(self.num_mtp_layers)]
+        r = cfg.o_lora_rank
+        for pre in prefixes:
+            wa = self.weights[pre + "self_attn.o_a_proj.weight"]
+            self.o_a_groups[pre] = [_rows(wa, g * r, (g + 1) * r) for g in range(cfg.o_groups)]
+            s = pre + "mlp.shared_experts."
+            gu = _cat_rows(self.weights[s + "gate_proj.weight"], self.weights[s + "up_proj.weight"])
+            down = self.weights[s + "down_proj.weight"]
+            down = QuantWeight(down.data[None], down.scale[None], down.format, (1, *down.shape), down.block) \
+                if isinstance(down, QuantWeight) else down[None]
+            self.shared[pre] = (gu, down)
+        self.lm_head = self.weights["embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
+
+    # ------------------------------------------------------------------ contract
+
+    def kv_groups(self) -> Sequence[KVGroupSpec]:
+        return list(self._groups)
+
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """fp32 logits ``[len(batch.logits_indices), vocab]``; writes this step's KV into ``kv``."""
+        streams = self.forward_hidden(batch, kv)
+        return self.head("", streams[batch.logits_indices.long()])
+
+    def forward_hidden(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """The final residual streams ``[T, hc_mult, D]`` of every token (MTP reads them)."""
+        ops, cfg = self.ops, self.cfg
+        ids = batch.input_ids.long()
+        x = ops["embed"](ids, self.weights["embed_tokens.weight"], 1.0)
+        streams = x[:, None, :].expand(x.shape[0], cfg.hc_mult, x.shape[1]).contiguous()
+        for i in range(cfg.num_layers):
+            streams = self.block(f"layers.{i}.", i, streams, ids, batch, kv)
+        return streams
+
+    def forward_mtp(self, batch: ForwardBatch, kv: KVCache, hidden: torch.Tensor, k: int = 0) -> torch.Tensor:
+        """Draft logits of MTP layer ``k``: ``batch.input_ids[t]`` is the token at ``positions[t] + 1``,
+        ``hidden[t]`` the main model's final streams at ``positions[t]`` (``[T, N, D]``); returns fp32
+        ``[len(batch.logits_indices), vocab]`` for position ``+ 2``. Writes layer ``num_layers + k`` of ``swa``."""
+        if k >= self.num_mtp_layers:
+            raise ValueError(f"MTP layer {k} is not loaded (this model has {self.num_mtp_layers})")
+        ops, w, cfg = self.ops, self.weights, self.cfg
+        pre = f"mtp.{k}."
+        ids = batch.input_ids.long()
+        t, n, d = hidden.shape
+        e = ops["norm.rms"](ops["embed"](ids, w["embed_tokens.weight"], 1.0), w[pre + "enorm.weight"], self.norm_p)
+        hn = ops["norm.rms"](hidden.reshape(t * n, d).to(self.dtype), w[pre + "hnorm.weight"], self.norm_p)
+        x = ops["linear"](e, w[pre + "e_proj.weight"])[:, None, :] + ops["linear"](hn, w[pre + "h_proj.weight"]).view(t, n, d)
+        streams = self.block(pre, cfg.num_layers + k, x, ids, batch, kv)
+        return self.head(pre, streams[batch.logits_indices.long()])
+
+    # ------------------------------------------------------------------ pieces
+
+    def head(self, pre: str, streams: torch.Tensor) -> torch.Tensor:
+        ops, w = self.ops, self.weights
+        x = ops["mhc.head"](streams, w[pre + "hc_head.hc_fn"], w[pre + "hc_head.hc_base"], w[pre + "hc_head.hc_scale"],
+                            self.mhc_p)
+        x = ops["norm.rms"](x, w[pre + "norm.weight"], self.norm_p)
+        return ops["linear"](x, self.lm_head).float()
+
+    def block(self, pre: str, layer: int, streams: torch.Tensor, ids: torch.Tensor, batch: ForwardBatch,
+              kv: KVCache) -> torch.Tensor:
+        ops, w = self.ops, self.weights
+        x, post, comb = ops["mhc.pre"](streams, w[pre + "attn_hc.fn"], w[pre + "attn_hc.base"], w[pre + "attn_hc.scale"],
+                                       self.mhc_p)
+        h = ops["norm.rms"](x, w[pre + "input_layernorm.weight"], self.norm_p)
+        streams = ops["mhc.post"](attention(self, pre, layer, h, batch, kv), streams, post, comb)
+        x, post, comb = ops["mhc.pre"](streams, w[pre + "ffn_hc.fn"], w[pre + "ffn_hc.base"], w[pre + "ffn_hc.scale"],
+                                       self.mhc_p)
+        h = ops["norm.rms"](x, w[pre + "post_attention_layernorm.weight"], self.norm_p)
+        return ops["mhc.post"](self.moe(pre, layer, h, ids), streams, post, comb)
+
+    def moe(self, pre: str, layer: int, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        ops, w = self.ops, self.weights
+        g = pre + "mlp.gate."
+        logits = ops["linear"](x, w[g + "weight"])  # [T, E]
+        if g + "tid2eid" in w:
+            weights, eids = ops["moe.route"](logits, self.route_p, None, hash_ids=w[g + "tid2eid"][ids])
+        else:
+            weights, eids = ops["moe.route"](logits, self.route_p, w[g + "e_score_correction_bias"])
+        if self.recorder is not None:
+            self.recorder.record(layer, eids)
+        e = pre + "mlp.experts."
+        y = ops["moe.experts"](x, weights, eids, w[e + "gate_up_proj"], w[e + "down_proj"], self.experts_p)
+        gu, down = self.shared[pre]
+        one = torch.ones((x.shape[0], 1), dtype=torch.float32, device=x.device)
+        zero = torch.zeros((x.shape[0], 1), dtype=torch.long, device=x.device)
+        return y + ops["moe.experts"](x, one, zero, gu, down, self.experts_p)
