@@ -16,6 +16,7 @@ KERNEL_OPS: dict[str, str] = {
     "norm.rms": "inferhal.kernels.norm:rms_norm",
     "rope.apply": "inferhal.kernels.rope:rope_apply",
     "moe.route": "inferhal.kernels.moe_route:moe_route",
+    "moe.experts": "inferhal.kernels.moe_experts:moe_experts",
 }
 
 #: op ID -> why its kernel is degraded on a target (shown in the op's note).

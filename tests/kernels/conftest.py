@@ -30,9 +30,13 @@ SINGLE_ROUNDING = {
 }
 
 
-def check(out: torch.Tensor, ref: torch.Tensor, links: int = 1, name: str = "") -> float:
-    """Assert ``out`` ~= ``ref`` within ``links`` roundings of ``ref.dtype``; return the max abs error."""
+def check(out: torch.Tensor, ref: torch.Tensor, links: int = 1, name: str = "", scale: float = 1.0) -> float:
+    """Assert ``out`` ~= ``ref`` within ``links`` roundings of ``ref.dtype``; return the max abs error.
+
+    ``scale``: the magnitude of the terms a result sums (atol is relative to it).
+    """
     rtol, atol = SINGLE_ROUNDING[ref.dtype]
+    atol = atol * scale
     assert out.shape == ref.shape, f"{name}: shape {tuple(out.shape)} != {tuple(ref.shape)}"
     assert out.dtype == ref.dtype, f"{name}: dtype {out.dtype} != {ref.dtype}"
     err = (out.float() - ref.float()).abs()

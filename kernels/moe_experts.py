@@ -1,0 +1,241 @@
+"""Grouped expert GEMMs with SwiGLU fused in: ``moe.experts``, for bf16/fp16/fp32, FP8 block-scaled
+(``fp8_block``) and FP4 (``fp4_group``: e2m1 through ``tl.dot_scaled`` when the scales are ue8m0,
+dequantised in registers when they are fp32) expert weights.
+
+Plan of one call:
+
+1. host: the (token, choice) pairs are grouped by expert and each group padded to ``BLOCK_M`` rows
+   (:func:`align_pairs`); every M-tile then belongs to one expert (``tile_expert``);
+2. ``moe_gate_up_kernel``: per (M-tile, N-tile of I) both GEMMs x @ W_gate^T and x @ W_up^T share the
+   loads of x, and the epilogue applies the clamp and SiLU(gate) * up -> h[Mpad, I];
+3. ``moe_down_kernel``: h @ W_down^T per tile, times the routing weight, into one fp32 row per pair;
+4. host: the K rows of each token are summed in a fixed order (deterministic, batch-invariant).
+
+Rounding mirrors the oracle (``backends/reference/moe.py``): the gate/up and down GEMM results are
+rounded to the activation dtype (as F.linear in that dtype does), h is rounded before the down GEMM,
+and dequantised weights are rounded to the activation dtype. fp32 activations use IEEE fp32 dots
+(never tf32). No split-K, one fixed tile per target: batch-invariant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from inferhal.core.ops.params import ExpertsParams
+from inferhal.core.ops.quant import QuantWeight
+from inferhal.kernels.common import dot_operand, interp, round_to, tl_dtype
+from inferhal.kernels.tuning import config
+
+PLAIN, FP8_BLOCK, FP4_DEQUANT, FP4_SCALED = 0, 1, 2, 3
+
+
+@triton.jit
+def _e2m1(nib):
+    """4-bit e2m1 codes (int32, sign in bit 3) -> fp32 values 0, .5, 1, 1.5, 2, 3, 4, 6."""
+    code = nib & 7
+    ex = code >> 1
+    man = (code & 1).to(tl.float32)
+    mag = tl.where(ex == 0, 0.5 * man, (1.0 + 0.5 * man) * tl.where(ex == 3, 4.0, tl.where(ex == 2, 2.0, 1.0)))
+    return tl.where(nib >= 8, -mag, mag)
+
+
+@triton.jit
+def _load_w(w_ptr, s_ptr, e, rn, rk, N, K, s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, blk_k,
+            W_FMT: tl.constexpr, DTYPE: tl.constexpr, INTERP: tl.constexpr):
+    """Weight tile rows ``rn`` x cols ``rk`` of expert ``e``, dequantised to DTYPE: [BN, BK]."""
+    m = (rn < N)[:, None] & (rk < K)[None, :]
+    base = w_ptr + e * s_we + rn[:, None] * s_wn
+    if W_FMT == 0:
+        w = tl.load(base + rk[None, :] * s_wk, mask=m, other=0.0)
+        return round_to(w.to(tl.float32), DTYPE, INTERP)
+    elif W_FMT == 1:
+        q = tl.load(base + rk[None, :] * s_wk, mask=m, other=0.0).to(tl.float32)
+        s = tl.load(s_ptr + e * s_se + (rn // blk_n)[:, None] * s_sn + (rk // blk_k)[None, :] * s_sk, mask=m, other=0.0)
+        return round_to(q * s, DTYPE, INTERP)
+    else:
+        byte = tl.load(base + (rk // 2)[None, :] * s_wk, mask=m, other=0).to(tl.int32)
+        nib = (byte >> ((rk % 2) * 4)[None, :]) & 0xF
+        s = tl.load(s_ptr + e * s_se + rn[:, None] * s_sn + (rk // blk_k)[None, :] * s_sk, mask=m, other=0.0)
+        return round_to(_e2m1(nib) * s, DTYPE, INTERP)
+
+
+@triton.jit
+def _load_fp4_scaled(w_ptr, s_ptr, e, rn, k0, N, K, s_we, s_wn, s_wk, s_se, s_sn, s_sk,
+                     BLOCK_K: tl.constexpr):
+    """Packed e2m1 tile as dot_scaled's rhs [BK/2, BN] and its ue8m0 scales [BN, BK/32]."""
+    kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    nm = rn < N
+    q = tl.load(w_ptr + e * s_we + rn[None, :] * s_wn + kh[:, None] * s_wk,
+                mask=nm[None, :] & (kh < K // 2)[:, None], other=0)
+    s = tl.load(s_ptr + e * s_se + rn[:, None] * s_sn + ks[None, :] * s_sk,
+                mask=nm[:, None] & (ks < K // 32)[None, :], other=127)
+    return q, s
+
+
+@triton.jit
+def moe_gate_up_kernel(x_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, h_ptr, D, I, TOPK, stride_x,
+                       s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, blk_k, limit,
+                       W_FMT: tl.constexpr, DTYPE: tl.constexpr, PREC: tl.constexpr, LHS_FMT: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
+    tile = tl.program_id(0)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(pair_ptr + rows)
+    rvalid = pair >= 0
+    tok = tl.where(rvalid, pair // TOPK, 0).to(tl.int64)
+    e = tl.load(tile_e_ptr + tile).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # columns of h (rows of W_gate; W_up at +I)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        xt = tl.load(x_ptr + tok[:, None] * stride_x + rk[None, :], mask=rvalid[:, None] & (rk < D)[None, :], other=0.0)
+        if W_FMT == 3:
+            qg, sg = _load_fp4_scaled(w_ptr, ws_ptr, e, rn, k0, I, D, s_we, s_wn, s_wk, s_se, s_sn, s_sk, BLOCK_K)
+            qu, su = _load_fp4_scaled(w_ptr, ws_ptr, e, I + rn, k0, 2 * I, D, s_we, s_wn, s_wk, s_se, s_sn, s_sk,
+                                      BLOCK_K)
+            acc_g = tl.dot_scaled(xt, None, LHS_FMT, qg, sg, "e2m1", acc=acc_g)
+            acc_u = tl.dot_scaled(xt, None, LHS_FMT, qu, su, "e2m1", acc=acc_u)
+        else:
+            wg = _load_w(w_ptr, ws_ptr, e, rn, rk, I, D, s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, blk_k,
+                         W_FMT, DTYPE, INTERP)
+            wu = _load_w(w_ptr, ws_ptr, e, I + rn, rk, 2 * I, D, s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, blk_k,
+                         W_FMT, DTYPE, INTERP)
+            xo = dot_operand(xt, INTERP)
+            acc_g = tl.dot(xo, dot_operand(tl.trans(wg), INTERP), acc_g, input_precision=PREC)
+            acc_u = tl.dot(xo, dot_operand(tl.trans(wu), INTERP), acc_u, input_precision=PREC)
+    g = round_to(acc_g, DTYPE, INTERP).to(tl.float32)  # F.linear output in the activation dtype
+    u = round_to(acc_u, DTYPE, INTERP).to(tl.float32)
+    if limit > 0:
+        g = tl.minimum(g, limit)
+        u = tl.minimum(tl.maximum(u, -limit), limit)
+    h = g / (1.0 + tl.exp(-g)) * u
+    tl.store(h_ptr + rows[:, None].to(tl.int64) * I + rn[None, :], round_to(h, DTYPE, INTERP),
+             mask=(rn < I)[None, :])
+
+
+@triton.jit
+def moe_down_kernel(h_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, rw_ptr, y_ptr, D, I,
+                    s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, blk_k,
+                    W_FMT: tl.constexpr, DTYPE: tl.constexpr, PREC: tl.constexpr, LHS_FMT: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
+    tile = tl.program_id(0)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(pair_ptr + rows)
+    rvalid = pair >= 0
+    e = tl.load(tile_e_ptr + tile).to(tl.int64)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns (rows of W_down)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        ht = tl.load(h_ptr + rows[:, None].to(tl.int64) * I + rk[None, :], mask=(rk < I)[None, :], other=0.0)
+        if W_FMT == 3:
+            q, s = _load_fp4_scaled(w_ptr, ws_ptr, e, rn, k0, D, I, s_we, s_wn, s_wk, s_se, s_sn, s_sk, BLOCK_K)
+            acc = tl.dot_scaled(ht, None, LHS_FMT, q, s, "e2m1", acc=acc)
+        else:
+            w = _load_w(w_ptr, ws_ptr, e, rn, rk, D, I, s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, blk_k,
+                        W_FMT, DTYPE, INTERP)
+            acc = tl.dot(dot_operand(ht, INTERP), dot_operand(tl.trans(w), INTERP), acc, input_precision=PREC)
+    rw = tl.load(rw_ptr + tl.where(rvalid, pair, 0), mask=rvalid, other=0.0)
+    y = round_to(acc, DTYPE, INTERP).to(tl.float32) * rw[:, None]
+    pr = tl.where(rvalid, pair, 0).to(tl.int64)
+    tl.store(y_ptr + pr[:, None] * D + rn[None, :], y, mask=rvalid[:, None] & (rn < D)[None, :])
+
+
+# --------------------------------------------------------------------------------------------------
+# host side
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Weight:
+    data: torch.Tensor
+    scale: torch.Tensor
+    fmt: int
+    block: tuple[int, int]
+
+    def strides(self) -> tuple[int, ...]:
+        return (*self.data.stride(), *self.scale.stride())
+
+
+def _weight(w, num_rows: int, k: int, name: str, act: torch.dtype) -> _Weight:
+    if isinstance(w, torch.Tensor):
+        if w.dim() != 3 or tuple(w.shape[1:]) != (num_rows, k):
+            raise ValueError(f"moe.experts: {name} must be [E, {num_rows}, {k}], got {tuple(w.shape)}")
+        return _Weight(w, w.new_zeros((1, 1, 1), dtype=torch.float32), PLAIN, (1, 1))
+    if not isinstance(w, QuantWeight):
+        raise TypeError(f"moe.experts: {name} must be a tensor or a QuantWeight, got {type(w).__name__}")
+    if tuple(w.shape[1:]) != (num_rows, k):
+        raise ValueError(f"moe.experts: {name} must be [E, {num_rows}, {k}], got {tuple(w.shape)}")
+    e8m0 = w.scale.dtype == getattr(torch, "float8_e8m0fnu", None)
+    if w.format == "fp8_block":
+        return _Weight(w.data, w.scale.float(), FP8_BLOCK, w.block)
+    group = w.block[1]
+    if e8m0 and group == 32 and act in (torch.bfloat16, torch.float16):
+        return _Weight(w.data, w.scale.view(torch.uint8), FP4_SCALED, w.block)
+    return _Weight(w.data, w.scale.float(), FP4_DEQUANT, w.block)
+
+
+def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
+    """Group the (token, choice) pairs by expert, each group padded to ``block_m`` rows.
+
+    -> (pairs[Mpad] int32: flat pair index t*K+k or -1 for padding, tile_expert[Mpad/block_m] int32).
+    Pairs with an id outside [0, E) (EP-remote experts) are dropped.
+    """
+    flat = ids.reshape(-1).long()
+    valid = (flat >= 0) & (flat < num_experts)
+    key = torch.where(valid, flat, num_experts)
+    order = torch.argsort(key, stable=True)
+    counts = torch.bincount(key, minlength=num_experts + 1)[:num_experts]
+    tiles = (counts + block_m - 1) // block_m
+    nvalid = int(counts.sum())
+    start = torch.cumsum(counts, 0) - counts
+    start_pad = (torch.cumsum(tiles, 0) - tiles) * block_m
+    total = int(tiles.sum()) * block_m
+    pairs = torch.full((total,), -1, dtype=torch.int32, device=ids.device)
+    srt = order[:nvalid]
+    ex = key[srt]
+    dest = start_pad[ex] + torch.arange(nvalid, device=ids.device) - start[ex]
+    pairs[dest] = srt.to(torch.int32)
+    tile_expert = torch.repeat_interleave(torch.arange(num_experts, device=ids.device, dtype=torch.int32), tiles)
+    return pairs, tile_expert
+
+
+def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gate_up, w_down, p: ExpertsParams,
+                *, target: str | None = None) -> torch.Tensor:
+    """``moe.experts``: x[T, D], routing weights/ids [T, K], w_gate_up [E, 2I, D], w_down [E, D, I] -> y[T, D]."""
+    t, d = x.shape
+    num_experts = w_gate_up.shape[0]
+    two_i = w_gate_up.shape[1]
+    if two_i % 2:
+        raise ValueError(f"moe.experts: w_gate_up has an odd number of rows ({two_i}); expected 2I")
+    inter = two_i // 2
+    if tuple(ids.shape) != tuple(weights.shape) or ids.shape[0] != t:
+        raise ValueError(f"moe.experts: ids {tuple(ids.shape)} and weights {tuple(weights.shape)} must both be [T={t}, K]")
+    wgu = _weight(w_gate_up, two_i, d, "w_gate_up", x.dtype)
+    wdn = _weight(w_down, d, inter, "w_down", x.dtype)
+    topk = ids.shape[1]
+    quant = max(wgu.fmt, wdn.fmt)
+    cfg = config("moe_gemm_fp4" if quant == FP4_SCALED else "moe_gemm", target)
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
+    opts = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    x = x.contiguous()
+    y_pairs = torch.zeros((t * topk, d), dtype=torch.float32, device=x.device)
+    pairs, tile_expert = align_pairs(ids, num_experts, bm)
+    n_tiles = tile_expert.numel()
+    if n_tiles:
+        h = torch.empty((n_tiles * bm, inter), dtype=x.dtype, device=x.device)
+        common = dict(DTYPE=tl_dtype(x.dtype), PREC="ieee" if x.dtype == torch.float32 else "tf32",
+                      LHS_FMT="fp16" if x.dtype == torch.float16 else "bf16", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                      INTERP=interp(), **opts)
+        moe_gate_up_kernel[(n_tiles, triton.cdiv(inter, bn))](
+            x, wgu.data, wgu.scale, pairs, tile_expert, h, d, inter, topk, x.stride(0), *wgu.strides(),
+            wgu.block[0], wgu.block[1], float(p.swiglu_limit), W_FMT=wgu.fmt, **common)
+        moe_down_kernel[(n_tiles, triton.cdiv(d, bn))](
+            h, wdn.data, wdn.scale, pairs, tile_expert, weights.float().contiguous(), y_pairs, d, inter,
+            *wdn.strides(), wdn.block[0], wdn.block[1], W_FMT=wdn.fmt, **common)
+    return y_pairs.view(t, topk, d).sum(dim=1).to(x.dtype)

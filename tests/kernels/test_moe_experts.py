@@ -1,0 +1,84 @@
+"""moe.experts grouped GEMM + SwiGLU kernels vs the reference, in the interpreter.
+
+Tolerances: the kernel rounds where the reference rounds (gate/up GEMM outputs, h, the down GEMM
+output, dequantised weights: all to the activation dtype, to nearest even), so what remains is fp32
+accumulation order inside the dots, which can flip a bf16 rounding of gate/up (then h moves by one
+ulp) and that of the down output: ``links=3`` bf16 roundings, relative to the output's magnitude.
+FP8 and FP4 weights are dequantised exactly as the reference does (e4m3 * fp32 block scale, e2m1 *
+scale), so they get the same tolerance as bf16. fp32 activations use IEEE dots (no tf32).
+"""
+
+import pytest
+import torch
+
+from inferhal.backends.reference.moe import moe_experts as ref_experts
+from inferhal.backends.reference.quant import quantize_fp4_group, quantize_fp8_block
+from inferhal.core.ops.params import ExpertsParams
+from inferhal.core.ops.quant import QuantWeight
+from inferhal.kernels.moe_experts import align_pairs, moe_experts
+
+
+def setup(t, d, inter, e, k, seed, dtype):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, d, generator=g).to(dtype)
+    wgu = torch.randn(e, 2 * inter, d, generator=g) / d**0.5
+    wdn = torch.randn(e, d, inter, generator=g) / inter**0.5
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]) if t else torch.zeros(0, k, dtype=torch.long)
+    w = torch.rand(t, k, generator=g)
+    return x, w, ids, wgu, wdn
+
+
+def scaled_close(close, out, ref, name):
+    # relative to the output scale: the sum over K choices of rounded terms
+    scale = float(ref.float().abs().max()) if ref.numel() else 1.0
+    close(out, ref, links=3, name=name, scale=max(scale, 1.0))
+
+
+@pytest.mark.parametrize("t,d,inter,e,k", [(1, 32, 32, 4, 1), (5, 48, 40, 4, 2), (17, 64, 96, 8, 3), (0, 32, 32, 2, 1)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("limit", [0.0, 1.0])
+def test_bf16_experts(t, d, inter, e, k, dtype, limit, close):
+    x, w, ids, wgu, wdn = setup(t, d, inter, e, k, t + d, dtype)
+    wgu, wdn = wgu.to(dtype), wdn.to(dtype)
+    if t:
+        ids[0, 0] = -1  # an EP-remote expert: skipped
+    p = ExpertsParams(swiglu_limit=limit)
+    scaled_close(close, moe_experts(x, w, ids, wgu, wdn, p), ref_experts(x, w, ids, wgu, wdn, p), f"moe.experts {dtype}")
+
+
+@pytest.mark.parametrize("t,d,inter,e,k", [(3, 128, 128, 2, 2), (9, 160, 96, 3, 2)])
+def test_fp8_block_experts(t, d, inter, e, k, close):
+    x, w, ids, wgu, wdn = setup(t, d, inter, e, k, 11 + t, torch.bfloat16)
+    qgu, qdn = quantize_fp8_block(wgu), quantize_fp8_block(wdn)
+    p = ExpertsParams(swiglu_limit=10.0)
+    scaled_close(close, moe_experts(x, w, ids, qgu, qdn, p), ref_experts(x, w, ids, qgu, qdn, p), "moe.experts fp8_block")
+
+
+def e8m0(q: QuantWeight) -> QuantWeight:
+    """The same codes with scales rounded to powers of two, stored as ue8m0 (the checkpoint format)."""
+    s = torch.exp2(torch.round(torch.log2(q.scale.float())))
+    return QuantWeight(q.data, s.to(torch.float8_e8m0fnu), q.format, q.shape, q.block)
+
+
+@pytest.mark.parametrize("scales", ["e8m0", "fp32"])
+@pytest.mark.parametrize("t,d,inter,e,k", [(4, 64, 64, 2, 2), (7, 96, 160, 3, 2)])
+def test_fp4_experts(t, d, inter, e, k, scales, close):
+    x, w, ids, wgu, wdn = setup(t, d, inter, e, k, 5 + t, torch.bfloat16)
+    qgu, qdn = quantize_fp4_group(wgu), quantize_fp4_group(wdn)
+    if scales == "e8m0":  # ue8m0 scales take the tl.dot_scaled path
+        qgu, qdn = e8m0(qgu), e8m0(qdn)
+    p = ExpertsParams(swiglu_limit=10.0)
+    scaled_close(close, moe_experts(x, w, ids, qgu, qdn, p), ref_experts(x, w, ids, qgu, qdn, p), f"moe.experts fp4 {scales}")
+
+
+def test_align_pairs_groups_by_expert():
+    ids = torch.tensor([[2, 0], [2, 5], [-1, 0]])
+    pairs, tiles = align_pairs(ids, num_experts=3, block_m=2)
+    assert tiles.tolist() == [0, 2]  # expert 0: pairs 1, 5; expert 2: pairs 0, 2; 5 and -1 are dropped
+    assert pairs.tolist() == [1, 5, 0, 2]
+
+
+def test_bad_shapes():
+    x, w, ids, wgu, wdn = setup(2, 32, 32, 2, 1, 0, torch.float32)
+    with pytest.raises(ValueError, match="w_down"):
+        moe_experts(x, w, ids, wgu, wdn[:, :, :16], ExpertsParams())
