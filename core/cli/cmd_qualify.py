@@ -38,8 +38,23 @@ def _sweep_suffix() -> str:
         return ""
     if hc.mode != RunMode.MULTIRUN:
         return ""
-    keep = [o for o in hc.overrides.task if o.split("=", 1)[0].lstrip("+~") not in _DIR_KEYS]
+    swept = _swept_keys()
+    keep = [o for o in hc.overrides.task if o.split("=", 1)[0].lstrip("+~") in swept - _DIR_KEYS]
     return re.sub(r"[^A-Za-z0-9_.=,-]+", "_", ",".join(sorted(keep)))[:120]
+
+
+def _swept_keys() -> set[str]:
+    """Keys the multirun command line sweeps (``a=1,2``); constant overrides do not name directories."""
+    import sys
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    args = [a for a in sys.argv[1:] if not a.startswith("-") and "=" in a]
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except Exception:
+        return set()
+    return {o.get_key_element().lstrip("+~") for o in parsed if o.is_sweep_override()}
 
 
 def run(cfg, words, registry=None) -> int:

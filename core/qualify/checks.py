@@ -96,7 +96,7 @@ def batch_invariance(case: OpCase, ctx: CaseContext, first: Any) -> dict:
     rows = case.rows(args, kwargs)
     sizes = sorted({n for n in (1, rows // 2, rows - 1) if 0 < n < rows})
     for n in sizes:
-        sub_args, sub_kwargs = case.take(args, kwargs, n)
+        sub_args, sub_kwargs = case.take(*case.build(ctx.seed), n)  # fresh inputs: generators are stateful
         inputs = (sub_args, sub_kwargs)
         if ctx.torch_device != "cpu":
             inputs = to_device(inputs, ctx.torch_device)

@@ -141,3 +141,23 @@ def mhc_post() -> list[OpCase]:
             out.append(OpCase("mhc.post", f"T={t} N={n} D={d}", dtype, build, tol, level, take=take, **_ROWS0,
                               cost=lambda a, kw: (2.0 * a[1].numel() * (a[1].shape[1] + 1), 2 * nbytes(a[1]) + nbytes(a[0]))))
     return out
+
+
+@cases_for("mhc.head")
+def mhc_head() -> list[OpCase]:
+    out = []
+    for t, n, d, level in [(8, 4, 64, "quick"), (33, 4, 256, "full"), (2, 2, 512, "full")]:
+        for dtype in ("float32", "bfloat16"):
+            def build(seed, t=t, n=n, d=d, dtype=dtype):
+                g = gen(seed)
+                return (randn(g, t, n, d, dtype=DTYPES[dtype]), randn(g, n, n * d, scale=(n * d) ** -0.5),
+                        randn(g, n, scale=0.5), torch.rand(1, generator=g) + 0.5, MhcParams(hc_mult=n)), {}
+
+            def take(a, kw, m):
+                return (a[0][:m], *a[1:]), {}
+
+            tol = ulps(dtype, 8 if dtype != "float32" else 256,
+                       "fp32 mixing logits over N*D inputs and a sigmoid; x rounded once")
+            out.append(OpCase("mhc.head", f"T={t} N={n} D={d}", dtype, build, tol, level, take=take, **_ROWS0,
+                              cost=lambda a, kw: matmul_cost(a[0].shape[0], a[1].shape[0], a[1].shape[1], 4)))
+    return out

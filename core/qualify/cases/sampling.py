@@ -66,3 +66,56 @@ def sample() -> list[OpCase]:
                           rows=lambda a, k: a[0].shape[0], row_slice=lambda o, a, k, n: o[:n], validate=validate,
                           cost=lambda a, k: (5.0 * a[0].numel(), nbytes(a[0]))))
     return out
+
+
+def _validate_verify(out, ref, args, kwargs) -> str:
+    draft, _, _, p = args
+    toks, n = out
+    rtoks, rn = ref
+    s = draft.shape[1]
+    bad = []
+    for r in range(draft.shape[0]):
+        k = int(n[r])
+        if p.temperature[r] <= 0:
+            if k != int(rn[r]) or not bool((toks[r] == rtoks[r]).all()):
+                bad.append(f"row {r}: greedy verify {toks[r].tolist()} != reference {rtoks[r].tolist()}")
+        elif not 1 <= k <= s + 1:
+            bad.append(f"row {r}: n_emitted {k} outside [1, {s + 1}]")
+        elif not bool((toks[r, : k - 1] == draft[r, : k - 1]).all()) or bool((toks[r, k:] != -1).any()):
+            bad.append(f"row {r}: emitted {toks[r].tolist()} is not an accepted draft prefix + one token, -1 padded")
+    return "; ".join(bad[:4])
+
+
+@cases_for("spec.verify")
+def spec_verify() -> list[OpCase]:
+    out = []
+    for b, s, v, mode, level in [(4, 3, 64, "greedy", "quick"), (5, 3, 128, "seeded", "quick"),
+                                 (16, 4, 1024, "greedy", "full"), (8, 5, 512, "seeded", "full")]:
+        def build(seed, b=b, s=s, v=v, mode=mode):
+            g = gen(seed)
+            logits = randn(g, b, s + 1, v, scale=3.0)
+            draft = torch.randint(0, v, (b, s), generator=g)
+            agree = torch.randint(0, s + 1, (b,), generator=g)  # row r agrees with the target for agree[r] steps
+            for r in range(b):
+                draft[r, : int(agree[r])] = logits[r, : int(agree[r])].argmax(-1)
+            if mode == "greedy":
+                p = SampleBatch(temperature=(0.0,) * b, top_k=(0,) * b, top_p=(1.0,) * b)
+                probs = None
+            else:
+                p = SampleBatch(temperature=tuple(0.0 if r == 0 else 0.8 for r in range(b)), top_k=(0,) * b,
+                                top_p=(1.0,) * b, generators=tuple(gen(seed * 1000 + r) for r in range(b)))
+                probs = torch.softmax(randn(g, b, s, v), dim=-1)
+            return (draft, probs, logits, p), {}
+
+        def take(a, kw, n):
+            d, q, lg, p = a
+            return (d[:n], None if q is None else q[:n], lg[:n],
+                    SampleBatch(p.temperature[:n], p.top_k[:n], p.top_p[:n], p.generators[:n], p.min_p[:n])), {}
+
+        tol = EXACT if mode == "greedy" else Tolerance(exact=True, why="random rows: an accepted draft prefix plus "
+                                                       "one token, -1 padded; greedy rows equal the reference")
+        out.append(OpCase("spec.verify", f"B={b} S={s} V={v} {mode}", "float32", build, tol, level, take=take,
+                          rows=lambda a, k: a[0].shape[0], row_slice=lambda o, a, k, n: (o[0][:n], o[1][:n]),
+                          validate=None if mode == "greedy" else _validate_verify,
+                          cost=lambda a, k: (5.0 * a[2].numel(), nbytes(a[2]))))
+    return out
