@@ -84,6 +84,10 @@ def inferhal_backend_extra(name, profile):
         from inferhal.kernels.registry import KERNELS
 
         return KERNELS
+    if name == "aot_compiler":
+        from inferhal.kernels.aot import AotCompiler
+
+        return AotCompiler()
     if name == "capabilities":
         from inferhal.backends.cuda_sm100.device import ARCHS, CHIPS
 

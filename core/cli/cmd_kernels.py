@@ -1,50 +1,71 @@
-"""``inferhal kernels compile target=NAME``: compile every kernel ahead of time for a target that some
-backend declares (its ``aot_targets`` extra), without the device. Reports per kernel: compiled or not,
-registers, shared memory, and the matrix-instruction family found in the assembly."""
+"""``inferhal kernels compile target=ARCH``: compile every kernel of a kernel backend ahead of time.
+
+The backends are asked for their ``aot_compiler`` extra (no probing, no device): the one whose
+``targets`` include ``target`` compiles its kernels and returns one row per kernel (compiled or not
+with the error, registers, shared memory, the MMA instructions in its PTX). The rows print as a table
+and are written as JSON to ``output`` (default ``kernels-<target>.json``). Exit status 1 when a kernel
+fails to compile or a tensor-core kernel lacks the target's MMA instruction. Every row's execution
+level is ``compiled``: nothing ran.
+"""
 
 from __future__ import annotations
 
 import json
-import pathlib
-import tempfile
 
 from inferhal.core.errors import UserError
 from inferhal.core.registry import BackendRegistry
 
+USAGE = "usage: inferhal kernels compile target=ARCH [output=FILE]"
 
-def targets(reg: BackendRegistry) -> dict[str, tuple[str, object]]:
-    """target name → (backend, compile function), over every registered backend."""
-    out: dict[str, tuple[str, object]] = {}
+
+def find_compiler(reg: BackendRegistry, target: str):
+    offered = {}
     for name in reg.names():
-        for target, fn in (reg.extra(name, "aot_targets") or {}).items():
-            out[target] = (name, fn)
-    return out
+        if not reg.records[name].registered:
+            continue
+        # not reg.call(...): its own first parameter is called ``name`` too, which the hook's argument clashes with
+        others = [p for n, p in reg.pm.list_name_plugin() if n != name]
+        comp = reg.pm.subset_hook_caller("inferhal_backend_extra", remove_plugins=others)(name="aot_compiler", profile=None)
+        if comp is None:
+            continue
+        offered[name] = tuple(comp.targets)
+        if target in comp.targets:
+            return name, comp
+    listing = "; ".join(f"{n}: {', '.join(t)}" for n, t in offered.items()) or "no backend offers an AOT compiler"
+    raise UserError(f"no backend compiles kernels for target={target!r} ({listing})")
 
 
 def run(cfg, words) -> int:
     if words != ["compile"]:
-        raise UserError("usage: inferhal kernels compile target=NAME")
-    reg = BackendRegistry.discover()
-    known = targets(reg)
-    if not cfg.target:
-        raise UserError(f"give a target: inferhal kernels compile target=NAME (declared: {', '.join(sorted(known)) or 'none'})")
-    if cfg.target not in known:
-        raise UserError(f"no backend declares the ahead-of-time target {cfg.target!r}; declared: {', '.join(sorted(known)) or 'none'}")
-    backend, compile_fn = known[cfg.target]
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = list(compile_fn(tmp))
+        raise UserError(f"unknown kernels subcommand {' '.join(words) or '(none)'!r}; {USAGE}")
+    target = str(cfg.target)
+    backend, comp = find_compiler(BackendRegistry.discover(), target)
+    rows = comp.compile(target)
+    out = cfg.output or f"kernels-{target}.json"
+    with open(out, "w") as f:
+        json.dump({"target": target, "backend": backend, "execution_level": "compiled", "kernels": rows}, f, indent=1)
+    _print(rows, target, backend, out)
+    bad = [r for r in rows if not r["compiled"] or not r.get("mma_ok", True)]
+    return 1 if bad else 0
+
+
+def _print(rows, target, backend, out) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=f"ahead-of-time compile for {cfg.target} (backend {backend}): compiled only, not run")
-    for col in ("kernel", "compiled", "registers", "shared bytes", "mma", "ok", "error"):
+    t = Table(title=f"{backend}: kernels compiled ahead of time for {target} (execution level: compiled, not run)")
+    for col in ("kernel", "op", "compiled", "regs", "spill B", "smem B", "tmem cols", "MMA in PTX", "error"):
         t.add_column(col, overflow="fold")
     for r in rows:
-        t.add_row(r["kernel"], "yes" if r["compiled"] else "NO", str(r.get("registers", "")), str(r.get("shared_bytes", "")),
-                  r.get("mma", "") + (" (required)" if r.get("mma_required") else ""), "ok" if r["ok"] else "FAIL",
-                  str(r.get("error", ""))[:200])
-    Console().print(t)
-    out = pathlib.Path(cfg.output or f"kernels-{cfg.target}.json")
-    out.write_text(json.dumps({"target": cfg.target, "backend": backend, "exec_level": "compiled", "kernels": rows}, indent=2))
-    print(f"wrote {out}")
-    return 0 if rows and all(r["ok"] for r in rows) else 1
+        if r["compiled"]:
+            mma = ("tcgen05 " + "/".join(r["tcgen05_kinds"])) if r["tcgen05"] else ("wgmma" if r["wgmma"] else
+                                                                                  ("mma.sync" if r["mma_sync"] else "-"))
+            ok = "[green]yes[/]" if r.get("mma_ok", True) else "[red]yes, but no tensor-core MMA[/]"
+            t.add_row(r["kernel"], r["op"], ok, str(r["registers"]), str(r["spill_stack_bytes"]), str(r["shared_bytes"]),
+                      str(r["tmem_columns"]), mma, "")
+        else:
+            t.add_row(r["kernel"], r["op"], "[red]no[/]", "", "", "", "", "", escape(r["error"]))
+    console = Console()
+    console.print(t)
+    console.print(f"JSON written to {out}")

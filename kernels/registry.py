@@ -1,0 +1,106 @@
+"""Every kernel as data for the ahead-of-time compiler: the jit function, one representative
+specialisation (argument types and constexprs at production shapes of DeepSeek-V4), whether it must use
+the tensor cores, and its tuning entry. Importing this module imports no kernel; :func:`load` does.
+
+A spec's constexprs may depend on the tuning target (block sizes come from :mod:`.tuning`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str  # kernel/variant name shown in reports
+    op_id: str  # the op it implements
+    fn: str  # "module:function" of the @triton.jit kernel
+    tuning: str  # tuning entry (block sizes, num_warps, num_stages)
+    ptrs: Mapping[str, str]  # pointer argument -> Triton pointer type ("*bf16", "*fp32", ...)
+    floats: tuple[str, ...] = ()  # scalar fp32 arguments; all other scalars are i32
+    constexprs: Callable[[Mapping[str, Any]], Mapping[str, Any]] = field(default=lambda cfg: {})
+    mma: bool = False  # must use the tensor cores (tcgen05 on SM100, wgmma on SM90)
+
+    def load(self):
+        mod, fn = self.fn.split(":")
+        return getattr(importlib.import_module(mod), fn)
+
+    def signature(self, jit_fn, constexprs: Mapping[str, Any]) -> dict[str, str]:
+        sig = {}
+        for arg in jit_fn.arg_names:
+            if arg in constexprs:
+                sig[arg] = "constexpr"
+            elif arg in self.ptrs:
+                sig[arg] = self.ptrs[arg]
+            elif arg in self.floats:
+                sig[arg] = "fp32"
+            else:
+                sig[arg] = "i32"
+        return sig
+
+
+def _tl():
+    import triton.language as tl
+
+    return tl
+
+
+def _blocks(cfg):
+    return {k: v for k, v in cfg.items() if k.startswith("BLOCK_")}
+
+
+def _moe(fmt: int, wtype: str, stype: str, down: bool):
+    def cx(cfg):
+        tl = _tl()
+        return {"W_FMT": fmt, "DTYPE": tl.bfloat16, "PREC": "tf32", "LHS_FMT": "bf16", "INTERP": False, **_blocks(cfg)}
+
+    ptrs = {"w_ptr": wtype, "ws_ptr": stype, "pair_ptr": "*i32", "tile_e_ptr": "*i32"}
+    if down:
+        ptrs.update({"h_ptr": "*bf16", "rw_ptr": "*fp32", "y_ptr": "*fp32"})
+    else:
+        ptrs.update({"x_ptr": "*bf16", "h_ptr": "*bf16"})
+    return ptrs, cx
+
+
+def _specs() -> list[KernelSpec]:
+    out = [
+        KernelSpec("rms_norm", "norm.rms", "inferhal.kernels.norm:rms_norm_kernel", "norm_rms",
+                   dict.fromkeys(("x_ptr", "r_ptr", "w_ptr", "y_ptr", "h_ptr"), "*bf16"), ("eps",),
+                   lambda cfg: {"HAS_RES": True, "HAS_W": True, "UNIT_OFFSET": False, "DTYPE": _tl().bfloat16,
+                                "BLOCK_D": 4096, "INTERP": False}),
+        KernelSpec("rope", "rope.apply", "inferhal.kernels.rope:rope_kernel", "rope",
+                   {"x_ptr": "*bf16", "pos_ptr": "*i64", "cs_ptr": "*fp32", "y_ptr": "*bf16"}, (),
+                   lambda cfg: {"R_HALF": 32, "BLOCK_D": 512, "BLOCK_R": 32, "INTERLEAVED": True, "INVERSE": False,
+                                "DTYPE": _tl().bfloat16, "INTERP": False}),
+        KernelSpec("moe_route", "moe.route", "inferhal.kernels.moe_route:moe_route_kernel", "moe_route",
+                   {"logit_ptr": "*fp32", "bias_ptr": "*fp32", "hash_ptr": "*i64", "w_ptr": "*fp32", "id_ptr": "*i64"},
+                   ("scaling",),
+                   lambda cfg: {"K": 6, "BLOCK_E": 256, "BLOCK_K": 8, "SCORING": 2, "HAS_BIAS": True,
+                                "HAS_HASH": False, "RENORM": True, **_blocks(cfg)}),
+    ]
+    for label, fmt, wt, st, tun in (("bf16", 0, "*bf16", "*fp32", "moe_gemm"), ("fp8_block", 1, "*fp8e4nv", "*fp32", "moe_gemm"),
+                                    ("fp4_dot_scaled", 3, "*u8", "*u8", "moe_gemm_fp4")):
+        for down in (False, True):
+            ptrs, cx = _moe(fmt, wt, st, down)
+            kern = "moe_down_kernel" if down else "moe_gate_up_kernel"
+            out.append(KernelSpec(f"moe_{'down' if down else 'gate_up_swiglu'}_{label}", "moe.experts",
+                                  f"inferhal.kernels.moe_experts:{kern}", tun, ptrs, ("limit",), cx, mma=True))
+    out.extend(_later_specs())
+    return out
+
+
+def _later_specs() -> list[KernelSpec]:
+    """Kernels added after the first set (kept apart so each addition is one small edit)."""
+    return []
+
+
+KERNELS: list[KernelSpec] = _specs()
+
+
+def by_name(name: str) -> KernelSpec:
+    for k in KERNELS:
+        if k.name == name:
+            return k
+    raise KeyError(f"no kernel named {name!r}; known: {', '.join(k.name for k in KERNELS)}")

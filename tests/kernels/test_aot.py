@@ -1,0 +1,37 @@
+"""Ahead-of-time compilation for sm_100a without a GPU: the tensor-core kernels must hold tcgen05.mma.
+
+Runs in a subprocess: this test process has TRITON_INTERPRET=1 (conftest), and AOT compilation needs
+the kernels defined as JIT (not interpreted) functions. Execution level of the results: compiled.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from inferhal.kernels.registry import KERNELS
+
+MMA = [k.name for k in KERNELS if k.mma]
+
+
+def _compile(arch, names, tmp_path):
+    out = tmp_path / f"{arch}.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import json, sys; from inferhal.kernels.aot import compile_all; "
+            f"json.dump(compile_all({arch!r}, {names!r}), open({str(out)!r}, 'w'))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {r["kernel"]: r for r in json.loads(out.read_text())}
+
+
+@pytest.mark.slow
+def test_mma_kernels_use_tcgen05_on_sm100a(tmp_path):
+    rows = _compile("sm_100a", MMA, tmp_path)
+    assert set(rows) == set(MMA)
+    for name, r in rows.items():
+        assert r["compiled"], f"{name}: {r['error']}"
+        assert r["tcgen05"] and r["mma_ok"], f"{name}: no tcgen05.mma in the sm_100a PTX"
+        assert r["execution_level"] == "compiled"
+        assert r["registers"] is None or 0 < r["registers"] <= 255
