@@ -1,7 +1,7 @@
 """inferhal's DeepSeek-V4 on the reference backend (fp32) against transformers' eager DeepseekV4ForCausalLM.
 
-Tiny random configs (with/without hash layers, CSA 4 / HCA 16 and other rates, hc_mult 2-4, sigmoid /
-softmax / sqrtsoftplus scoring, YaRN and plain compress RoPE, MTP declared) with randomised sinks,
+Tiny random configs (with/without hash layers, CSA 4 / HCA 16 and other rates, hc_mult 2-4, sigmoid and
+sqrtsoftplus scoring (transformers has no softmax scorer; the op tests cover it), YaRN and plain compress RoPE, MTP declared) with randomised sinks,
 position biases, correction biases, HC bases/scales, norm gains and tid2eid, saved with save_pretrained.
 16+ indexer heads keep top-k ties away (see FACTS.md).
 """
@@ -127,3 +127,18 @@ def test_chunked_prefill_and_mixed_batch_match(case, v4):
     assert err < TOL
     ref1 = v4.PagedDriver(model).step({0: other})[0]  # sequence 1 alone, one shot
     assert (res[-1] - ref1).abs().max().item() < TOL  # its final prompt token came in the last mixed step
+
+
+def test_llm_greedy_matches_transformers_generate(case):
+    """Acceptance: LLM(model=<save_pretrained dir>, backend="reference", dtype="float32") greedy == generate."""
+    from inferhal.core.engine.llm import LLM
+    from inferhal.core.sampling.params import SamplingParams
+
+    name, hf, model, ids, path = case
+    hf.generation_config.eos_token_id = None
+    with torch.no_grad():
+        gen = hf.generate(ids[None], max_new_tokens=DECODE, do_sample=False, min_new_tokens=DECODE)[0, PROMPT:]
+    block = max([16] + [s.tokens_per_slot for s in model.kv_groups()])
+    llm = LLM(model=path, backend="reference", dtype="float32", block_size=block)
+    out = llm.generate([ids.tolist()], SamplingParams(max_tokens=DECODE, temperature=0.0, ignore_eos=True))
+    assert list(out[0].token_ids) == gen.tolist(), f"{name}: LLM greedy tokens differ from transformers"
