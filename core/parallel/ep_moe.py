@@ -1,0 +1,106 @@
+"""The routed-expert part of a MoE layer under expert parallelism, through HAL ops only.
+
+Per layer call (every EP rank calls it with the same full batch; attention is replicated):
+
+1. this rank takes its contiguous shard of the ``T`` tokens;
+2. logical expert ids -> physical slots through the placement's ``log2phy``: token ``t`` (global index)
+   uses replica ``t % logcnt[e]`` of expert ``e``, which spreads each expert's tokens evenly and
+   deterministically over its replicas;
+3. the recorder (if any) counts the physical ids;
+4. ``moe.dispatch`` sends each (token, choice) to the rank owning the slot; ``moe.experts`` runs this
+   rank's ``S`` local slots; ``moe.combine`` brings results back and sums them weighted, k in order;
+5. the shards are all-gathered so every rank continues with the full ``[T, D]``.
+
+:meth:`EPExperts.rebalance` installs a new validated placement and moves the weights
+(:mod:`inferhal.core.eplb.transfer`). With ``world_size == 1`` the same code runs locally.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+
+from inferhal.core.eplb.placement import Placement
+from inferhal.core.eplb.transfer import apply_placement
+from inferhal.core.ops.params import EPParams, ExpertsParams
+from inferhal.core.ops.quant import QuantWeight
+
+
+def to_physical(logical: torch.Tensor, log2phy: torch.Tensor, logcnt: torch.Tensor,
+                token_index: torch.Tensor) -> torch.Tensor:
+    """``logical[T, K]`` -> physical slots ``[T, K]``: replica ``token_index[t] % logcnt[e]`` of expert ``e``."""
+    lg = logical.long()
+    replica = token_index.long()[:, None] % logcnt[lg]
+    return log2phy[lg, replica]
+
+
+def select_experts(w: torch.Tensor | QuantWeight, experts: torch.Tensor) -> torch.Tensor | QuantWeight:
+    """Rows ``experts`` of an ``[E, ...]`` expert weight (plain or quantised) -> ``[S, ...]``."""
+    if isinstance(w, QuantWeight):
+        return QuantWeight(w.data[experts], w.scale[experts], w.format, (len(experts), *w.shape[1:]), w.block)
+    return w[experts].clone()
+
+
+def _flat(w: torch.Tensor | QuantWeight, name: str) -> dict[str, torch.Tensor]:
+    return {f"{name}.data": w.data, f"{name}.scale": w.scale} if isinstance(w, QuantWeight) else {name: w}
+
+
+def _unflat(tensors: dict[str, torch.Tensor], like: torch.Tensor | QuantWeight, name: str):
+    if isinstance(like, QuantWeight):
+        return QuantWeight(tensors[f"{name}.data"], tensors[f"{name}.scale"], like.format, like.shape, like.block)
+    return tensors[name]
+
+
+class EPExperts:
+    """One rank's routed experts for all MoE layers.
+
+    :param ops: the backend's OpTable (``moe.dispatch``, ``moe.experts``, ``moe.combine``).
+    :param comm: the backend's Communicator (``world_size`` = EP size).
+    :param placement: the placement in use (``Placement.identity`` when EPLB is off).
+    :param full_weights: per MoE layer ``(gate_up[E, 2I, D], down[E, D, I])``; this rank keeps only the rows
+        of its slots (the caller may drop the full tensors afterwards).
+    :param recorder: optional ``record(layer, physical_ids[T, K])`` sink.
+    """
+
+    def __init__(self, ops: Any, comm: Any, placement: Placement,
+                 full_weights: Sequence[tuple[Any, Any]], experts_p: ExpertsParams, recorder: Optional[Any] = None):
+        self.ops, self.comm, self.experts_p, self.recorder = ops, comm, experts_p, recorder
+        n, me = comm.layout.world_size, comm.layout.rank
+        self.ep_p = EPParams(ep_size=n, num_physical=placement.num_physical)
+        self.placement = placement
+        self.local: list[tuple[Any, Any]] = []
+        for l, (gu, down) in enumerate(full_weights):
+            slots = placement.phy2log[l, list(placement.local_slots(me, n))]
+            self.local.append((select_experts(gu, slots), select_experts(down, slots)))
+
+    def __call__(self, layer: int, x: torch.Tensor, weights: torch.Tensor, logical_ids: torch.Tensor) -> torch.Tensor:
+        # x: [T, D], weights: [T, K] fp32, logical_ids: [T, K] -> y: [T, D] (routed experts only)
+        ops, comm = self.ops, self.comm
+        n, me = comm.layout.world_size, comm.layout.rank
+        t = x.shape[0]
+        per = -(-t // n) if t else 0
+        lo, hi = min(me * per, t), min((me + 1) * per, t)
+        p = self.placement
+        phys = to_physical(logical_ids[lo:hi], p.log2phy[layer], p.logcnt[layer], torch.arange(lo, hi))
+        if self.recorder is not None:
+            self.recorder.record(layer, phys)
+        sent = ops["moe.dispatch"](x[lo:hi], phys, comm, self.ep_p)
+        gu, down = self.local[layer]
+        ones = torch.ones((sent.x.shape[0], 1), dtype=torch.float32)
+        y_local = ops["moe.experts"](sent.x, ones, sent.local_ids[:, None], gu, down, self.experts_p)
+        y = ops["moe.combine"](y_local, weights[lo:hi], sent.handle, comm, self.ep_p)  # [hi-lo, D]
+        if n == 1:
+            return y
+        pad = torch.zeros((per, x.shape[1]), dtype=y.dtype)
+        pad[: hi - lo] = y
+        return torch.cat(comm.all_gather(pad))[:t]
+
+    def rebalance(self, new: Placement) -> int:
+        """Move this rank's expert weights to ``new`` (collective; every rank calls it with the same plan).
+        Returns the number of slots this rank received from other ranks."""
+        flat = [{**_flat(gu, "gate_up"), **_flat(down, "down")} for gu, down in self.local]
+        moved, received = apply_placement(flat, self.placement.phy2log, new.phy2log, self.comm)
+        self.local = [(_unflat(m, gu, "gate_up"), _unflat(m, down, "down")) for m, (gu, down) in zip(moved, self.local)]
+        self.placement = new
+        return received

@@ -1,0 +1,101 @@
+"""Launching EP ranks: ``parallel.launcher=local`` spawns ``world_size`` processes itself (gloo on
+127.0.0.1, a free port); ``launcher=torchrun`` (or any launcher that sets ``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``) means this process is already one rank.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any, Callable, Mapping
+
+from inferhal.core.backend import ParallelLayout
+from inferhal.core.errors import UserError
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def world_size_of(parallel: Any) -> int:
+    """Processes a layout needs: EP ranks (attention is replicated on them) times TP."""
+    tp, ep = int(parallel.tp), int(parallel.ep)
+    if tp < 1 or ep < 1:
+        raise UserError(f"parallel.tp and parallel.ep must be >= 1, got tp={tp}, ep={ep}")
+    return tp * ep
+
+
+def layout_from_env(parallel: Any, env: Mapping[str, str] | None = None) -> ParallelLayout | None:
+    """The layout torchrun describes in the environment, or None when ``RANK`` is not set."""
+    env = os.environ if env is None else env
+    if "RANK" not in env:
+        return None
+    missing = [v for v in TORCHRUN_VARS if v not in env]
+    if missing:
+        raise UserError(f"RANK is set but {', '.join(missing)} is not: launch with torchrun or set all of "
+                        f"{', '.join(TORCHRUN_VARS)}")
+    world = int(env["WORLD_SIZE"])
+    want = world_size_of(parallel)
+    if world != want:
+        raise UserError(f"WORLD_SIZE={world} but parallel.tp x parallel.ep = {want}; start {want} processes "
+                        f"(torchrun --nproc-per-node {want}) or change parallel=")
+    return ParallelLayout(world_size=world, rank=int(env["RANK"]), tp=int(parallel.tp), ep=int(parallel.ep),
+                          dp=int(parallel.dp), master_addr=env["MASTER_ADDR"], master_port=int(env["MASTER_PORT"]))
+
+
+def _entry(rank: int, fn: Callable, layout: ParallelLayout, args: tuple) -> None:
+    from dataclasses import replace
+
+    fn(replace(layout, rank=rank), *args)
+
+
+def launch(fn: Callable[..., Any], parallel: Any, *args: Any, env: Mapping[str, str] | None = None) -> None:
+    """Run ``fn(layout, *args)`` on every rank.
+
+    torchrun (``parallel.launcher == "torchrun"`` or ``RANK`` in the environment): call ``fn`` once here.
+    local: spawn ``tp * ep`` processes (``fn`` and ``args`` must be picklable), wait for all; a rank that
+    fails makes the launch raise with its traceback. ``world_size == 1`` runs ``fn`` in this process.
+    """
+    from_env = layout_from_env(parallel, env)
+    if str(parallel.launcher) == "torchrun" and from_env is None:
+        raise UserError("parallel.launcher=torchrun but RANK/WORLD_SIZE are not set: run under torchrun, "
+                        "or use parallel.launcher=local")
+    if str(parallel.launcher) not in ("local", "torchrun"):
+        raise UserError(f"parallel.launcher must be local|torchrun, got {parallel.launcher!r}")
+    if from_env is not None:
+        fn(from_env, *args)
+        return
+    world = world_size_of(parallel)
+    port = int(parallel.master_port) or free_port()
+    layout = ParallelLayout(world_size=world, rank=0, tp=int(parallel.tp), ep=int(parallel.ep),
+                            dp=int(parallel.dp), master_addr=str(parallel.master_addr), master_port=port)
+    if world == 1:
+        fn(layout, *args)
+        return
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_entry, args=(fn, layout, args), nprocs=world, join=True, start_method="spawn")
+
+
+def _file_entry(rank: int, path: str, name: str, layout: ParallelLayout, args: tuple) -> None:
+    import importlib.util
+    from dataclasses import replace
+
+    spec = importlib.util.spec_from_file_location(f"_inferhal_worker_{abs(hash(path))}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    getattr(mod, name)(replace(layout, rank=rank), *args)
+
+
+def spawn_from_file(path: str, name: str, world_size: int, *args: Any, port: int = 0) -> None:
+    """Spawn ``world_size`` local ranks running ``name(layout, *args)`` from the Python file ``path``
+    (for tests and tools whose modules are not importable by name in a child process)."""
+    import torch.multiprocessing as mp
+
+    layout = ParallelLayout(world_size=world_size, rank=0, ep=world_size, master_port=port or free_port())
+    mp.start_processes(_file_entry, args=(path, name, layout, args), nprocs=world_size, join=True,
+                       start_method="spawn")
