@@ -132,7 +132,7 @@ def sample(logits: torch.Tensor, p: SampleBatch) -> torch.Tensor:
 
 
 def _ops() -> dict:
-    from inferhal.backends.reference import attention, deepseek, mhc, moe, spec
+    from inferhal.backends.reference import attention, deepseek, ep, mhc, moe, spec
 
     table = {
         "norm.rms": norm_rms,
@@ -143,7 +143,7 @@ def _ops() -> dict:
         "kv.write": kv_write,
         "sample": sample,
     }
-    for mod in (attention, moe, mhc, spec, deepseek):
+    for mod in (attention, moe, mhc, spec, deepseek, ep):
         table.update(mod.OPS)
     return table
 

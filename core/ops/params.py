@@ -150,3 +150,31 @@ class SampleBatch:
         n = len(self.temperature)
         _require(len(self.top_k) == n and len(self.top_p) == n, "SampleBatch fields must have one entry per row")
         _require(not self.generators or len(self.generators) == n, "SampleBatch.generators must be empty or per row")
+
+
+@dataclass(frozen=True)
+class EPParams:
+    """Expert parallelism for ``moe.dispatch`` / ``moe.combine``: ``num_physical`` expert slots split evenly
+    over ``ep_size`` ranks; slot ``p`` lives on rank ``p // (num_physical // ep_size)``."""
+
+    ep_size: int
+    num_physical: int
+
+    def __post_init__(self) -> None:
+        _require(self.ep_size >= 1, "EPParams.ep_size must be >= 1")
+        _require(self.num_physical % self.ep_size == 0,
+                 f"EPParams.num_physical={self.num_physical} must be a multiple of ep_size={self.ep_size}")
+
+    @property
+    def slots_per_rank(self) -> int:
+        return self.num_physical // self.ep_size
+
+
+@dataclass
+class DispatchResult:
+    """What ``moe.dispatch`` returns: the rows this rank must run (``x[R, D]``, ``local_ids[R]`` = slot on
+    this rank) and an opaque ``handle`` that ``moe.combine`` needs to send results back."""
+
+    x: torch.Tensor
+    local_ids: torch.Tensor
+    handle: Any
