@@ -40,12 +40,14 @@ class ExpertLoadRecorder(Protocol):
 
 
 def _rows(w: torch.Tensor | QuantWeight, start: int, end: int) -> torch.Tensor | QuantWeight:
-    """Rows ``start:end`` of a ``[N, K]`` weight (block-aligned for fp8_block)."""
+    """Rows ``start:end`` of a ``[N, K]`` weight; a quantised one stays quantised when block aligned."""
     if not isinstance(w, QuantWeight):
         return w[start:end]
     br = w.block[0]
     if w.format != "fp8_block" or start % br or (end % br and end != w.shape[0]):
-        raise ValueError("row slice of a quantised weight must be block aligned")
+        from inferhal.core.models.deepseek_v4.quantized import to_dense
+
+        return to_dense(w)[start:end]  # groups that cut through a scale block run dense
     return QuantWeight(w.data[start:end], w.scale[start // br:-(-end // br)], w.format, (end - start, w.shape[1]), w.block)
 
 
