@@ -4,8 +4,9 @@
 a ``tl.constexpr`` and pass it here. Under the interpreter:
 
 - ``dot_operand`` upcasts bf16 to fp32 before ``tl.dot`` (the interpreter's bf16 dot is wrong);
-- ``round_to`` rounds fp32 to bf16 to nearest-even with integer arithmetic (the interpreter's
-  fp32->bf16 cast truncates), so interpreter results round exactly as the device does.
+- ``round_to`` rounds fp32 to bf16 (and to e4m3) to nearest-even with integer arithmetic (the
+  interpreter's fp32->bf16 cast truncates, its fp32->e4m3 cast misrounds a few percent of values and
+  loses the carry into the exponent), so interpreter results round exactly as the device does.
 
 Compiled, both are the identity / the native cast: bf16 operands reach the tensor cores unchanged.
 """
@@ -38,6 +39,13 @@ def round_to(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
             special = (bits & 0x7F800000) == 0x7F800000
             bits = tl.where(special, bits, rounded)
             return bits.to(tl.float32, bitcast=True).to(DTYPE)
+        if DTYPE == tl.float8e4nv:
+            # e4m3: 3 mantissa bits for |x| >= 2**-6, a fixed 2**-9 step below; the caller clamps to +-448
+            bits = x.to(tl.uint32, bitcast=True)
+            lsb = (bits >> 20) & 1
+            normal = ((bits + 0x7FFFF + lsb) & 0xFFF00000).to(tl.float32, bitcast=True)
+            sub = ((x * 512.0 + 12582912.0) - 12582912.0) / 512.0  # round-half-even to a multiple of 2**-9
+            return tl.where(tl.abs(x) >= 0.015625, normal, sub).to(DTYPE)
     return x.to(DTYPE)
 
 

@@ -93,7 +93,19 @@ def _specs() -> list[KernelSpec]:
 
 def _later_specs() -> list[KernelSpec]:
     """Kernels added after the first set (kept apart so each addition is one small edit)."""
-    return []
+    bf16 = lambda: _tl().bfloat16  # noqa: E731
+    return [
+        KernelSpec("mhc_pre", "mhc.pre", "inferhal.kernels.mhc:mhc_pre_kernel", "mhc_pre",
+                   {"s_ptr": "*bf16", "fn_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "x_ptr": "*bf16",
+                    "post_ptr": "*fp32", "comb_ptr": "*fp32"}, ("eps", "norm_eps"),
+                   lambda cfg: {"ITERS": 20, "BLOCK_N": 4, "BLOCK_J": 32, "DTYPE": bf16(), "INTERP": False, **_blocks(cfg)}),
+        KernelSpec("mhc_post", "mhc.post", "inferhal.kernels.mhc:mhc_post_kernel", "mhc_post",
+                   {"y_ptr": "*bf16", "s_ptr": "*bf16", "post_ptr": "*fp32", "comb_ptr": "*fp32", "o_ptr": "*bf16"}, (),
+                   lambda cfg: {"BLOCK_N": 4, "DTYPE": bf16(), "INTERP": False, **_blocks(cfg)}),
+        KernelSpec("kv_write_fp8", "kv.write", "inferhal.kernels.kv_write:kv_write_kernel", "kv_write",
+                   {"v_ptr": "*bf16", "c_ptr": "*fp8e4nv", "sc_ptr": "*fp32", "slot_ptr": "*i64"}, (),
+                   lambda cfg: {"FP8": True, "DTYPE": _tl().float32, "BLOCK_S": 512, "INTERP": False}),
+    ]
 
 
 KERNELS: list[KernelSpec] = _specs()

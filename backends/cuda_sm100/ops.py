@@ -17,6 +17,9 @@ KERNEL_OPS: dict[str, str] = {
     "rope.apply": "inferhal.kernels.rope:rope_apply",
     "moe.route": "inferhal.kernels.moe_route:moe_route",
     "moe.experts": "inferhal.kernels.moe_experts:moe_experts",
+    "mhc.pre": "inferhal.kernels.mhc:mhc_pre",
+    "mhc.post": "inferhal.kernels.mhc:mhc_post",
+    "kv.write": "inferhal.kernels.kv_write:kv_write",
 }
 
 #: op ID -> why its kernel is degraded on a target (shown in the op's note).
