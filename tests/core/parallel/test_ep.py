@@ -21,13 +21,21 @@ def load_workers():
     return mod
 
 
-def results(tmp_path, n):
-    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(n)]
+def results(path, n):
+    return [torch.load(path / f"rank{r}.pt") for r in range(n)]
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_dispatch_combine_matches_local_experts(tmp_path, n):
-    spawn_from_file(WORKERS, "dispatch_combine", n, str(tmp_path))
+@pytest.fixture(scope="module", params=[2, pytest.param(4, marks=pytest.mark.slow)])
+def suite(request, tmp_path_factory):
+    """Spawn the ranks once per world size; each test reads its own sub-directory."""
+    out = tmp_path_factory.mktemp(f"ep{request.param}")
+    spawn_from_file(WORKERS, "ep_suite", request.param, str(out))
+    return out, request.param
+
+
+def test_dispatch_combine_matches_local_experts(suite):
+    out, n = suite
+    tmp_path = out / "dc"
     wk = load_workers()
     x, ids, w, gu, down = wk.problem()
     ref = OPS["moe.experts"](x[:7], w[:7], ids[:7], gu[0], down[0], ExpertsParams())
@@ -37,9 +45,9 @@ def test_dispatch_combine_matches_local_experts(tmp_path, n):
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_weights_move_between_ranks(tmp_path, n):
-    spawn_from_file(WORKERS, "move_weights", n, str(tmp_path))
+def test_weights_move_between_ranks(suite):
+    out, n = suite
+    tmp_path = out / "mv"
     total = 0
     for res in results(tmp_path, n):
         expect = res["expect"].float()  # [L, S]
@@ -49,9 +57,9 @@ def test_weights_move_between_ranks(tmp_path, n):
     assert total > 0  # something really crossed ranks
 
 
-@pytest.mark.parametrize("n", [2, 4])
-def test_ep_experts_equal_single_process_before_and_after_rebalance(tmp_path, n):
-    spawn_from_file(WORKERS, "ep_experts", n, str(tmp_path))
+def test_ep_experts_equal_single_process_before_and_after_rebalance(suite):
+    out, n = suite
+    tmp_path = out / "ep"
     wk = load_workers()
     x, ids, w, gu, down = wk.problem(1)
     p = ExpertsParams(swiglu_limit=10.0)

@@ -43,7 +43,6 @@ def dispatch_combine(layout, out_dir):
                                  down[0, me * s:(me + 1) * s], ExpertsParams())
     y = OPS["moe.combine"](y_local, w[lo:hi], sent.handle, comm, p)
     _save(out_dir, me, y=y, lo=torch.tensor(lo), hi=torch.tensor(hi))
-    comm.close()
 
 
 def move_weights(layout, out_dir):
@@ -62,7 +61,6 @@ def move_weights(layout, out_dir):
     moved, received = apply_placement(layers, old.phy2log, new.phy2log, comm)
     _save(out_dir, me, a=torch.stack([m["a"] for m in moved]), b=torch.stack([m["b"] for m in moved]),
           expect=new.phy2log[:, me * s:(me + 1) * s], received=torch.tensor(received))
-    comm.close()
 
 
 def ep_experts(layout, out_dir):
@@ -77,7 +75,6 @@ def ep_experts(layout, out_dir):
     received = runner.rebalance(Placement(*rebalance_experts(load, R, 1, 1, n)))
     after = torch.stack([runner(l, x, w, ids) for l in range(L)])
     _save(out_dir, me, before=before, after=after, received=torch.tensor(received))
-    comm.close()
 
 
 def diverge(layout, out_dir, mode):
@@ -99,3 +96,11 @@ def diverge(layout, out_dir, mode):
     with open(os.path.join(out_dir, f"rank{me}.txt"), "w") as f:
         f.write(msg)
     os._exit(0)  # skip the process-group teardown (the peer may be gone)
+
+
+def ep_suite(layout, out_dir):
+    """The three EP checks in one process group (one spawn per world size keeps the suite quick)."""
+    for name, fn in (("dc", dispatch_combine), ("mv", move_weights), ("ep", ep_experts)):
+        sub = os.path.join(out_dir, name)
+        os.makedirs(sub, exist_ok=True)
+        fn(layout, sub)

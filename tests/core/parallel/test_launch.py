@@ -1,0 +1,44 @@
+from types import SimpleNamespace
+
+import pytest
+
+from inferhal.core.errors import UserError
+from inferhal.core.parallel.launch import free_port, launch, layout_from_env
+
+
+def par(**kw):
+    base = dict(tp=1, ep=2, dp=1, launcher="local", master_addr="127.0.0.1", master_port=0)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_torchrun_environment_gives_the_layout():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"}
+    lay = layout_from_env(par(launcher="torchrun"), env)
+    assert (lay.rank, lay.world_size, lay.ep, lay.master_addr, lay.master_port) == (1, 2, 2, "10.0.0.1", 1234)
+    assert layout_from_env(par(), {}) is None
+
+
+def test_torchrun_environment_must_match_the_layout():
+    env = {"RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    with pytest.raises(UserError, match="WORLD_SIZE=4 but parallel.tp x parallel.ep = 2"):
+        layout_from_env(par(), env)
+    with pytest.raises(UserError, match="MASTER_ADDR, MASTER_PORT is not"):
+        layout_from_env(par(), {"RANK": "0", "WORLD_SIZE": "2"})
+
+
+def test_launch_under_torchrun_runs_this_rank_only():
+    seen = []
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    launch(lambda lay, tag: seen.append((lay.rank, tag)), par(launcher="torchrun"), "x", env=env)
+    assert seen == [(1, "x")]
+    with pytest.raises(UserError, match="RANK/WORLD_SIZE are not set"):
+        launch(lambda lay: None, par(launcher="torchrun"), env={})
+    with pytest.raises(UserError, match="launcher must be local|torchrun"):
+        launch(lambda lay: None, par(launcher="mpirun"), env={})
+
+
+def test_single_rank_runs_in_process():
+    seen = []
+    launch(lambda lay: seen.append(lay.world_size), par(ep=1), env={})
+    assert seen == [1] and 1024 < free_port() < 65536
