@@ -105,6 +105,13 @@ def _later_specs() -> list[KernelSpec]:
         KernelSpec("kv_write_fp8", "kv.write", "inferhal.kernels.kv_write:kv_write_kernel", "kv_write",
                    {"v_ptr": "*bf16", "c_ptr": "*fp8e4nv", "sc_ptr": "*fp32", "slot_ptr": "*i64"}, (),
                    lambda cfg: {"FP8": True, "DTYPE": _tl().float32, "BLOCK_S": 512, "INTERP": False}),
+        # V4 decode: 64 query heads on one shared 512-dim latent KV head, sinks, 128-token window
+        KernelSpec("attn_paged_latent_decode", "attn.paged", "inferhal.kernels.attn_paged:attn_paged_kernel",
+                   "attn_paged",
+                   {"q_ptr": "*bf16", "kv_ptr": "*bf16", "o_ptr": "*bf16", "sink_ptr": "*fp32", "bt_ptr": "*i32",
+                    "seq_ptr": "*i64", "pos_ptr": "*i64", "len_ptr": "*i32"}, ("scale", "softcap"),
+                   lambda cfg: {"SHARED_KV": True, "HAS_SINKS": True, "SOFTCAP": False, "DTYPE": bf16(), "PREC": "tf32",
+                                "BLOCK_D": 512, "INTERP": False, **_blocks(cfg)}, mma=True),
     ]
 
 

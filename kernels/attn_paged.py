@@ -1,0 +1,122 @@
+"""Paged attention over the KV pool: ``attn.paged`` (decode and chunked prefill), with MQA/GQA, the
+shared latent KV of DeepSeek-V4 (K = V), learned sinks in the softmax denominator, a sliding window
+and an optional tanh soft cap.
+
+One program per (query token, KV head): the query heads sharing that KV head form the M side of
+``tl.dot`` (64 heads on one latent KV head in V4: one 64-row tile), the keys are walked in blocks of
+``BLOCK_N`` through the block table with an online softmax in fp32. The key range of a token is
+``[max(0, pos - window + 1), pos]``, clipped to the sequence's context; nothing depends on the other
+sequences of the batch (batch-invariant). P is cast to the KV dtype before the P·V dot (the tensor
+cores take bf16), where the oracle keeps fp32: see the test's tolerance.
+Oracle: ``backends/reference/attention.py:attn_paged``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from inferhal.core.ops.params import AttnBatch, AttnParams
+from inferhal.kernels.common import dot_operand, interp, round_to, tl_dtype
+from inferhal.kernels.runtime import next_pow2
+from inferhal.kernels.tuning import config
+
+
+@triton.jit
+def attn_paged_kernel(q_ptr, kv_ptr, o_ptr, sink_ptr, bt_ptr, seq_ptr, pos_ptr, len_ptr,
+                      REP, D, BS, stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_cs, stride_ckv,
+                      stride_ch, stride_bt, scale, softcap, window,
+                      SHARED_KV: tl.constexpr, HAS_SINKS: tl.constexpr, SOFTCAP: tl.constexpr,
+                      DTYPE: tl.constexpr, PREC: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_D: tl.constexpr, INTERP: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    hk = tl.program_id(1).to(tl.int64)
+    b = tl.load(seq_ptr + t).to(tl.int64)
+    qpos = tl.load(pos_ptr + t).to(tl.int32)
+    ctx = tl.load(len_ptr + b).to(tl.int32)
+    last = tl.minimum(qpos + 1, ctx)  # exclusive
+    first = 0
+    if window > 0:
+        first = tl.maximum(qpos - window + 1, 0)
+    hi = tl.arange(0, BLOCK_H)
+    hm = hi < REP
+    heads = hk * REP + hi
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    q = tl.load(q_ptr + t * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=hm[:, None] & dm[None, :], other=0.0)
+    q = dot_operand(q, INTERP)
+    m_i = tl.full((BLOCK_H,), -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+    for n0 in range((first // BLOCK_N) * BLOCK_N, last, BLOCK_N):
+        kpos = n0 + tl.arange(0, BLOCK_N)
+        kv_ok = (kpos >= first) & (kpos < last)
+        blk = tl.load(bt_ptr + b * stride_bt + kpos // BS, mask=kv_ok, other=0).to(tl.int64)
+        base = kv_ptr + blk[:, None] * stride_cb + (kpos % BS)[:, None] * stride_cs + hk * stride_ch + d[None, :]
+        k = tl.load(base, mask=kv_ok[:, None] & dm[None, :], other=0.0)
+        s = tl.dot(q, dot_operand(tl.trans(k), INTERP), input_precision=PREC) * scale  # [BLOCK_H, BLOCK_N]
+        if SOFTCAP:
+            e2 = tl.exp(2.0 * s / softcap)
+            s = softcap * (1.0 - 2.0 / (e2 + 1.0))  # softcap * tanh(s / softcap)
+        s = tl.where(kv_ok[None, :], s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if SHARED_KV:
+            v = k
+        else:
+            v = tl.load(base + stride_ckv, mask=kv_ok[:, None] & dm[None, :], other=0.0)
+        pv = dot_operand(p.to(v.dtype), INTERP)
+        acc = acc * alpha[:, None] + tl.dot(pv, dot_operand(v, INTERP), input_precision=PREC)
+        m_i = m_new
+    if HAS_SINKS:
+        sink = tl.load(sink_ptr + heads, mask=hm, other=0.0).to(tl.float32)
+        m_f = tl.maximum(m_i, sink)
+        corr = tl.exp(m_i - m_f)
+        l_i = l_i * corr + tl.exp(sink - m_f)
+        acc = acc * corr[:, None]
+    out = acc / tl.maximum(l_i, 1e-30)[:, None]
+    tl.store(o_ptr + t * stride_ot + heads[:, None] * stride_oh + d[None, :], round_to(out, DTYPE, INTERP),
+             mask=hm[:, None] & dm[None, :])
+
+
+def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: AttnParams,
+               sinks: torch.Tensor | None = None, *, target: str | None = None) -> torch.Tensor:
+    """``attn.paged``: q[T, H, D] over kv_cache [NB, BS, 2, Hk, D] (or [NB, BS, Hk, D] with shared_kv)."""
+    t, h, d = q.shape
+    hk = p.num_kv_heads
+    if h % hk:
+        raise ValueError(f"attn.paged: {h} query heads are not a multiple of num_kv_heads={hk}")
+    want = 4 if p.shared_kv else 5
+    if kv_cache.dim() != want or kv_cache.shape[-2] != hk or kv_cache.shape[-1] != d:
+        raise ValueError(f"attn.paged: kv_cache must be [NB, BS, {'' if p.shared_kv else '2, '}{hk}, {d}], "
+                         f"got {tuple(kv_cache.shape)}")
+    if kv_cache.stride(-1) != 1:
+        raise ValueError("attn.paged: kv_cache entries must be contiguous along D")
+    out = torch.zeros((t, h, d), dtype=q.dtype, device=q.device)
+    if t == 0:
+        return out
+    qsl = batch.query_start_loc.long()
+    counts = qsl[1:] - qsl[:-1]
+    seq_of_token = torch.repeat_interleave(torch.arange(batch.num_seqs, device=q.device), counts)
+    if seq_of_token.numel() != t:
+        raise ValueError(f"attn.paged: query_start_loc covers {seq_of_token.numel()} tokens, q has {t}")
+    cfg = config("attn_paged", target)
+    rep = h // hk
+    bh = max(16, min(cfg["BLOCK_H"], next_pow2(rep))) if rep <= cfg["BLOCK_H"] else None
+    if bh is None:
+        raise ValueError(f"attn.paged: {rep} query heads per KV head exceed BLOCK_H={cfg['BLOCK_H']} of this target")
+    bt = batch.block_table.contiguous()
+    stride_ckv = 0 if p.shared_kv else kv_cache.stride(2)
+    stride_ch = kv_cache.stride(-2)
+    attn_paged_kernel[(t, hk)](
+        q, kv_cache, out, sinks.float().contiguous() if sinks is not None else q, bt, seq_of_token.contiguous(),
+        batch.positions.contiguous(), batch.seq_lens.contiguous(), rep, d, kv_cache.shape[1], q.stride(0), q.stride(1),
+        out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1), stride_ckv, stride_ch, bt.stride(0),
+        float(p.scale), float(p.softcap), int(p.window),
+        SHARED_KV=p.shared_kv, HAS_SINKS=sinks is not None, SOFTCAP=p.softcap > 0, DTYPE=tl_dtype(q.dtype),
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_H=bh, BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_D=max(16, next_pow2(d)), INTERP=interp(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return out
