@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from inferhal.backends.reference.quant import dequantize
-from inferhal.core.ops.params import KVWriteParams, RmsNormParams, RopeParams, SampleBatch
+from inferhal.core.ops.params import ActParams, KVWriteParams, RmsNormParams, RopeParams, SampleBatch
 from inferhal.core.ops.quant import QuantWeight
 
 
@@ -52,6 +52,11 @@ def rope_apply(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, 
 def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     wd = dequantize(w, x.dtype) if isinstance(w, QuantWeight) else w.to(x.dtype)
     return F.linear(x, wd, None if bias is None else bias.to(x.dtype))
+
+
+def act_gated(gate: torch.Tensor, up: torch.Tensor, p: ActParams) -> torch.Tensor:
+    a = F.gelu(gate, approximate="tanh") if p.kind == "gelu_tanh" else F.silu(gate)
+    return a * up
 
 
 def embed(ids: torch.Tensor, table: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
@@ -139,6 +144,7 @@ def _ops() -> dict:
         "rope.apply": rope_apply,
         "linear": linear,
         "embed": embed,
+        "act.gated": act_gated,
         "topk.select": topk_select,
         "kv.write": kv_write,
         "sample": sample,

@@ -98,6 +98,14 @@ class ExpertsParams:
 
 
 @dataclass(frozen=True)
+class ActParams:
+    kind: str = "silu"  # silu | gelu_tanh
+
+    def __post_init__(self) -> None:
+        _require(self.kind in ("silu", "gelu_tanh"), f"ActParams.kind must be silu|gelu_tanh, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
 class KVWriteParams:
     quant: str = "none"  # none | fp8
 

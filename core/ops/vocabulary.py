@@ -154,6 +154,12 @@ OPS: dict[str, OpSpec] = {
             """Speculative rejection sampling (exact for temperature > 0, prefix match when greedy).""",
         ),
         _spec(
+            "act.gated",
+            "(gate[T,I], up[T,I], p: ActParams) -> y[T,I]",
+            """Gated activation of a dense MLP: y = act(gate) * up in the input dtype, act = p.kind
+            ('silu', or 'gelu_tanh': the tanh approximation of GELU that Gemma uses).""",
+        ),
+        _spec(
             "embed",
             "(ids[T] int64, table[V,D], scale: float) -> x[T,D]",
             """Embedding lookup times scale (Gemma multiplies by sqrt(D) in the table dtype).""",
