@@ -90,6 +90,7 @@ def test_prompt_logits_match_transformers(case, v4):
     assert err < TOL
 
 
+@pytest.mark.slow  # transformers' generate (eager, no static cache) dominates
 def test_incremental_decode_matches_full_recompute_and_greedy(case, v4):
     name, hf, model, ids, _ = case
     hf.generation_config.eos_token_id = None
@@ -129,6 +130,7 @@ def test_chunked_prefill_and_mixed_batch_match(case, v4):
     assert (res[-1] - ref1).abs().max().item() < TOL  # its final prompt token came in the last mixed step
 
 
+@pytest.mark.slow
 def test_llm_greedy_matches_transformers_generate(case):
     """Acceptance: LLM(model=<save_pretrained dir>, backend="reference", dtype="float32") greedy == generate."""
     from inferhal.core.engine.llm import LLM
