@@ -105,9 +105,7 @@ def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: Att
         raise ValueError(f"attn.paged: query_start_loc covers {seq_of_token.numel()} tokens, q has {t}")
     cfg = config("attn_paged", target)
     rep = h // hk
-    bh = max(16, min(cfg["BLOCK_H"], next_pow2(rep))) if rep <= cfg["BLOCK_H"] else None
-    if bh is None:
-        raise ValueError(f"attn.paged: {rep} query heads per KV head exceed BLOCK_H={cfg['BLOCK_H']} of this target")
+    bh = max(16, next_pow2(rep))  # all query heads of one KV head in one tile (tl.dot needs M >= 16)
     bt = batch.block_table.contiguous()
     stride_ckv = 0 if p.shared_kv else kv_cache.stride(2)
     stride_ch = kv_cache.stride(-2)

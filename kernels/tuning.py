@@ -31,6 +31,7 @@ _DEFAULT: dict[str, dict[str, Any]] = {
     "mhc_post": {"BLOCK_D": 256, "num_warps": 4},
     "kv_write": {"num_warps": 4},
     "sample": {"BLOCK_V": 1024, "BISECT_ITERS": 40, "num_warps": 4},
+    # BLOCK_H is documentation of the intended M tile: the kernel takes all query heads of one KV head
     "attn_paged": {"BLOCK_N": 32, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2},
     "topk_select": {"num_warps": 4},
 }
