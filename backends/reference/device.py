@@ -32,16 +32,18 @@ def available_memory_bytes() -> int:
     return cpu_memory_bytes() // 2
 
 
-def profile(torch_device: str = "cpu") -> DeviceProfile:
+def profile(torch_device: str = "cpu", batch_invariant: bool = False) -> DeviceProfile:
+    """``batch_invariant`` (``backend.batch_invariant=true``): every matrix product over fixed
+    row tiles (matmul.py), so a row's result never depends on its batch; slower, hence opt-in."""
     return DeviceProfile(
         backend="reference",
         device_name=f"PyTorch {torch.__version__} on {torch_device}",
         torch_device=torch_device,
         exec_level=ExecLevel.DEVICE,
         dtypes=DTYPES,
-        # the reference is the oracle: batch-invariant and deterministic by construction (one row at a time)
-        features=frozenset({"batch_invariant", "deterministic", "paged_attention", "paged_sparse_attention",
-                            "fp8_block_linear", "fp4_grouped_gemm"}),
+        # deterministic always (no atomics, fixed orders); batch-invariant only in that mode
+        features=frozenset({"deterministic", "paged_attention", "paged_sparse_attention", "fp8_block_linear",
+                            "fp4_grouped_gemm"} | ({"batch_invariant"} if batch_invariant else set())),
         memory_bytes=cpu_memory_bytes(),
         compute_units=os.cpu_count() or 1,
         sources={"memory_bytes": "os.sysconf", "peak_bandwidth": "not declared: the reference has no roofline"},

@@ -17,12 +17,13 @@ def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
     return comb
 
 
-def mhc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, p: MhcParams):
+def mhc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, p: MhcParams,
+            *, mm=F.linear):
     # streams: [T, N, D]; fn: [(2+N)N, N*D] -> x [T, D], post [T, N], comb [T, N, N]
     t, n, _ = streams.shape
     flat = streams.reshape(t, -1).float()
     flat = flat * torch.rsqrt(flat.pow(2).mean(dim=-1, keepdim=True) + p.norm_eps)
-    mixed = F.linear(flat, fn.float())
+    mixed = mm(flat, fn.float())
     pre_w, post_w, comb_w = mixed.split([n, n, n * n], dim=-1)
     pre_b, post_b, comb_b = base.float().split([n, n, n * n])
     s = scale.float()
@@ -40,12 +41,13 @@ def mhc_post(y: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: t
     return (post.unsqueeze(-1).float() * y.float().unsqueeze(1) + mixed).to(streams.dtype)
 
 
-def mhc_head(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, p: MhcParams):
+def mhc_head(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, p: MhcParams,
+             *, mm=F.linear):
     # streams: [T, N, D]; fn: [N, N*D]; base: [N]; scale: [1] -> x [T, D]
     t = streams.shape[0]
     flat = streams.reshape(t, -1).float()
     flat = flat * torch.rsqrt(flat.pow(2).mean(dim=-1, keepdim=True) + p.norm_eps)
-    pre = torch.sigmoid(F.linear(flat, fn.float()) * scale.float()[0] + base.float()) + p.eps
+    pre = torch.sigmoid(mm(flat, fn.float()) * scale.float()[0] + base.float()) + p.eps
     return (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)
 
 

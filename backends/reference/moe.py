@@ -42,7 +42,7 @@ def _expert(w: torch.Tensor | QuantWeight, e: int, dtype: torch.dtype) -> torch.
 
 
 def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gate_up, w_down,
-                p: ExpertsParams) -> torch.Tensor:
+                p: ExpertsParams, *, mm=F.linear) -> torch.Tensor:
     # x: [T, D]; w_gate_up: [E, 2I, D]; w_down: [E, D, I]
     num_experts = w_gate_up.shape[0]
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
@@ -50,13 +50,13 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gat
         if not 0 <= e < num_experts:
             continue
         tok, slot = torch.where(ids == e)
-        gu = F.linear(x[tok], _expert(w_gate_up, e, x.dtype)).float()
+        gu = mm(x[tok], _expert(w_gate_up, e, x.dtype)).float()
         gate, up = gu.chunk(2, dim=-1)
         if p.swiglu_limit > 0:
             gate = gate.clamp(max=p.swiglu_limit)
             up = up.clamp(min=-p.swiglu_limit, max=p.swiglu_limit)
         h = (F.silu(gate) * up).to(x.dtype)
-        y = F.linear(h, _expert(w_down, e, x.dtype)).float()
+        y = mm(h, _expert(w_down, e, x.dtype)).float()
         out.index_add_(0, tok, y * weights[tok, slot, None].float())
     return out.to(x.dtype)
 

@@ -49,9 +49,10 @@ def rope_apply(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, 
     return torch.cat((x[..., :-r], out), dim=-1)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight, bias: torch.Tensor | None = None, *,
+           mm=F.linear) -> torch.Tensor:
     wd = dequantize(w, x.dtype) if isinstance(w, QuantWeight) else w.to(x.dtype)
-    return F.linear(x, wd, None if bias is None else bias.to(x.dtype))
+    return mm(x, wd, None if bias is None else bias.to(x.dtype))
 
 
 def act_gated(gate: torch.Tensor, up: torch.Tensor, p: ActParams) -> torch.Tensor:
@@ -155,3 +156,17 @@ def _ops() -> dict:
 
 
 OPS = _ops()
+
+#: ops whose matrix products take ``mm=`` (see matmul.py); batch-invariant mode binds the tiled product
+MATMUL_OPS = ("linear", "moe.experts", "mhc.pre", "mhc.head")
+
+
+def ops_for(batch_invariant: bool) -> dict:
+    """The op table, with every matrix product over fixed row tiles when ``batch_invariant``."""
+    if not batch_invariant:
+        return dict(OPS)
+    import functools
+
+    from inferhal.backends.reference.matmul import tiled_linear
+
+    return {op: functools.partial(fn, mm=tiled_linear) if op in MATMUL_OPS else fn for op, fn in OPS.items()}

@@ -20,7 +20,8 @@ def inferhal_probe():
 def inferhal_device_profile(config):
     from inferhal.backends.reference import device
 
-    return device.profile(str(config.options.get("torch_device", "cpu")))
+    return device.profile(str(config.options.get("torch_device", "cpu")),
+                          batch_invariant=config.batch_invariant)
 
 
 @hookimpl
@@ -38,10 +39,10 @@ def inferhal_declared_ops():
 
 
 @hookimpl
-def inferhal_provide_ops():
-    from inferhal.backends.reference.ops import OPS
+def inferhal_provide_ops(profile):
+    from inferhal.backends.reference.ops import ops_for
 
-    return dict(OPS)
+    return ops_for(profile.supports("batch_invariant"))
 
 
 @hookimpl

@@ -19,6 +19,7 @@ class BackendConfig:
     strict: bool = False  # refuse reference fallbacks for ops this backend lacks
     interpret: bool = False  # kernel backends: run their kernels in an interpreter on the host (not a device result)
     device_index: int = 0
+    batch_invariant: bool = False  # ask for batch-invariant ops (a row's result never depends on its batch)
     options: Dict[str, Any] = field(default_factory=dict)  # backend-specific extras
 
 

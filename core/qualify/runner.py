@@ -119,6 +119,7 @@ def run_case(case, active, reference, level: ExecLevel, opts: QualifyOptions, ba
 def fingerprint(active, opts: QualifyOptions) -> dict:
     cfg = active.config
     return {"backend": active.name, "interpret": bool(cfg.interpret), "strict": bool(cfg.strict),
+            "batch_invariant": bool(cfg.batch_invariant), "features": sorted(active.profile.features),
             "level": opts.level, "seed": opts.seed, "reruns": opts.reruns, "ops": list(opts.ops),
             "provenance": active.ops.provenance(), **opts.extra_fingerprint}
 
