@@ -1,0 +1,78 @@
+"""Chat input → prompt text for Gemma.
+
+A GGUF that carries ``tokenizer.chat_template`` (a Jinja template, as Hugging Face writes them) is
+rendered with it. The Gemma 3 270M GGUF is the base model and carries none, so messages are laid out
+in Gemma's turn format, the one its instruction-tuned siblings are trained on::
+
+    <start_of_turn>user\\n{system}\\n\\n{user text}<end_of_turn>\\n
+    <start_of_turn>model\\n{assistant text}<end_of_turn>\\n
+    ...
+    <start_of_turn>model\\n            <- the generation prompt
+
+Roles: ``system`` (folded into the first user turn, as Gemma has no system role), ``user``,
+``assistant`` (written as ``model``; ``model`` is accepted too). ``<bos>`` is not part of the text:
+the tokenizer adds it.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from inferhal.core.errors import UserError
+
+ROLES = ("system", "user", "assistant", "model")
+
+
+def _check(messages: Sequence[Mapping[str, str]]) -> list[tuple[str, str]]:
+    if not messages:
+        raise UserError("messages is empty: give at least one {role: user, content: ...}")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+            raise UserError(f"messages[{i}] must be a mapping with 'role' and 'content', got {m!r}")
+        role, content = str(m["role"]), m["content"]
+        if role not in ROLES:
+            raise UserError(f"messages[{i}].role is {role!r}; expected one of {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise UserError(f"messages[{i}].content must be a string, got {type(content).__name__}")
+        out.append(("model" if role == "assistant" else role, content))
+    return out
+
+
+def render_turns(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+    msgs = _check(messages)
+    system = ""
+    if msgs[0][0] == "system":
+        system = msgs[0][1].strip() + "\n\n"
+        msgs = msgs[1:]
+    parts = []
+    for i, (role, content) in enumerate(msgs):
+        if role == "system":
+            raise UserError(f"messages: a system message may only come first (found one at turn {i + 1})")
+        text = (system + content.strip()) if i == 0 and role == "user" else content.strip()
+        parts.append(f"<start_of_turn>{role}\n{text}<end_of_turn>\n")
+    if system and not msgs:
+        parts.append(f"<start_of_turn>user\n{system.strip()}<end_of_turn>\n")
+    if add_generation_prompt:
+        parts.append("<start_of_turn>model\n")
+    return "".join(parts)
+
+
+def render(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
+           template: str | None = None) -> str:
+    """The prompt text for ``messages``, from the file's Jinja ``template`` when it has one."""
+    if not template:
+        return render_turns(messages, add_generation_prompt)
+    try:
+        import jinja2
+    except ImportError:  # pragma: no cover - jinja2 comes with transformers and hydra's deps
+        raise UserError("this model's chat template needs the jinja2 package") from None
+    _check(messages)
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+
+    def _raise(msg: str):
+        raise UserError(f"chat template: {msg}")
+
+    env.globals["raise_exception"] = _raise
+    return env.from_string(template).render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                                            bos_token="")

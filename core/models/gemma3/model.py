@@ -1,0 +1,147 @@
+"""Gemma 3 (text) against the op vocabulary: every tensor op goes through the active backend's OpTable.
+
+Per layer (``x`` is the residual stream)::
+
+    h = rms(x) (1+w)              -> q, k, v = linear(h)   q: [T, H, D], k, v: [T, Hk, D]
+    q, k = rms(q) (1+w), rms(k) (1+w)   (QK-norm, per head)
+    q, k = rope(q), rope(k)       base 10k on sliding layers, 1e6 (times any linear scaling) on global ones
+    kv.write (k, v) -> attn.paged (window 512 on sliding layers; scale query_pre_attn_scalar**-0.5; GQA)
+    x += rms(linear(o)) (1+w)
+    x += rms(linear(gelu_tanh(linear_gate(h')) * linear_up(h'))) (1+w),  h' = rms(x) (1+w)
+
+The embedding is scaled by sqrt(hidden) in the table dtype and tied to the LM head. KV lives in two
+paged groups: ``sliding`` (window blocks are released as they fall out) and ``full``.
+
+Norm weights are stored as GGUF/llama.cpp write them minus one, so ``norm.rms`` with
+``unit_offset=True`` computes ``1 + (w - 1)`` exactly as transformers does after its load-time ``- 1``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+
+from inferhal.core.models.base import ForwardBatch, KVCache
+from inferhal.core.models.gemma3.config import FULL, SLIDING, Gemma3Config
+from inferhal.core.ops.params import ActParams, AttnParams, KVWriteParams, RmsNormParams, RopeParams
+from inferhal.core.paging.spec import KVGroupSpec
+
+GROUP_OF = {SLIDING: "sliding", FULL: "full"}
+
+
+def kv_groups_for(cfg: Gemma3Config, dtype: torch.dtype) -> list[KVGroupSpec]:
+    slot = (2, cfg.num_kv_heads, cfg.head_dim)
+    out = []
+    if cfg.layers_of(SLIDING):
+        out.append(KVGroupSpec("sliding", "sliding", cfg.layers_of(SLIDING), slot, dtype, window=cfg.sliding_window))
+    if cfg.layers_of(FULL):
+        out.append(KVGroupSpec("full", "full", cfg.layers_of(FULL), slot, dtype))
+    return out
+
+
+def rope_table(base: float, dim: int, max_pos: int, scaling: float = 1.0) -> torch.Tensor:
+    """``[P, D] = [cos(D/2) | sin(D/2)]`` in fp32, with transformers' rounding order (inverse frequencies
+    ``1 / base**(2i/D)`` in fp32, position times frequency in fp32)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    if scaling != 1.0:
+        inv_freq = inv_freq / scaling
+    freqs = torch.arange(max_pos, dtype=torch.float)[:, None] * inv_freq[None, :]  # [P, D/2]
+    return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor  # [hidden] (w - 1)
+    q: torch.Tensor  # [H*D, hidden]
+    k: torch.Tensor  # [Hk*D, hidden]
+    v: torch.Tensor  # [Hk*D, hidden]
+    q_norm: torch.Tensor  # [D]
+    k_norm: torch.Tensor  # [D]
+    o: torch.Tensor  # [hidden, H*D]
+    post_attn_norm: torch.Tensor
+    ffn_norm: torch.Tensor
+    gate: torch.Tensor  # [I, hidden]
+    up: torch.Tensor  # [I, hidden]
+    down: torch.Tensor  # [hidden, I]
+    post_ffn_norm: torch.Tensor
+
+
+class Gemma3ForCausalLM:
+    """A :class:`~inferhal.core.models.base.CausalLM`."""
+
+    def __init__(self, cfg: Gemma3Config, ops, embed: torch.Tensor, layers: Sequence[LayerWeights],
+                 final_norm: torch.Tensor, max_model_len: int) -> None:
+        if len(layers) != cfg.num_layers:
+            raise ValueError(f"Gemma 3: {len(layers)} layer weights for {cfg.num_layers} layers")
+        self.cfg = cfg
+        self.ops = ops
+        self.embed_table = embed  # [V, hidden], also the LM head
+        self.layers = list(layers)
+        self.final_norm = final_norm
+        self.vocab_size = cfg.vocab_size
+        self.max_model_len = max_model_len
+        self.dtype = embed.dtype
+        self.embed_scale = math.sqrt(cfg.hidden_size)
+        self._norm = RmsNormParams(eps=cfg.rms_norm_eps, unit_offset=True)
+        self._act = ActParams(cfg.activation)
+        self._rope_p = RopeParams(rotary_dim=cfg.head_dim, style="neox")
+        self._kvw = KVWriteParams()
+        n = max(max_model_len, 1)
+        self._rope = {
+            SLIDING: rope_table(cfg.rope_local_base, cfg.head_dim, n).to(embed.device),
+            FULL: rope_table(cfg.rope_global_base, cfg.head_dim, n, cfg.rope_global_scaling).to(embed.device),
+        }
+        self._attn = {
+            SLIDING: AttnParams(scale=cfg.attn_scale, num_kv_heads=cfg.num_kv_heads, window=cfg.sliding_window,
+                                softcap=cfg.attn_softcap),
+            FULL: AttnParams(scale=cfg.attn_scale, num_kv_heads=cfg.num_kv_heads, softcap=cfg.attn_softcap),
+        }
+
+    def kv_groups(self) -> Sequence[KVGroupSpec]:
+        return kv_groups_for(self.cfg, self.dtype)
+
+    # -- forward -----------------------------------------------------------------------------------
+    def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        ops, cfg = self.ops, self.cfg
+        h_, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        positions = batch.positions
+        if positions.numel() and int(positions.max()) >= self.max_model_len:
+            raise ValueError(f"position {int(positions.max())} is past max_model_len {self.max_model_len}")
+        x = ops["embed"](batch.input_ids, self.embed_table, self.embed_scale)  # [T, hidden]
+        t = x.shape[0]
+        for i, w in enumerate(self.layers):
+            kind = cfg.layer_types[i]
+            group = GROUP_OF[kind]
+            h = ops["norm.rms"](x, w.attn_norm, self._norm)
+            q = ops["norm.rms"](ops["linear"](h, w.q).view(t * h_, d), w.q_norm, self._norm).view(t, h_, d)
+            k = ops["norm.rms"](ops["linear"](h, w.k).view(t * hk, d), w.k_norm, self._norm).view(t, hk, d)
+            v = ops["linear"](h, w.v).view(t, hk, d)
+            q = ops["rope.apply"](q, positions, self._rope[kind], self._rope_p)
+            k = ops["rope.apply"](k, positions, self._rope[kind], self._rope_p)
+            cache = kv.layer_cache(group, i)
+            ab = batch.attn[group]
+            ops["kv.write"](torch.stack((k, v), dim=1), cache, ab.slot_mapping, self._kvw)  # [T, 2, Hk, D]
+            o = ops["attn.paged"](q, cache, ab, self._attn[kind])  # [T, H, D]
+            o = ops["linear"](o.reshape(t, h_ * d), w.o)
+            x = x + ops["norm.rms"](o, w.post_attn_norm, self._norm)
+            h = ops["norm.rms"](x, w.ffn_norm, self._norm)
+            a = ops["act.gated"](ops["linear"](h, w.gate), ops["linear"](h, w.up), self._act)
+            x = x + ops["norm.rms"](ops["linear"](a, w.down), w.post_ffn_norm, self._norm)
+        x = ops["norm.rms"](x[batch.logits_indices.long()], self.final_norm, self._norm)  # [B', hidden]
+        logits = ops["linear"](x, self.embed_table).float()  # [B', V]
+        if cfg.final_softcap > 0:
+            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+        return logits
+
+
+def weight_names(cfg: Gemma3Config) -> Mapping[str, str]:
+    """GGUF tensor name (``blk.{i}.`` prefix) → :class:`LayerWeights` field."""
+    return {
+        "attn_norm": "attn_norm", "attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_q_norm": "q_norm",
+        "attn_k_norm": "k_norm", "attn_output": "o", "post_attention_norm": "post_attn_norm",
+        "ffn_norm": "ffn_norm", "ffn_gate": "gate", "ffn_up": "up", "ffn_down": "down",
+        "post_ffw_norm": "post_ffn_norm",
+    }

@@ -1,0 +1,61 @@
+"""Drive a CausalLM without the engine: a contiguous block allocator, TorchKVStorage and
+build_attn_batches, prefill then greedy decode of a batch of prompts."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from inferhal.backends.reference.device import TorchKVStorage
+from inferhal.core.backend import KVGroupLayout, KVStorageRequest
+from inferhal.core.models.base import ForwardBatch
+from inferhal.core.paging.batch import SeqSlice, build_attn_batches
+
+
+class ContiguousKV:
+    """Each sequence gets ``blocks_per_seq`` consecutive blocks in every group (nothing is released)."""
+
+    def __init__(self, model, num_seqs: int, max_len: int, block_size: int = 16) -> None:
+        self.specs = list(model.kv_groups())
+        self.block_size = block_size
+        self.per_seq = -(-max_len // block_size)
+        n = self.per_seq * num_seqs * len(self.specs)  # every group owns its own block ids
+        layouts = tuple(KVGroupLayout(s.name, s.layers, s.slots_per_block(block_size), s.slot_shape, s.dtype)
+                        for s in self.specs)
+        self.storage = TorchKVStorage(KVStorageRequest(num_blocks=n, block_size=block_size, groups=layouts))
+        self.num_seqs = num_seqs
+
+    def blocks(self, seq: int) -> dict[str, list[int]]:
+        out = {}
+        for g, s in enumerate(self.specs):
+            start = (g * self.num_seqs + seq) * self.per_seq
+            out[s.name] = list(range(start, start + self.per_seq))
+        return out
+
+
+def step(model, kv: ContiguousKV, ids_per_seq: Sequence[Sequence[int]], computed: Sequence[int]) -> torch.Tensor:
+    """One forward over ``ids_per_seq[i]`` new tokens after ``computed[i]`` cached ones → logits [B, V]
+    of each sequence's last token."""
+    seqs = [SeqSlice(c, len(ids), kv.blocks(i)) for i, (ids, c) in enumerate(zip(ids_per_seq, computed))]
+    positions, qsl, attn = build_attn_batches(kv.specs, kv.block_size, seqs)
+    flat = [t for ids in ids_per_seq for t in ids]
+    rows = (qsl[1:] - 1).long()
+    batch = ForwardBatch(torch.tensor(flat, dtype=torch.long), positions, qsl, attn, rows)
+    return model.forward(batch, kv.storage)
+
+
+def greedy(model, prompts: Sequence[Sequence[int]], max_new: int, block_size: int = 16):
+    """→ (tokens [B][max_new], first-step logits [B, V], every step's logits list)."""
+    kv = ContiguousKV(model, len(prompts), max(len(p) for p in prompts) + max_new + 1, block_size)
+    logits = step(model, kv, prompts, [0] * len(prompts))
+    all_logits = [logits]
+    out = [[int(t)] for t in logits.argmax(-1)]
+    lens = [len(p) for p in prompts]
+    for _ in range(max_new - 1):
+        logits = step(model, kv, [[o[-1]] for o in out], lens)
+        all_logits.append(logits)
+        lens = [n + 1 for n in lens]
+        for o, t in zip(out, logits.argmax(-1).tolist()):
+            o.append(int(t))
+    return out, all_logits
