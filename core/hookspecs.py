@@ -192,11 +192,11 @@ def inferhal_backend_extra(name: str, profile: "DeviceProfile") -> Any:
     (:meth:`BackendRegistry.extra <inferhal.core.registry.BackendRegistry.extra>`); such extras must not
     touch a device. Extras with a meaning in core:
 
-    - ``"aot_targets"``: ``{target_name: compile(out_dir: str) -> list[dict]}``: ahead-of-time
-      compilers for ``inferhal kernels compile target=NAME``. Each row describes one kernel:
-      ``kernel``, ``compiled`` (bool), ``error``, ``registers``, ``shared_bytes``, ``mma`` (the
-      tensor-core instruction family found in the assembly, or ``""``), ``mma_required`` (bool) and
-      ``ok`` (compiled and, where required, the expected MMA instructions are present).
+    - ``"aot_compiler"``: an object with ``targets`` (names accepted by ``inferhal kernels compile
+      target=NAME``) and ``compile(target) -> list[dict]``, one row per kernel: ``kernel``, ``op``,
+      ``compiled`` (bool), ``error``, ``registers``, ``spill_stack_bytes``, ``shared_bytes``,
+      ``tmem_columns``, ``mma`` (the matrix-instruction family found in the assembly, as text) and
+      ``mma_ok`` (the kernel needs tensor-core instructions and has them, or does not need them).
 
     Return ``None``
     for an unknown name; :meth:`ActiveBackend.extra <inferhal.core.registry.ActiveBackend.extra>`

@@ -55,7 +55,7 @@ class ActiveBackend:
     ops: OpTable
     _registry: "BackendRegistry" = field(repr=False)
 
-    def call(self, hook: str, **kwargs: Any) -> Any:
+    def call(self, hook: str, /, **kwargs: Any) -> Any:
         return self._registry.call(self.name, hook, **kwargs)
 
     def kv_storage(self, request: Any) -> Any:
@@ -137,12 +137,12 @@ class BackendRegistry:
     def _implements(self, name: str, hook: str) -> bool:
         return any(impl.plugin_name == name for impl in getattr(self.pm.hook, hook).get_hookimpls())
 
-    def call(self, name: str, hook: str, **kwargs: Any) -> Any:
-        """Call ``hook`` on backend ``name`` only."""
-        others = [p for n, p in self.pm.list_name_plugin() if n != name]
+    def call(self, backend: str, hook: str, /, **kwargs: Any) -> Any:
+        """Call ``hook`` on backend ``backend`` only (positional, so a hook argument may be called ``name``)."""
+        others = [p for n, p in self.pm.list_name_plugin() if n != backend]
         return self.pm.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
 
-    def extra(self, name: str, extra: str) -> Any:
+    def extra(self, name: str, extra: str, /) -> Any:
         """A backend's named extra without selecting it (no device is touched): e.g. the ahead-of-time
         compiler, which works on a machine without the device. ``None`` when not provided."""
         if name not in self.records or not self.records[name].registered:

@@ -88,6 +88,9 @@ def compile_one(spec, arch: str) -> dict[str, Any]:
         mma_sync="mma.sync" in ptx, ptx_bytes=len(ptx), cubin_bytes=len(k.asm.get("cubin", b"")),
     )
     row["mma_ok"] = (not spec.mma) or (mma_instr in ptx)
+    # the one description core prints (core knows no instruction names)
+    row["mma"] = (("tcgen05 " + "/".join(row["tcgen05_kinds"])) if row["tcgen05"] else
+                  "wgmma" if row["wgmma"] else "mma.sync" if row["mma_sync"] else "-")
     return row
 
 

@@ -20,8 +20,8 @@ def sinkhorn(comb: torch.Tensor, iters: int, eps: float) -> torch.Tensor:
 def mhc_pre(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, p: MhcParams,
             *, mm=F.linear):
     # streams: [T, N, D]; fn: [(2+N)N, N*D] -> x [T, D], post [T, N], comb [T, N, N]
-    t, n, _ = streams.shape
-    flat = streams.reshape(t, -1).float()
+    t, n, d = streams.shape
+    flat = streams.reshape(t, n * d).float()
     flat = flat * torch.rsqrt(flat.pow(2).mean(dim=-1, keepdim=True) + p.norm_eps)
     mixed = mm(flat, fn.float())
     pre_w, post_w, comb_w = mixed.split([n, n, n * n], dim=-1)
@@ -44,8 +44,8 @@ def mhc_post(y: torch.Tensor, streams: torch.Tensor, post: torch.Tensor, comb: t
 def mhc_head(streams: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, p: MhcParams,
              *, mm=F.linear):
     # streams: [T, N, D]; fn: [N, N*D]; base: [N]; scale: [1] -> x [T, D]
-    t = streams.shape[0]
-    flat = streams.reshape(t, -1).float()
+    t, n, d = streams.shape
+    flat = streams.reshape(t, n * d).float()
     flat = flat * torch.rsqrt(flat.pow(2).mean(dim=-1, keepdim=True) + p.norm_eps)
     pre = torch.sigmoid(mm(flat, fn.float()) * scale.float()[0] + base.float()) + p.eps
     return (pre.unsqueeze(-1) * streams).sum(dim=1).to(streams.dtype)

@@ -23,9 +23,7 @@ def find_compiler(reg: BackendRegistry, target: str):
     for name in reg.names():
         if not reg.records[name].registered:
             continue
-        # not reg.call(...): its own first parameter is called ``name`` too, which the hook's argument clashes with
-        others = [p for n, p in reg.pm.list_name_plugin() if n != name]
-        comp = reg.pm.subset_hook_caller("inferhal_backend_extra", remove_plugins=others)(name="aot_compiler", profile=None)
+        comp = reg.extra(name, "aot_compiler")
         if comp is None:
             continue
         offered[name] = tuple(comp.targets)
@@ -59,8 +57,7 @@ def _print(rows, target, backend, out) -> None:
         t.add_column(col, overflow="fold")
     for r in rows:
         if r["compiled"]:
-            mma = ("tcgen05 " + "/".join(r["tcgen05_kinds"])) if r["tcgen05"] else ("wgmma" if r["wgmma"] else
-                                                                                  ("mma.sync" if r["mma_sync"] else "-"))
+            mma = r.get("mma", "-")
             ok = "[green]yes[/]" if r.get("mma_ok", True) else "[red]yes, but no tensor-core MMA[/]"
             t.add_row(r["kernel"], r["op"], ok, str(r["registers"]), str(r["spill_stack_bytes"]), str(r["shared_bytes"]),
                       str(r["tmem_columns"]), mma, "")

@@ -31,8 +31,8 @@ def qualify(registry, tmp_path):
     from inferhal.core.config.schema import BackendConfig
     from inferhal.core.qualify import runner
 
-    def go(name: str, **kw):
-        active = registry.select(BackendConfig(name=name))
+    def go(name: str, batch_invariant: bool = False, **kw):
+        active = registry.select(BackendConfig(name=name, batch_invariant=batch_invariant))
         ref = registry.select(BackendConfig(name="reference"))
         kw.setdefault("output_dir", str(tmp_path / name))
         kw.setdefault("progress", False)

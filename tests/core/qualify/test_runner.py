@@ -28,8 +28,8 @@ def test_broken_backend_fails_naming_op_shape_and_error(qualify, tmp_path):
     assert json.loads(paths["json"].read_text())["summary"]["failed_ops"] == s["failed_ops"]
 
 
-def test_reference_runs_real_determinism_and_batch_checks(qualify):
-    rep = qualify("reference", ops=("norm.rms", "kv.write", "sample"), reruns=2)
+def test_reference_runs_real_determinism_and_batch_checks(qualify, tmp_path):
+    rep = qualify("reference", batch_invariant=True, ops=("norm.rms", "kv.write", "sample"), reruns=2)
     rows = rep["rows"]
     assert len(rows) == sum(len(op_cases(op, "quick")) for op in ("norm.rms", "kv.write", "sample"))
     assert all(r["status"] == "pass" and r["level"] == "device" for r in rows), [r["message"] for r in rows]
@@ -38,6 +38,8 @@ def test_reference_runs_real_determinism_and_batch_checks(qualify):
     assert all(r["batch_invariance"]["status"] == "pass" for r in norm)
     assert all(r["perf"]["status"] == "not measured" and "declares no peak" in r["perf"]["message"] for r in rows)
     assert any("trivially exact" in n for n in rep["summary"]["notes"])
+    plain = qualify("reference", ops=("norm.rms",), reruns=1, output_dir=str(tmp_path / "plain"))
+    assert all(r["batch_invariance"]["status"] == "not claimed" for r in plain["rows"])
 
 
 def test_perf_measured_with_peaks_and_baseline_regression(qualify, tmp_path):
