@@ -45,33 +45,56 @@ def token_slots(spec: KVGroupSpec, block_size: int, blocks: Sequence[int], posit
 def build_attn_batches(
     specs: Sequence[KVGroupSpec], block_size: int, seqs: Sequence[SeqSlice], device: str | torch.device = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, AttnBatch]]:
-    """→ (positions[T], query_start_loc[B+1], {group: AttnBatch})."""
-    positions: list[int] = []
+    """→ (positions[T], query_start_loc[B+1], {group: AttnBatch}).
+
+    Vectorised over tokens: one padded block table per group, slots gathered from it; the result is
+    what :func:`token_slots` gives per sequence (an unallocated block still raises IndexError).
+    """
+    nc = [s.num_computed for s in seqs]
+    nn = [s.num_new for s in seqs]
     qsl = [0]
-    for s in seqs:
-        positions.extend(range(s.num_computed, s.num_computed + s.num_new))
-        qsl.append(qsl[-1] + s.num_new)
-    pos_t = torch.tensor(positions, dtype=torch.long, device=device)
+    for n in nn:
+        qsl.append(qsl[-1] + n)
+    total = qsl[-1]
+    nn_t = torch.tensor(nn, dtype=torch.long)
+    seq_of = torch.repeat_interleave(torch.arange(len(seqs)), nn_t)  # [T] sequence of each token
+    start_t = torch.tensor(qsl[:-1], dtype=torch.long)
+    pos = torch.tensor(nc, dtype=torch.long)[seq_of] + torch.arange(total) - start_t[seq_of]  # [T]
+    pos_t = pos.to(device)
     qsl_t = torch.tensor(qsl, dtype=torch.int32, device=device)
+    ends = [c + n for c, n in zip(nc, nn)]
     out: dict[str, AttnBatch] = {}
     for spec in specs:
         r = spec.tokens_per_slot
-        width = max((len(s.block_ids[spec.name]) for s in seqs), default=0)
-        table = torch.full((len(seqs), max(width, 1)), -1, dtype=torch.int32)
-        slots: list[int] = []
-        lens = []
-        for i, s in enumerate(seqs):
-            blocks = list(s.block_ids[spec.name])
-            if blocks:
-                table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
-            slots.extend(token_slots(spec, block_size, blocks, range(s.num_computed, s.num_computed + s.num_new)))
-            lens.append((s.num_computed + s.num_new) // r)
+        spb = spec.slots_per_block(block_size)
+        rows = [s.block_ids[spec.name] for s in seqs]
+        width = max(max((len(b) for b in rows), default=0), 1)
+        table = torch.tensor([list(b) + [-1] * (width - len(b)) for b in rows] or [[-1]], dtype=torch.int32)
+        if not rows:
+            table = table[:0]
+        if r > 1:
+            writes = (pos + 1) % r == 0  # the token that closes a compression window writes its entry
+            e = (pos + 1) // r - 1
+        else:
+            writes = torch.ones_like(pos, dtype=torch.bool)
+            e = pos
+        blk = e // spb
+        inside = blk < width
+        phys = torch.full_like(pos, -1)
+        ok = writes & inside
+        phys[ok] = table[seq_of[ok], blk[ok]].long()
+        bad = writes & (phys < 0)
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0])
+            raise IndexError(f"KV group {spec.name!r}: position {int(pos[i])} needs logical block {int(blk[i])}, "
+                             f"which is not allocated")
+        slots = torch.where(writes, phys * spb + e % spb, torch.full_like(pos, -1))
         out[spec.name] = AttnBatch(
             query_start_loc=qsl_t,
-            seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor([x // r for x in ends], dtype=torch.int32, device=device),
             positions=pos_t,
             block_table=table.to(device),
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+            slot_mapping=slots.to(device),
             tokens_per_slot=r,
         )
     return pos_t, qsl_t, out
