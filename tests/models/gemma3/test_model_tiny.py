@@ -1,0 +1,97 @@
+"""The Gemma 3 model against transformers' Gemma3ForCausalLM on tiny random configs (no checkpoint):
+sliding/global interleave with a window smaller than the prompt, GQA, QK-norm, (1+w) norms with random
+weights, scaled tied embeddings, per-layer-type RoPE (with linear scaling), final-logit soft-capping.
+
+Attention-logit soft-capping is not compared: transformers 5.24's Gemma 3 attention never passes
+``attn_logit_softcapping`` to its attention function (Gemma 3 checkpoints leave it unset); ours honours
+it through ``attn.paged``'s ``softcap``, which the reference op tests cover."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness import ContiguousKV, greedy, step
+from inferhal.core.config.schema import BackendConfig
+from inferhal.core.models.gemma3.config import Gemma3Config
+from inferhal.core.models.gemma3.model import Gemma3ForCausalLM, LayerWeights
+from inferhal.core.registry import BackendRegistry
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def ops():
+    return BackendRegistry.discover().select(BackendConfig(name="reference")).ops
+
+
+def _pair(ops, softcap: float, scaling: float, seed: int = 0):
+    from transformers import Gemma3ForCausalLM as HF
+    from transformers import Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": ({"rope_type": "linear", "factor": scaling, "rope_theta": 1_000_000.0} if scaling != 1.0
+                               else {"rope_type": "default", "rope_theta": 1_000_000.0})}
+    hc = Gemma3TextConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=7,
+                          num_attention_heads=4, num_key_value_heads=1, head_dim=32, sliding_window=6,
+                          max_position_embeddings=128, query_pre_attn_scalar=24, rope_parameters=rope,
+                          final_logit_softcapping=softcap or None,
+                          attn_implementation="eager")
+    hf = HF(hc).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if "norm" in name else 0.08))
+    sd = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    layers = []
+    for i in range(hc.num_hidden_layers):
+        g = lambda n: sd[f"model.layers.{i}.{n}.weight"]  # noqa: E731
+        layers.append(LayerWeights(
+            attn_norm=g("input_layernorm"), q=g("self_attn.q_proj"), k=g("self_attn.k_proj"), v=g("self_attn.v_proj"),
+            q_norm=g("self_attn.q_norm"), k_norm=g("self_attn.k_norm"), o=g("self_attn.o_proj"),
+            post_attn_norm=g("post_attention_layernorm"), ffn_norm=g("pre_feedforward_layernorm"),
+            gate=g("mlp.gate_proj"), up=g("mlp.up_proj"), down=g("mlp.down_proj"),
+            post_ffn_norm=g("post_feedforward_layernorm")))
+    cfg = Gemma3Config(vocab_size=300, hidden_size=64, num_layers=7, intermediate_size=96, num_heads=4, num_kv_heads=1,
+                       head_dim=32, sliding_window=6, query_pre_attn_scalar=24, rope_global_scaling=scaling,
+                       final_softcap=softcap, max_position_embeddings=128,
+                       layer_types=tuple(hc.layer_types))
+    ours = Gemma3ForCausalLM(cfg, ops, sd["model.embed_tokens.weight"], layers, sd["model.norm.weight"], 128)
+    return hf, ours
+
+
+@pytest.mark.parametrize("softcap,scaling", [(0.0, 1.0), (15.0, 1.0), (0.0, 4.0)])
+def test_prefill_and_decode_logits_match_transformers(ops, softcap, scaling):
+    hf, ours = _pair(ops, softcap, scaling)
+    assert ours.cfg.layer_types[5] == "full_attention" and ours.cfg.layer_types[6] == "sliding_attention"
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (17, 5, 11)]  # longer than the window 6
+    toks, logits = greedy(ours, prompts, max_new=6, block_size=4)
+    for b, p in enumerate(prompts):
+        seq = torch.tensor([p + toks[b]])
+        with torch.no_grad():
+            ref = hf(seq).logits[0].float()  # [L, V]: full recompute, no cache
+        for s in range(6):
+            want = ref[len(p) - 1 + s]
+            torch.testing.assert_close(logits[s][b], want, rtol=0, atol=2e-5)
+        assert toks[b] == ref[len(p) - 1 : len(p) + 5].argmax(-1).tolist()
+
+
+def test_chunked_prefill_equals_one_shot_prefill(ops):
+    _, ours = _pair(ops, 0.0, 1.0, seed=3)
+    prompt = torch.randint(0, 300, (20,), generator=torch.Generator().manual_seed(2)).tolist()
+    kv = ContiguousKV(ours, 1, 32, block_size=4)
+    one = step(ours, kv, [prompt], [0])
+    kv2 = ContiguousKV(ours, 1, 32, block_size=4)
+    step(ours, kv2, [prompt[:7]], [0])
+    step(ours, kv2, [prompt[7:13]], [7])
+    chunked = step(ours, kv2, [prompt[13:]], [13])
+    torch.testing.assert_close(chunked, one, rtol=0, atol=2e-5)
+
+
+def test_kv_groups_split_sliding_and_global_layers(ops):
+    _, ours = _pair(ops, 0.0, 1.0)
+    groups = {g.name: g for g in ours.kv_groups()}
+    assert groups["sliding"].kind == "sliding" and groups["sliding"].window == 6
+    assert groups["sliding"].layers == (0, 1, 2, 3, 4, 6) and groups["full"].layers == (5,)
+    assert groups["full"].slot_shape == (2, 1, 32)
