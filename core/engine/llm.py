@@ -126,7 +126,11 @@ class LLM:
         if loaded_model is None:
             from inferhal.core.models.registry import load_model
 
-            loaded_model = load_model(_to(schema.ModelConfig, cfg.model), active_backend)
+            try:
+                loaded_model = load_model(_to(schema.ModelConfig, cfg.model), active_backend)
+            except ImportError as exc:  # a family whose loader is not in this build
+                raise UserError(f"model {cfg.model.name!r} (family {cfg.model.family!r}) cannot be loaded in this "
+                                f"build: {exc}") from None
         max_len = int(loaded_model.model.max_model_len)
         if injected is None or len_override:  # the config's limit applies to a config model
             max_len = min(max_len, int(cfg.model.max_model_len))

@@ -103,9 +103,9 @@ def test_errors_name_the_problem():
 
 def test_length_limit_by_max_model_len():
     s = make()
-    s.add_request(req("a", 60, max_tokens=50))
+    r = req("a", 60, max_tokens=50)
+    s.add_request(r)
     while s.has_unfinished():
         fake_step(s)
-    # 60 prompt tokens + 4 generated = max_model_len
-    r = s.kv.reqs
-    assert not r
+    assert r.finish_reason == "length" and r.num_tokens == 64 and r.num_output_tokens == 4  # 60 + 4 = max_model_len
+    assert not s.kv.reqs

@@ -1,0 +1,72 @@
+"""The engine's CLI commands: generate (stream, chat, JSONL batch), plan kv, bench dispatch."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from inferhal import LLM
+from inferhal.core.cli.main import compose
+from inferhal.core.engine.cli_generate import generate
+from inferhal.core.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def llm(backend, toy_module):
+    return LLM(loaded_model=toy_module.make_toy(backend), active_backend=backend, num_blocks=64, block_size=4)
+
+
+def test_generate_streams_and_reports_throughput(llm):
+    out = io.StringIO()
+    assert generate(compose(["prompt=hello", "sampling.max_tokens=6", "sampling.ignore_eos=true"], "generate"), llm, out) == 0
+    text = out.getvalue()
+    expect = llm.generate(["hello"], llm_params())[0].text
+    assert text.startswith("hello" + expect) and "[6 tokens in" in text and "tok/s" in text
+
+
+def llm_params():
+    from inferhal import SamplingParams
+
+    return SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+
+def test_chat_messages_use_the_template(llm):
+    out = io.StringIO()
+    generate(compose(["+messages=[{role: user, content: hi}]", "sampling.max_tokens=3"], "generate"), llm, out)
+    tok = llm.tokenizer
+    n = len(tok.encode(tok.apply_chat_template([{"role": "user", "content": "hi"}]), add_bos=False))
+    assert f"prompt {n} tokens" in out.getvalue()
+
+
+def test_jsonl_batch_reports_bad_lines_and_runs_the_rest(llm, tmp_path):
+    jobs = tmp_path / "p.jsonl"
+    jobs.write_text('{"prompt": "abc"}\n{"prompt": "%s"}\nnot json\n{"prompt": "hi", "bogus": 1}\n'
+                    '{"messages": [{"role": "user", "content": "yo"}], "max_tokens": 2}\n' % ("x" * 600))
+    res = tmp_path / "out.jsonl"
+    rc = generate(compose([f"prompts_file={jobs}", f"output={res}", "sampling.max_tokens=3"], "generate"), llm, io.StringIO())
+    rows = [json.loads(x) for x in res.read_text().splitlines()]
+    assert rc == 1 and [r["line"] for r in rows] == [1, 2, 3, 4, 5]
+    assert "max_model_len" in rows[1]["error"] and "not a JSON object" in rows[2]["error"] and "bogus" in rows[3]["error"]
+    assert len(rows[0]["token_ids"]) <= 3 and len(rows[4]["token_ids"]) <= 2
+
+
+def test_plan_kv_for_deepseek_v4_configs():
+    from inferhal.core.cli.cmd_plan import plan_kv
+
+    cfg = compose(["model=deepseek_v4_tiny"], "plan kv")
+    plan = plan_kv(cfg.model, 16, 1 << 30)
+    assert {g["group"] for g in plan["groups"]} >= {"swa", "csa", "hca"}
+    assert plan["bytes_per_token"] == pytest.approx(sum(g["bytes_per_token"] for g in plan["groups"]))
+    assert plan["num_blocks"] == (1 << 30) // plan["bytes_per_block"]
+    flash = plan_kv(compose(["model=deepseek_v4_flash"], "plan kv").model, 16)
+    assert flash["block_size"] % 128 == 0  # raised to fit HCA's 128:1 ratio
+
+
+def test_bench_dispatch_lists_kinds():
+    from inferhal.core.cli import cmd_bench
+
+    assert "engine" in cmd_bench.kinds()
+    with pytest.raises(UserError, match="kinds: .*engine"):
+        cmd_bench.run(compose([], "bench nope"), ["nope"])
