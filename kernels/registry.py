@@ -112,6 +112,16 @@ def _later_specs() -> list[KernelSpec]:
                     "seq_ptr": "*i64", "pos_ptr": "*i64", "len_ptr": "*i32"}, ("scale", "softcap"),
                    lambda cfg: {"SHARED_KV": True, "HAS_SINKS": True, "SOFTCAP": False, "DTYPE": bf16(), "PREC": "tf32",
                                 "BLOCK_D": 512, "INTERP": False, **_blocks(cfg)}, mma=True),
+    ] + _v4_specs()
+
+
+def _v4_specs() -> list[KernelSpec]:
+    """DeepSeek-V4 sparse-attention kernels and the sampler (V4-Flash shapes)."""
+    return [
+        # CSA: top-512 of up to 262144 compressed entries (1M context / 4): the multi-tile path
+        KernelSpec("topk_select_512", "topk.select", "inferhal.kernels.topk:topk_select_kernel", "topk_select",
+                   {"s_ptr": "*fp32", "vl_ptr": "*i64", "out_ptr": "*i64", "scratch_ptr": "*i64"}, (),
+                   lambda cfg: {"HAS_VL": False, "SINGLE": False, "BLOCK_S": cfg["BLOCK_S"], "BLOCK_K": 512}),
     ]
 
 

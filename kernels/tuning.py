@@ -30,10 +30,15 @@ _DEFAULT: dict[str, dict[str, Any]] = {
     "mhc_pre": {"BLOCK_K": 256, "num_warps": 4},
     "mhc_post": {"BLOCK_D": 256, "num_warps": 4},
     "kv_write": {"num_warps": 4},
-    "sample": {"BLOCK_V": 1024, "BISECT_ITERS": 40, "num_warps": 4},
+    # BLOCK_R rows per program (1 for real vocabularies; more for small ones); BISECT_ITERS is unused by
+    # kernels/sample.py (its bisections are exact: 32 steps on int32 keys), kept for the Ascend table
+    "sample": {"BLOCK_V": 1024, "BLOCK_R": 1, "BISECT_ITERS": 40, "num_warps": 4},
     # BLOCK_H is documentation of the intended M tile: the kernel takes all query heads of one KV head
     "attn_paged": {"BLOCK_N": 32, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2},
-    "topk_select": {"num_warps": 4},
+    "topk_select": {"BLOCK_S": 1024, "BLOCK_SORT": 2048, "num_warps": 4},
+    "indexer_scores": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+    "attn_sparse": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+    "attn_compress": {"BLOCK_C": 64, "num_warps": 4},
 }
 
 TUNING: dict[str, dict[str, dict[str, Any]]] = {
@@ -43,6 +48,9 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "moe_gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
         "moe_gemm_fp4": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
         "attn_paged": {"BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 8, "num_stages": 2},
+        # tcgen05 M = 128 entries per tile against the 64 indexer heads
+        "indexer_scores": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
+        "attn_sparse": {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
     },
     "cuda_sm90": {
         "moe_gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
@@ -57,7 +65,11 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "moe_gemm_fp4": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
         "attn_paged": {"BLOCK_N": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 1},
         "moe_route": {"BLOCK_T": 16, "num_warps": 4},
-        "sample": {"BLOCK_V": 256, "BISECT_ITERS": 40, "num_warps": 4},
+        "sample": {"BLOCK_V": 256, "BLOCK_R": 64, "BISECT_ITERS": 40, "num_warps": 4},
+        "topk_select": {"BLOCK_S": 64, "BLOCK_SORT": 256, "num_warps": 4},
+        "indexer_scores": {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+        "attn_sparse": {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+        "attn_compress": {"BLOCK_C": 32, "num_warps": 4},
         "mhc_pre": {"BLOCK_K": 64, "num_warps": 4},
         "mhc_post": {"BLOCK_D": 64, "num_warps": 4},
     },

@@ -21,6 +21,7 @@ KERNEL_OPS: dict[str, str] = {
     "mhc.post": "inferhal.kernels.mhc:mhc_post",
     "kv.write": "inferhal.kernels.kv_write:kv_write",
     "attn.paged": "inferhal.kernels.attn_paged:attn_paged",
+    "topk.select": "inferhal.kernels.topk:topk_select",
 }
 
 #: op ID -> why its kernel is degraded on a target (shown in the op's note).
