@@ -1,0 +1,31 @@
+"""SamplingParams validation: every bad field is named."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferhal.core.errors import UserError
+from inferhal.core.sampling.params import SamplingParams, SamplingParamsError
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"max_tokens": 0}, "max_tokens"), ({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p"),
+    ({"top_k": -2}, "top_k"), ({"logprobs": -1}, "logprobs"), ({"stop": [""]}, "stop"), ({"max_tokenz": 3}, "max_tokens"),
+])
+def test_bad_fields_are_named(kwargs, field):
+    with pytest.raises(SamplingParamsError, match=field) as ei:
+        SamplingParams(**kwargs)
+    assert isinstance(ei.value, ValueError) and isinstance(ei.value, UserError)
+
+
+def test_defaults_and_normalisation():
+    p = SamplingParams(stop="###", stop_token_ids=(3, "4"))
+    assert p.stop == ["###"] and p.stop_token_ids == [3, 4] and not p.greedy
+    assert SamplingParams(temperature=0.0).greedy
+
+
+def test_from_config_node():
+    from inferhal.core.config.schema import SamplingConfig
+
+    p = SamplingParams.from_config({k: getattr(SamplingConfig(), k) for k in SamplingConfig.__dataclass_fields__})
+    assert p.max_tokens == SamplingConfig().max_tokens and p.greedy
