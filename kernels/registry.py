@@ -122,6 +122,13 @@ def _v4_specs() -> list[KernelSpec]:
         KernelSpec("topk_select_512", "topk.select", "inferhal.kernels.topk:topk_select_kernel", "topk_select",
                    {"s_ptr": "*fp32", "vl_ptr": "*i64", "out_ptr": "*i64", "scratch_ptr": "*i64"}, (),
                    lambda cfg: {"HAS_VL": False, "SINGLE": False, "BLOCK_S": cfg["BLOCK_S"], "BLOCK_K": 512}),
+        # lightning indexer: 64 heads x 128 dims against 128-entry tiles of bf16 keys
+        KernelSpec("indexer_scores", "indexer.scores", "inferhal.kernels.indexer:indexer_scores_kernel",
+                   "indexer_scores",
+                   {"q_ptr": "*bf16", "k_ptr": "*bf16", "w_ptr": "*fp32", "o_ptr": "*fp32", "bt_ptr": "*i32",
+                    "seq_ptr": "*i64", "pos_ptr": "*i64", "len_ptr": "*i32"}, ("scale", "weight_scale"),
+                   lambda cfg: {"PREC": "tf32", "BLOCK_H": 64, "BLOCK_D": 128, "INTERP": False, **_blocks(cfg)},
+                   mma=True),
     ]
 
 

@@ -22,6 +22,7 @@ KERNEL_OPS: dict[str, str] = {
     "kv.write": "inferhal.kernels.kv_write:kv_write",
     "attn.paged": "inferhal.kernels.attn_paged:attn_paged",
     "topk.select": "inferhal.kernels.topk:topk_select",
+    "indexer.scores": "inferhal.kernels.indexer:indexer_scores",
 }
 
 #: op ID -> why its kernel is degraded on a target (shown in the op's note).

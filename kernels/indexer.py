@@ -1,0 +1,88 @@
+"""Lightning indexer scores of DeepSeek-V4's CSA layers: ``indexer.scores``.
+
+score[t, s] = sum_h weights[t, h] * weight_scale * relu(q[t, h] . key[s]) * scale over the paged
+compressed keys of token t's sequence; -inf where entry s is not yet closed for t
+(s >= (pos + 1) // m) or past the sequence (s >= seq_len), so ``topk.select`` pads those with -1.
+
+One program per (query token, tile of ``BLOCK_N`` entries): the tile's keys (gathered through the block
+table) times all indexer heads of the token, ``keys[BLOCK_N, Di] @ q^T[Di, Hi]`` on the tensor cores
+(M = 128 entries, N = 64 heads in V4), fp32 accumulation, then ReLU and the weighted head sum in fp32.
+bf16 products are exact in fp32, so the only difference from the oracle (fp32 einsum) is the
+summation order. Oracle: ``backends/reference/deepseek.py:indexer_scores``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from inferhal.core.ops.params import AttnBatch, IndexerParams
+from inferhal.kernels.common import dot_operand, interp
+from inferhal.kernels.runtime import next_pow2
+from inferhal.kernels.tuning import config
+
+
+@triton.jit
+def indexer_scores_kernel(q_ptr, k_ptr, w_ptr, o_ptr, bt_ptr, seq_ptr, pos_ptr, len_ptr,
+                          H, D, BS, M_RATIO, W, stride_qt, stride_qh, stride_kb, stride_ks, stride_wt, stride_ot,
+                          stride_bt, scale, weight_scale,
+                          PREC: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                          INTERP: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    n0 = tl.program_id(1) * BLOCK_N
+    b = tl.load(seq_ptr + t).to(tl.int64)
+    qpos = tl.load(pos_ptr + t).to(tl.int32)
+    n = tl.minimum(tl.load(len_ptr + b).to(tl.int32), (qpos + 1) // M_RATIO)  # visible entries
+    s = n0 + tl.arange(0, BLOCK_N)
+    ok = s < n
+    h = tl.arange(0, BLOCK_H)
+    hm = h < H
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    if n0 < n:
+        q = tl.load(q_ptr + t * stride_qt + h[:, None] * stride_qh + d[None, :], mask=hm[:, None] & dm[None, :],
+                    other=0.0)  # [BLOCK_H, BLOCK_D]
+        blk = tl.load(bt_ptr + b * stride_bt + s // BS, mask=ok, other=0).to(tl.int64)
+        k = tl.load(k_ptr + blk[:, None] * stride_kb + (s % BS)[:, None] * stride_ks + d[None, :],
+                    mask=ok[:, None] & dm[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+        dots = tl.dot(dot_operand(k, INTERP), dot_operand(tl.trans(q), INTERP), input_precision=PREC)  # [N, H]
+        w = tl.load(w_ptr + t * stride_wt + h, mask=hm, other=0.0).to(tl.float32) * weight_scale
+        acc = tl.sum(tl.maximum(dots, 0.0) * scale * w[None, :], axis=1)
+    tl.store(o_ptr + t * stride_ot + s, tl.where(ok, acc, -float("inf")), mask=s < W)
+
+
+def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, weights: torch.Tensor,
+                   p: IndexerParams, *, target: str | None = None) -> torch.Tensor:
+    """``indexer.scores``: q[T, Hi, Di], key_cache[NB, BS, Di], weights[T, Hi] -> scores[T, S] fp32."""
+    if q.dim() != 3:
+        raise ValueError(f"indexer.scores: q must be [T, Hi, Di], got shape {tuple(q.shape)}")
+    t, hi, di = q.shape
+    if key_cache.dim() != 3 or key_cache.shape[-1] != di:
+        raise ValueError(f"indexer.scores: key_cache must be [NB, BS, {di}], got {tuple(key_cache.shape)}")
+    if weights.shape != (t, hi):
+        raise ValueError(f"indexer.scores: weights must be [T, Hi]=({t}, {hi}), got {tuple(weights.shape)}")
+    width = int(batch.seq_lens.max()) if batch.num_seqs else 0
+    out = torch.empty((t, width), dtype=torch.float32, device=q.device)
+    if t == 0 or width == 0:
+        return out.fill_(float("-inf"))
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    if key_cache.stride(-1) != 1:
+        raise ValueError("indexer.scores: key_cache entries must be contiguous along Di")
+    qsl = batch.query_start_loc.long()
+    seq_of_token = torch.repeat_interleave(torch.arange(batch.num_seqs, device=q.device), qsl[1:] - qsl[:-1])
+    if seq_of_token.numel() != t:
+        raise ValueError(f"indexer.scores: query_start_loc covers {seq_of_token.numel()} tokens, q has {t}")
+    cfg = config("indexer_scores", target)
+    bn = cfg["BLOCK_N"]
+    w = weights.contiguous()
+    bt = batch.block_table.contiguous()
+    indexer_scores_kernel[(t, triton.cdiv(width, bn))](
+        q, key_cache, w, out, bt, seq_of_token, batch.positions.contiguous(), batch.seq_lens.contiguous(),
+        hi, di, key_cache.shape[1], batch.tokens_per_slot, width, q.stride(0), q.stride(1), key_cache.stride(0),
+        key_cache.stride(1), w.stride(0), out.stride(0), bt.stride(0), float(p.scale), float(p.weight_scale),
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_H=max(16, next_pow2(hi)), BLOCK_N=bn,
+        BLOCK_D=max(16, next_pow2(di)), INTERP=interp(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return out

@@ -1,0 +1,70 @@
+"""DeepSeek-V4 sparse-attention kernels (indexer.scores, attn.sparse_topk, attn.compress) vs the reference
+ops in the interpreter, over ragged batches built the way the model runner builds them
+(``core.paging.batch.build_attn_batches``) over shuffled physical blocks: groups ``swa`` (one latent
+slot per token), ``comp`` (one entry per ``ratio`` tokens), ``state`` (one compressor-state slot per token).
+
+Tolerances (``check`` in conftest: ``links`` roundings of the output dtype at the scale of the terms):
+- indexer.scores (fp32 out): bf16 x bf16 products are exact in fp32; only the order of the D-term dots
+  and the H-term weighted sum differs (fp32 re-association, 1e-5 relative at the scale sum|w||q||k|).
+- attn.sparse_topk: as attn.paged (see test_attn_paged.py): fp32 1e-5; bf16 rounds P to bf16 before
+  the P.V dot plus the output rounding: two bf16 roundings at the scale of max|v|.
+- attn.compress: the kernel rounds where the oracle does (pooled -> dtype, RMSNorm -> dtype, RoPE ->
+  dtype), so in bf16 each link may flip one rounding boundary: three links at the output's scale.
+"""
+
+import pytest
+import torch
+
+from inferhal.backends.reference.deepseek import attn_compress as ref_compress
+from inferhal.backends.reference.deepseek import attn_sparse_topk as ref_sparse
+from inferhal.backends.reference.deepseek import indexer_scores as ref_indexer
+from inferhal.core.ops.params import AttnParams, CompressParams, IndexerParams, RopeParams
+from inferhal.core.paging.batch import SeqSlice, build_attn_batches
+from inferhal.core.paging.spec import KVGroupSpec
+from inferhal.kernels.indexer import indexer_scores
+
+BLOCK = 16  # tokens per block (4 entries per block at ratio 4, 1 at ratio 16)
+
+
+def v4_batch(ctx_lens, new_lens, ratio: int, g: torch.Generator, nb: int = 64):
+    """-> (positions[T], query_start_loc[B+1], {"swa", "comp", "state": AttnBatch}, num_blocks)."""
+    specs = [KVGroupSpec("swa", "full", (0,), (1,), torch.float32),
+             KVGroupSpec("comp", "compressed", (0,), (1,), torch.float32, tokens_per_slot=ratio),
+             KVGroupSpec("state", "full", (0,), (1,), torch.float32)]
+    seqs = []
+    perm = {s.name: torch.randperm(nb, generator=g).tolist() for s in specs}
+    for c, n in zip(ctx_lens, new_lens):
+        ids = {}
+        for s in specs:
+            need = -(-c // BLOCK) if s.tokens_per_slot == 1 else -(-(c // ratio) // s.slots_per_block(BLOCK))
+            ids[s.name] = [perm[s.name].pop() for _ in range(max(need, 1))]
+        seqs.append(SeqSlice(c - n, n, ids))
+    pos, qsl, attn = build_attn_batches(specs, BLOCK, seqs)
+    return pos, qsl, attn, nb
+
+
+def comp_cache(nb: int, ratio: int, d: int, g: torch.Generator, dtype) -> torch.Tensor:
+    """Random compressed entries [NB, BLOCK // ratio, D]."""
+    return torch.randn(nb, BLOCK // ratio, d, generator=g).to(dtype)
+
+
+# ctx_lens, new_lens: decode, chunked prefill, a full prefill, a sequence with no closed entry yet
+BATCHES = [([9], [1]), ([23, 40, 6], [1, 5, 6]), ([33, 17], [33, 2])]
+
+
+@pytest.mark.parametrize("ctx,new", BATCHES)
+@pytest.mark.parametrize("dtype,hi,di", [(torch.float32, 3, 24), (torch.bfloat16, 16, 32)])
+def test_indexer_scores_matches_reference(ctx, new, dtype, hi, di, close):
+    g = torch.Generator().manual_seed(sum(ctx) + hi)
+    m = 4
+    pos, qsl, attn, nb = v4_batch(ctx, new, m, g)
+    keys = comp_cache(nb, m, di, g, dtype)
+    q = torch.randn(len(pos), hi, di, generator=g).to(dtype)
+    w = torch.randn(len(pos), hi, generator=g)
+    p = IndexerParams(scale=di ** -0.5, weight_scale=hi ** -0.5)
+    out, ref = indexer_scores(q, keys, attn["comp"], w, p), ref_indexer(q, keys, attn["comp"], w, p)
+    assert torch.equal(torch.isinf(out), torch.isinf(ref))
+    fin = ~torch.isinf(ref)
+    # the scale of the summed terms: the same score with |w|, |q|, |k| (the oracle on absolute values)
+    mag = float(ref_indexer(q.abs(), keys.abs(), attn["comp"], w.abs(), p)[fin].max())
+    close(out[fin], ref[fin], scale=mag, name="indexer.scores")
