@@ -1,0 +1,59 @@
+"""The tokenizer rebuilt from GGUF metadata equals transformers' GGUF tokenizer (encode and decode), and
+the chat format lays turns out as Gemma does."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferhal.core.errors import UserError
+from inferhal.core.models.gemma3.chat import render
+from prompts import PROMPTS, long_prompt
+
+TEXTS = PROMPTS + [
+    long_prompt(),
+    "Hello, world!", "", " ", "  two leading spaces", "trailing spaces   ", "tabs\tand\t\ttabs",
+    "many\n\n\n\nnewlines\n", "x\r\ny\r\n", "mixed   \n  \t whitespace runs     end",
+    "naïve café façade Ünïcödé", "Привет, мир", "مرحبا بالعالم", "你好，世界", "한국어 텍스트", "emoji 🤖🎉👩‍👩‍👧",
+    "\u00a0non-breaking\u2009thin\u200bzero-width", "combining e\u0301 vs \u00e9", "<bos>inline special<eos>",
+    "<start_of_turn>model\nhi<end_of_turn>", "<unused5> and [multimodal]", "math: ∑_{i=1}^{n} i² = n(n+1)/2",
+    "code:\n    for i in range(10):\n        print(i)  # comment\n", "\x00\x01 control bytes \x7f", "a" * 300,
+]
+
+
+@pytest.mark.slow
+def test_encode_and_decode_equal_transformers(gemma, hf_tokenizer):
+    tok = gemma[0].tokenizer
+    for text in TEXTS:
+        ids = tok.encode(text)
+        want = hf_tokenizer(text)["input_ids"]
+        assert ids == want, f"encode({text!r})"
+        assert tok.decode(ids) == hf_tokenizer.decode(want), f"decode of {text!r}"
+        assert tok.decode(ids[1:]) == hf_tokenizer.decode(want[1:])
+    assert tok.encode("hi", add_bos=False) == hf_tokenizer("hi", add_special_tokens=False)["input_ids"]
+
+
+def test_vocabulary_facts(gemma):
+    tok = gemma[0].tokenizer
+    assert tok.bos_token_id == 2 and tok.eos_token_ids[0] == 1 and tok.vocab_size == 262144
+    assert tok.encode("<start_of_turn>user\n", add_bos=False)[0] == 105  # control pieces stay whole
+    assert tok.decode(tok.encode("ünïcode  \n\n x")[1:]) == "ünïcode  \n\n x"
+
+
+def test_chat_turns_follow_gemma_format():
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Why?"}]
+    assert render(msgs) == ("<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!"
+                            "<end_of_turn>\n<start_of_turn>user\nWhy?<end_of_turn>\n<start_of_turn>model\n")
+    assert render([{"role": "user", "content": "x"}], add_generation_prompt=False) == \
+        "<start_of_turn>user\nx<end_of_turn>\n"
+    tmpl = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}{% if add_generation_prompt %}>{% endif %}"
+    assert render([{"role": "user", "content": "x"}], True, tmpl) == "[user]x>"
+
+
+@pytest.mark.parametrize("bad,match", [([], "messages is empty"), ([{"role": "bot", "content": "x"}], "role is 'bot'"),
+                                       ([{"content": "x"}], "must be a mapping with 'role' and 'content'"),
+                                       ([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}],
+                                        "system message may only come first")])
+def test_bad_chat_messages_are_named(bad, match):
+    with pytest.raises(UserError, match=match):
+        render(bad)
