@@ -117,6 +117,7 @@ def _later_specs() -> list[KernelSpec]:
 
 def _v4_specs() -> list[KernelSpec]:
     """DeepSeek-V4 sparse-attention kernels and the sampler (V4-Flash shapes)."""
+    bf16 = lambda: _tl().bfloat16  # noqa: E731
     return [
         # CSA: top-512 of up to 262144 compressed entries (1M context / 4): the multi-tile path
         KernelSpec("topk_select_512", "topk.select", "inferhal.kernels.topk:topk_select_kernel", "topk_select",
@@ -129,6 +130,14 @@ def _v4_specs() -> list[KernelSpec]:
                     "seq_ptr": "*i64", "pos_ptr": "*i64", "len_ptr": "*i32"}, ("scale", "weight_scale"),
                    lambda cfg: {"PREC": "tf32", "BLOCK_H": 64, "BLOCK_D": 128, "INTERP": False, **_blocks(cfg)},
                    mma=True),
+        # CSA decode: 64 heads on the 512-dim latent, 128-token window + top-512 compressed entries, sinks
+        KernelSpec("attn_sparse_topk_csa", "attn.sparse_topk", "inferhal.kernels.sparse_attn:sparse_attn_kernel",
+                   "attn_sparse",
+                   {"q_ptr": "*bf16", "kv_ptr": "*bf16", "c_ptr": "*bf16", "idx_ptr": "*i64", "o_ptr": "*bf16",
+                    "sink_ptr": "*fp32", "bt_ptr": "*i32", "cbt_ptr": "*i32", "seq_ptr": "*i64", "pos_ptr": "*i64",
+                    "len_ptr": "*i32", "clen_ptr": "*i32"}, ("scale",),
+                   lambda cfg: {"HAS_COMP": True, "HAS_SINKS": True, "DTYPE": bf16(), "PREC": "tf32", "BLOCK_H": 64,
+                                "BLOCK_D": 512, "INTERP": False, **_blocks(cfg)}, mma=True),
     ]
 
 

@@ -23,6 +23,7 @@ KERNEL_OPS: dict[str, str] = {
     "attn.paged": "inferhal.kernels.attn_paged:attn_paged",
     "topk.select": "inferhal.kernels.topk:topk_select",
     "indexer.scores": "inferhal.kernels.indexer:indexer_scores",
+    "attn.sparse_topk": "inferhal.kernels.sparse_attn:attn_sparse_topk",
 }
 
 #: op ID -> why its kernel is degraded on a target (shown in the op's note).

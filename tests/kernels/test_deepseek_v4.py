@@ -68,3 +68,47 @@ def test_indexer_scores_matches_reference(ctx, new, dtype, hi, di, close):
     # the scale of the summed terms: the same score with |w|, |q|, |k| (the oracle on absolute values)
     mag = float(ref_indexer(q.abs(), keys.abs(), attn["comp"], w.abs(), p)[fin].max())
     close(out[fin], ref[fin], scale=mag, name="indexer.scores")
+
+
+def _topk_rows(pos, attn, m, k, mode, g):
+    """CSA: k random distinct entries per token (some not yet closed, some -1, one past the sequence);
+    HCA: every visible entry (the model's all_visible)."""
+    vis = (pos + 1) // m
+    if mode == "hca":
+        width = max(int(vis.max()), 1)
+        idx = torch.arange(width)[None].expand(len(pos), width)
+        return torch.where(idx < vis[:, None], idx, torch.full_like(idx, -1))
+    span = int(attn["comp"].seq_lens.max()) + 2
+    rows = [torch.randperm(span, generator=g)[:k] for _ in range(len(pos))]
+    idx = torch.stack([torch.cat((r, torch.full((max(0, k - r.numel()),), -1))) for r in rows])
+    return idx.masked_fill(torch.rand(idx.shape, generator=g) < 0.2, -1)
+
+
+SPARSE = [
+    # ctx_lens, new_lens, H, D, window, mode (csa | hca | window-only), sinks
+    ([9], [1], 4, 32, 4, "csa", True),
+    ([23, 40, 6], [1, 5, 6], 16, 64, 8, "csa", True),  # ragged: decode, chunked prefill, early tokens
+    ([33, 17], [3, 2], 8, 24, 6, "hca", False),  # ragged D
+    ([20, 5], [20, 1], 2, 16, 0, "none", True),  # window-only layer, full causal (window 0)
+]
+
+
+@pytest.mark.parametrize("case", SPARSE)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attn_sparse_topk_matches_reference(case, dtype, close):
+    from inferhal.kernels.sparse_attn import attn_sparse_topk
+
+    ctx, new, h, d, win, mode, with_sinks = case
+    g = torch.Generator().manual_seed(sum(ctx) * 7 + h + d)
+    m = 4
+    pos, qsl, attn, nb = v4_batch(ctx, new, m, g)
+    kv = torch.randn(nb, BLOCK, d, generator=g).to(dtype)
+    cc = comp_cache(nb, m, d, g, dtype)
+    q = torch.randn(len(pos), h, d, generator=g).to(dtype)
+    sinks = torch.randn(h, generator=g) if with_sinks else None
+    p = AttnParams(scale=d ** -0.5, window=win, shared_kv=True)
+    args = (None, None, None) if mode == "none" else (cc, attn["comp"], _topk_rows(pos, attn, m, 5, mode, g))
+    out = attn_sparse_topk(q, kv, attn["swa"], *args, p, sinks)
+    ref = ref_sparse(q, kv, attn["swa"], *args, p, sinks)
+    vmax = float(max(kv.float().abs().max(), cc.float().abs().max()))
+    close(out, ref, links=2 if dtype == torch.bfloat16 else 1, scale=vmax, name="attn.sparse_topk")

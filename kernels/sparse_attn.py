@@ -1,0 +1,143 @@
+"""DeepSeek-V4 hybrid attention: ``attn.sparse_topk`` (CSA with the indexer's top-k, HCA with every
+visible entry, sliding-window layers with none).
+
+One program per query token, all H heads of the one shared latent KV head (K = V) as the M side of
+``tl.dot``. One online softmax in fp32 runs over two key sources, then the learned sinks join the
+denominator only:
+
+1. the token's sliding-window keys ``[max(0, pos - window + 1), min(pos + 1, ctx))`` of ``kv_cache``,
+   walked in ``BLOCK_N`` tiles through the sliding group's block table;
+2. the compressed entries ``topk_idx[t, :]`` of ``comp_cache`` (logical entry indices of the token's
+   sequence, gathered through the compressed group's block table), ``BLOCK_N`` at a time; an index is
+   used iff ``0 <= e < min(comp_len, (pos + 1) // ratio)`` (causally closed), else skipped.
+
+Indices in one row are assumed distinct (topk.select and the HCA "all visible" list are): the oracle
+builds a set, this kernel would count a duplicate twice. Nothing depends on the other tokens of the
+batch (batch-invariant). P is cast to the KV dtype before the P.V dot, as in ``attn_paged``.
+Oracle: ``backends/reference/deepseek.py:attn_sparse_topk``.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from inferhal.core.ops.params import AttnBatch, AttnParams
+from inferhal.kernels.common import dot_operand, interp, round_to, tl_dtype
+from inferhal.kernels.runtime import next_pow2
+from inferhal.kernels.tuning import config
+
+
+@triton.jit
+def _online_block(q, k, ok, m_i, l_i, acc, scale, PREC: tl.constexpr, INTERP: tl.constexpr):
+    """One tile of keys (K = V) into the running (max, denominator, accumulator) of all heads."""
+    s = tl.dot(q, dot_operand(tl.trans(k), INTERP), input_precision=PREC) * scale  # [BLOCK_H, BLOCK_N]
+    s = tl.where(ok[None, :], s, -float("inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(dot_operand(p.to(k.dtype), INTERP), dot_operand(k, INTERP),
+                                        input_precision=PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, cbt_ptr, seq_ptr, pos_ptr, len_ptr,
+                       clen_ptr, H, D, BS, CBS, NK, RATIO, stride_qt, stride_qh, stride_ot, stride_oh, stride_kb,
+                       stride_ks, stride_cb, stride_cs, stride_it, stride_bt, stride_cbt, scale, window,
+                       HAS_COMP: tl.constexpr, HAS_SINKS: tl.constexpr, DTYPE: tl.constexpr, PREC: tl.constexpr,
+                       BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INTERP: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    b = tl.load(seq_ptr + t).to(tl.int64)
+    qpos = tl.load(pos_ptr + t).to(tl.int32)
+    ctx = tl.load(len_ptr + b).to(tl.int32)
+    last = tl.minimum(qpos + 1, ctx)  # exclusive
+    first = 0
+    if window > 0:
+        first = tl.maximum(qpos - window + 1, 0)
+    h = tl.arange(0, BLOCK_H)
+    hm = h < H
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    q = tl.load(q_ptr + t * stride_qt + h[:, None] * stride_qh + d[None, :], mask=hm[:, None] & dm[None, :], other=0.0)
+    q = dot_operand(q, INTERP)
+    m_i = tl.full((BLOCK_H,), -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+    j = tl.arange(0, BLOCK_N)
+    for n0 in range((first // BLOCK_N) * BLOCK_N, last, BLOCK_N):  # 1. sliding window
+        kpos = n0 + j
+        ok = (kpos >= first) & (kpos < last)
+        blk = tl.load(bt_ptr + b * stride_bt + kpos // BS, mask=ok, other=0).to(tl.int64)
+        k = tl.load(kv_ptr + blk[:, None] * stride_kb + (kpos % BS)[:, None] * stride_ks + d[None, :],
+                    mask=ok[:, None] & dm[None, :], other=0.0)
+        m_i, l_i, acc = _online_block(q, k, ok, m_i, l_i, acc, scale, PREC, INTERP)
+    if HAS_COMP:  # 2. the selected compressed entries
+        n_vis = tl.minimum(tl.load(clen_ptr + b).to(tl.int32), (qpos + 1) // RATIO)
+        for i0 in range(0, NK, BLOCK_N):
+            e = tl.load(idx_ptr + t * stride_it + i0 + j, mask=i0 + j < NK, other=-1).to(tl.int32)
+            ok = (e >= 0) & (e < n_vis)
+            blk = tl.load(cbt_ptr + b * stride_cbt + e // CBS, mask=ok, other=0).to(tl.int64)
+            k = tl.load(c_ptr + blk[:, None] * stride_cb + (e % CBS)[:, None] * stride_cs + d[None, :],
+                        mask=ok[:, None] & dm[None, :], other=0.0)
+            m_i, l_i, acc = _online_block(q, k, ok, m_i, l_i, acc, scale, PREC, INTERP)
+    if HAS_SINKS:
+        sink = tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32)
+        m_f = tl.maximum(m_i, sink)
+        corr = tl.exp(m_i - m_f)
+        l_i = l_i * corr + tl.exp(sink - m_f)
+        acc = acc * corr[:, None]
+    out = acc / tl.maximum(l_i, 1e-30)[:, None]
+    tl.store(o_ptr + t * stride_ot + h[:, None] * stride_oh + d[None, :], round_to(out, DTYPE, INTERP),
+             mask=hm[:, None] & dm[None, :])
+
+
+def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, comp_cache: torch.Tensor | None,
+                     comp_batch: AttnBatch | None, topk_idx: torch.Tensor | None, p: AttnParams,
+                     sinks: torch.Tensor | None = None, *, target: str | None = None) -> torch.Tensor:
+    """``attn.sparse_topk``: q[T, H, D] over kv_cache[NB, BS, D] and comp_cache[NB', BS', D] entries topk_idx[T, K]."""
+    if q.dim() != 3:
+        raise ValueError(f"attn.sparse_topk: q must be [T, H, D], got shape {tuple(q.shape)}")
+    t, h, d = q.shape
+    if kv_cache.dim() != 3 or kv_cache.shape[-1] != d or kv_cache.stride(-1) != 1:
+        raise ValueError(f"attn.sparse_topk: kv_cache must be [NB, BS, {d}] contiguous along D, got {tuple(kv_cache.shape)}")
+    if p.num_kv_heads != 1 or p.softcap > 0:
+        raise ValueError(f"attn.sparse_topk: the kernel takes one shared latent KV head without softcap, got "
+                         f"num_kv_heads={p.num_kv_heads}, softcap={p.softcap}")
+    has_comp = comp_cache is not None and comp_batch is not None and topk_idx is not None
+    if has_comp:
+        if comp_cache.dim() != 3 or comp_cache.shape[-1] != d or comp_cache.stride(-1) != 1:
+            raise ValueError(f"attn.sparse_topk: comp_cache must be [NB', BS', {d}] contiguous along D, "
+                             f"got {tuple(comp_cache.shape)}")
+        if topk_idx.dim() != 2 or topk_idx.shape[0] != t:
+            raise ValueError(f"attn.sparse_topk: topk_idx must be [T={t}, K], got {tuple(topk_idx.shape)}")
+        has_comp = topk_idx.shape[1] > 0
+    out = torch.zeros((t, h, d), dtype=q.dtype, device=q.device)
+    if t == 0:
+        return out
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    qsl = batch.query_start_loc.long()
+    seq_of_token = torch.repeat_interleave(torch.arange(batch.num_seqs, device=q.device), qsl[1:] - qsl[:-1])
+    if seq_of_token.numel() != t:
+        raise ValueError(f"attn.sparse_topk: query_start_loc covers {seq_of_token.numel()} tokens, q has {t}")
+    cfg = config("attn_sparse", target)
+    bt = batch.block_table.contiguous()
+    if has_comp:
+        idx = topk_idx.contiguous()
+        cbt, clen, cc = comp_batch.block_table.contiguous(), comp_batch.seq_lens.contiguous(), comp_cache
+        c_args = (cc.shape[1], idx.shape[1], comp_batch.tokens_per_slot)
+    else:
+        idx, cbt, clen, cc = bt, bt, batch.seq_lens, kv_cache  # unused placeholders
+        c_args = (1, 0, 1)
+    sparse_attn_kernel[(t,)](
+        q, kv_cache, cc, idx, out, sinks.float().contiguous() if sinks is not None else q, bt, cbt, seq_of_token,
+        batch.positions.contiguous(), batch.seq_lens.contiguous(), clen, h, d, kv_cache.shape[1], *c_args,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1),
+        cc.stride(0), cc.stride(1), idx.stride(0), bt.stride(0), cbt.stride(0), float(p.scale), int(p.window),
+        HAS_COMP=has_comp, HAS_SINKS=sinks is not None, DTYPE=tl_dtype(q.dtype),
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_H=max(16, next_pow2(h)), BLOCK_N=cfg["BLOCK_N"],
+        BLOCK_D=max(16, next_pow2(d)), INTERP=interp(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return out
