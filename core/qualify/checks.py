@@ -13,7 +13,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from inferhal.core.qualify.cases.base import OpCase, to_device
+from inferhal.core.qualify.cases.base import CaseEnv, OpCase, to_device
 from inferhal.core.qualify.numerics import bitwise_equal, compare
 
 
@@ -33,6 +33,8 @@ class CaseContext:
     synchronize: Callable[[], None] = lambda: None
     warmup: int = 2
     repeats: int = 10
+    env: CaseEnv | None = None  # the backend under test, for cases that prepare inputs through it
+    ref_env: CaseEnv | None = None  # the reference, likewise
 
 
 class OpError(Exception):
@@ -45,19 +47,21 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
-def call(case: OpCase, fn: Callable[..., Any], seed: int, device: str) -> Any:
-    inputs = case.build(seed)
+def call(case: OpCase, fn: Callable[..., Any], seed: int, device: str, env: CaseEnv | None = None,
+         inputs: Any = None) -> Any:
+    """``fn`` on the case's inputs for ``seed`` (or the given built ``inputs``), on ``device``; → CPU result."""
+    inputs = case.build(seed) if inputs is None else inputs
     if device != "cpu":
         inputs = to_device(inputs, device)
     try:
-        out = case.result(fn, inputs)
+        out = case.result(fn, case.ready(inputs, env))
     except Exception as exc:  # the op under test failed: report it, do not crash the run
         raise OpError(describe_exception(exc)) from exc
     return to_device(out, "cpu") if device != "cpu" else out
 
 
 def numerics(case: OpCase, ctx: CaseContext, out: Any) -> dict:
-    ref = call(case, ctx.ref_fn, ctx.seed, "cpu")
+    ref = call(case, ctx.ref_fn, ctx.seed, "cpu", ctx.ref_env)
     if case.validate is not None:
         args, kwargs = case.build(ctx.seed)
         msg = case.validate(out, ref, args, kwargs)
@@ -76,10 +80,10 @@ def determinism(case: OpCase, ctx: CaseContext, first: Any) -> dict:
     for step in plan:
         if step == "other":
             others += 1
-            call(case, ctx.fn, ctx.seed + 7919 * others, ctx.torch_device)
+            call(case, ctx.fn, ctx.seed + 7919 * others, ctx.torch_device, ctx.env)
             continue
         done += 1
-        same, where = bitwise_equal(call(case, ctx.fn, ctx.seed, ctx.torch_device), first)
+        same, where = bitwise_equal(call(case, ctx.fn, ctx.seed, ctx.torch_device, ctx.env), first)
         if not same:
             return {"ok": False, "reruns": done, "order": plan, "message": f"rerun {done} of {ctx.reruns} differs "
                     f"from the first run: {where}"}
@@ -96,14 +100,8 @@ def batch_invariance(case: OpCase, ctx: CaseContext, first: Any) -> dict:
     rows = case.rows(args, kwargs)
     sizes = sorted({n for n in (1, rows // 2, rows - 1) if 0 < n < rows})
     for n in sizes:
-        sub_args, sub_kwargs = case.take(*case.build(ctx.seed), n)  # fresh inputs: generators are stateful
-        inputs = (sub_args, sub_kwargs)
-        if ctx.torch_device != "cpu":
-            inputs = to_device(inputs, ctx.torch_device)
-        try:
-            part = to_device(case.result(ctx.fn, inputs), "cpu")
-        except Exception as exc:
-            raise OpError(describe_exception(exc)) from exc
+        sub = case.take(*case.build(ctx.seed), n)  # fresh inputs: generators are stateful
+        part = call(case, ctx.fn, ctx.seed, ctx.torch_device, ctx.env, inputs=sub)
         same, where = bitwise_equal(part, case.row_slice(first, args, kwargs, n))
         if not same:
             return {"ok": False, "status": "fail", "sizes": sizes,
@@ -115,8 +113,9 @@ def performance(case: OpCase, ctx: CaseContext, baseline: dict | None, threshold
     """Median wall time over ``repeats`` synchronised calls; achieved GB/s and TFLOP/s against the peaks."""
     if ctx.measure:
         return {"status": "not measured", "message": ctx.measure}
-    args, kwargs = to_device(case.build(ctx.seed), ctx.torch_device)
-    flops, nbytes = case.cost(args, kwargs) if case.cost else (0.0, 0.0)
+    built = to_device(case.build(ctx.seed), ctx.torch_device)
+    flops, nbytes = case.cost(*built) if case.cost else (0.0, 0.0)
+    args, kwargs = case.ready(built, ctx.env)
     for _ in range(ctx.warmup):
         ctx.fn(*args, **kwargs)
     times = []

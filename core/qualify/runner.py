@@ -20,6 +20,7 @@ from inferhal.core.ops.vocabulary import OPS
 from inferhal.core.profile import ExecLevel
 from inferhal.core.qualify import checks
 from inferhal.core.qualify.cases import op_cases
+from inferhal.core.qualify.cases.base import CaseEnv
 from inferhal.core.qualify.journal import Journal
 
 RUNNABLE = (ExecLevel.DEVICE, ExecLevel.INTERPRETER)
@@ -93,10 +94,11 @@ def run_case(case, active, reference, level: ExecLevel, opts: QualifyOptions, ba
         torch_device=prof.torch_device, seed=opts.seed, reruns=opts.reruns,
         batch_invariant=prof.supports("batch_invariant"), peak_bandwidth=prof.peak_bandwidth,
         peak_flops=float(prof.peak_flops.get(case.dtype, 0.0)), measure=measure if measure is not None else _measure_reason(active, level, case.dtype),
-        synchronize=getattr(active.device, "synchronize", lambda: None), warmup=opts.warmup, repeats=opts.repeats)
+        synchronize=getattr(active.device, "synchronize", lambda: None), warmup=opts.warmup, repeats=opts.repeats,
+        env=CaseEnv(active), ref_env=CaseEnv(reference))
     stage = "run"
     try:
-        first = checks.call(case, ctx.fn, ctx.seed, ctx.torch_device)
+        first = checks.call(case, ctx.fn, ctx.seed, ctx.torch_device, ctx.env)
         stage = "numerics"
         row["numerics"] = checks.numerics(case, ctx, first)
         stage = "determinism"

@@ -6,7 +6,8 @@ Adding an op to the vocabulary? Add its cases in a module here (``@cases_for("op
 tolerance whose ``why`` a reader can check.
 """
 
-from inferhal.core.qualify.cases import attention, dense, moe_mhc, sampling  # noqa: F401  (registers the cases)
+from inferhal.core.qualify.cases import (  # noqa: F401  (registers the cases)
+    attention, dense, ep, moe_mhc, sampling, sparse_attention)
 from inferhal.core.qualify.cases.base import LEVELS, OpCase, op_cases, registered_ops, to_device
 
 __all__ = ["LEVELS", "OpCase", "op_cases", "registered_ops", "to_device"]

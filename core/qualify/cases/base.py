@@ -34,6 +34,10 @@ class OpCase:
     - ``cost(args, kwargs)`` → (FLOPs, bytes moved) for the roofline.
     - ``validate(out, ref, args, kwargs)`` → error message or "" replaces elementwise comparison where
       the reference's exact result is not the contract (e.g. random draws).
+    - ``prepare(inputs, env)`` → the call's inputs, for ops whose arguments the backend under test must
+      make itself (a communicator, the handle of its own ``moe.dispatch``): ``build``, ``take``, ``rows``,
+      ``row_slice``, ``cost`` and ``validate`` see the built inputs; only the call (and ``output``) sees
+      the prepared ones. ``env`` is a :class:`CaseEnv` of the backend whose op is called.
     """
 
     op_id: str
@@ -49,17 +53,46 @@ class OpCase:
     cost: Callable[[tuple, dict], tuple[float, float]] | None = None
     validate: Callable[[Any, Any, tuple, dict], str] | None = None
     canon: Callable[[Any], Any] | None = None
+    prepare: Callable[[Inputs, "CaseEnv"], Inputs] | None = None
     notes: str = ""
 
     @property
     def key(self) -> str:
         return f"{self.op_id}[{self.label} {self.dtype}]"
 
+    def ready(self, inputs: Inputs, env: "CaseEnv | None") -> Inputs:
+        """The call's inputs: ``prepare(inputs, env)`` when the case has one, else ``inputs``."""
+        if self.prepare is None:
+            return inputs
+        if env is None:
+            raise ValueError(f"case {self.key} prepares its inputs through the backend, but no CaseEnv was given")
+        return self.prepare(inputs, env)
+
     def result(self, fn: Callable[..., Any], inputs: Inputs) -> Any:
         args, kwargs = inputs
         out = fn(*args, **kwargs)
         out = self.output(out, args, kwargs) if self.output else out
         return self.canon(out) if self.canon else out
+
+
+@dataclass
+class CaseEnv:
+    """What a case's ``prepare`` may ask of the backend whose op it calls: another op of its table (its
+    own or the reference fallback it would run with) and a single-process communicator
+    (``world_size == 1``: the EP ops still run their real code paths, the collectives are identities)."""
+
+    active: Any  # an ActiveBackend
+    _comm: Any = field(default=None, repr=False)
+
+    def op(self, op_id: str) -> Callable[..., Any]:
+        return self.active.ops.entry(op_id).fn
+
+    def communicator(self) -> Any:
+        if self._comm is None:
+            from inferhal.core.backend import ParallelLayout
+
+            self._comm = self.active.communicator(ParallelLayout())
+        return self._comm
 
 
 # ------------------------------------------------------------------------------------------- registry

@@ -1,4 +1,5 @@
-"""Cases of the dense ops: norm.rms, rope.apply, linear (plain, fp8_block, fp4_group), embed, topk.select."""
+"""Cases of the dense ops: norm.rms, rope.apply, linear (plain, fp8_block, fp4_group), act.gated, embed,
+topk.select."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 
 import torch
 
-from inferhal.core.ops.params import RmsNormParams, RopeParams
+from inferhal.core.ops.params import ActParams, RmsNormParams, RopeParams
 from inferhal.core.qualify.cases.base import (DTYPES, OpCase, cases_for, gen, matmul_cost, nbytes,
                                               randn, row_dim0)
 from inferhal.core.qualify.tolerances import EXACT, ulps
@@ -131,6 +132,37 @@ def linear() -> list[OpCase]:
             label = f"T={t} N={n} K={k}" + (" +bias" if bias else "") + ("" if fmt == "plain" else f" {fmt}")
             out.append(OpCase("linear", label, dtype, build, ulps(dtype, base, why), level, take=take, cost=cost,
                               **_ROWS0))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- act.gated
+
+@cases_for("act.gated")
+def act_gated() -> list[OpCase]:
+    out = []
+    # widths of real MLPs (Gemma 3 270M: I=2048) and, in full, odd ones: a vectorised elementwise kernel
+    # treats a tensor's tail differently, which batch invariance must not see
+    sweep = [(16, 256, "silu", "quick"), (5, 2048, "gelu_tanh", "quick"), (7, 640, "gelu_tanh", "quick"),
+             (1, 1024, "silu", "full"), (64, 2048, "gelu_tanh", "full"), (33, 1408, "silu", "full"),
+             (9, 100, "gelu_tanh", "full"), (5, 17, "silu", "full")]
+    for t, i, kind, level in sweep:
+        for dtype in ("float32", "bfloat16", "float16"):
+            if level == "quick" and dtype == "float16":
+                continue
+
+            def build(seed, t=t, i=i, kind=kind, dtype=dtype):
+                g = gen(seed)
+                dt = DTYPES[dtype]
+                return (randn(g, t, i, dtype=dt, scale=3.0), randn(g, t, i, dtype=dt), ActParams(kind)), {}
+
+            def take(a, k, n):
+                return (a[0][:n], a[1][:n], a[2]), {}
+
+            why = ("act(gate) (exp or tanh, a few fp32 ulps apart between libraries) times up: the reference rounds "
+                   "act(gate) to the input dtype before the product, a fused kernel once at the end")
+            tol = ulps(dtype, 2 if dtype != "float32" else 8, why)
+            out.append(OpCase("act.gated", f"T={t} I={i} {kind}", dtype, build, tol, level, take=take, **_ROWS0,
+                              cost=lambda a, k: (8.0 * a[0].numel(), 3 * nbytes(a[0]))))
     return out
 
 
