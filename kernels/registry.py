@@ -138,6 +138,16 @@ def _v4_specs() -> list[KernelSpec]:
                     "len_ptr": "*i32", "clen_ptr": "*i32"}, ("scale",),
                    lambda cfg: {"HAS_COMP": True, "HAS_SINKS": True, "DTYPE": bf16(), "PREC": "tf32", "BLOCK_H": 64,
                                 "BLOCK_D": 512, "INTERP": False, **_blocks(cfg)}, mma=True),
+    ] + [
+        # compressor: CSA (4-token windows with overlap, C = 2 x 512) and HCA (128-token windows, C = 512)
+        KernelSpec(f"attn_compress_{name}", "attn.compress", "inferhal.kernels.compress:compress_kernel",
+                   "attn_compress",
+                   {"st_ptr": "*bf16", "bias_ptr": "*fp32", "nw_ptr": "*bf16", "cs_ptr": "*fp32", "o_ptr": "*bf16",
+                    "bt_ptr": "*i32", "row_ptr": "*i64", "seq_ptr": "*i64", "pos_ptr": "*i64"}, ("eps",),
+                   lambda cfg, bm=bm, ov=ov: {"OVERLAP": ov, "R_HALF": 32, "INTERLEAVED": True, "DTYPE": bf16(),
+                                              "BLOCK_M": bm, "BLOCK_C": cfg["BLOCK_C"], "BLOCK_D": 512,
+                                              "BLOCK_R": 32, "INTERP": False})
+        for name, bm, ov in (("csa", 4, True), ("hca", 128, False))
     ]
 
 

@@ -51,6 +51,8 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         # tcgen05 M = 128 entries per tile against the 64 indexer heads
         "indexer_scores": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
         "attn_sparse": {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+        # HCA pools 128 tokens x BLOCK_C channels (kv and gate) in registers: 8 warps keep it unspilled
+        "attn_compress": {"BLOCK_C": 32, "num_warps": 8},
     },
     "cuda_sm90": {
         "moe_gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},

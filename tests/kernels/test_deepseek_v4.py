@@ -112,3 +112,45 @@ def test_attn_sparse_topk_matches_reference(case, dtype, close):
     ref = ref_sparse(q, kv, attn["swa"], *args, p, sinks)
     vmax = float(max(kv.float().abs().max(), cc.float().abs().max()))
     close(out, ref, links=2 if dtype == torch.bfloat16 else 1, scale=vmax, name="attn.sparse_topk")
+
+
+COMPRESS = [
+    # ctx_lens, new_lens, ratio, overlap, C, rope (rotary_dim, style, placement)
+    ([8], [8], 4, True, 32, (8, "interleaved", "tail")),  # CSA prefill: windows 0 (no previous) and 1
+    ([23, 40, 12], [1, 9, 12], 4, True, 48, (4, "interleaved", "tail")),  # ragged, D = 24
+    ([32, 47], [32, 16], 16, False, 40, (8, "neox", "head")),  # HCA-like: 16-token windows, D = 40
+]
+
+
+@pytest.mark.parametrize("case", COMPRESS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attn_compress_matches_reference(case, dtype, close):
+    from inferhal.kernels.compress import attn_compress
+
+    ctx, new, m, overlap, c, (r, style, place) = case
+    g = torch.Generator().manual_seed(sum(ctx) + m + c)
+    pos, qsl, attn, nb = v4_batch(ctx, new, m, g)
+    state = torch.randn(nb, BLOCK, 2, c, generator=g).to(dtype)
+    d = c // 2 if overlap else c
+    bias = torch.randn(m, c, generator=g)
+    w = (1 + 0.1 * torch.randn(d, generator=g)).to(dtype)
+    f = torch.arange(64).float()[:, None] * torch.rand(r // 2, generator=g)[None]
+    cs = torch.cat((f.cos(), f.sin()), dim=-1)
+    rows = torch.nonzero(attn["comp"].slot_mapping >= 0).flatten()
+    assert rows.numel() > 0
+    p = CompressParams(m, overlap, RopeParams(r, style, place), 1e-6)
+    out = attn_compress(state, attn["state"], rows, bias, w, cs, p)
+    ref = ref_compress(state, attn["state"], rows, bias, w, cs, p)
+    close(out, ref, links=3 if dtype == torch.bfloat16 else 1, scale=float(ref.float().abs().max()),
+          name="attn.compress")
+
+
+def test_attn_compress_rejects_a_row_that_closes_no_window():
+    from inferhal.kernels.compress import attn_compress
+
+    g = torch.Generator().manual_seed(0)
+    pos, qsl, attn, nb = v4_batch([8], [8], 4, g)
+    p = CompressParams(4, False, RopeParams(4, "interleaved", "tail"))
+    with pytest.raises(ValueError, match="does not close a window"):
+        attn_compress(torch.zeros(nb, BLOCK, 2, 8), attn["state"], torch.tensor([2]), torch.zeros(4, 8),
+                      torch.ones(8), torch.zeros(64, 4), p)
