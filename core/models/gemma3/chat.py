@@ -10,8 +10,9 @@ in Gemma's turn format, the one its instruction-tuned siblings are trained on::
     <start_of_turn>model\\n            <- the generation prompt
 
 Roles: ``system`` (folded into the first user turn, as Gemma has no system role), ``user``,
-``assistant`` (written as ``model``; ``model`` is accepted too). ``<bos>`` is not part of the text:
-the tokenizer adds it.
+``assistant`` (written as ``model``; ``model`` is accepted too). The text starts with ``<bos>``, as
+Hugging Face chat templates write it: encode it with ``add_bos=False`` (``<bos>`` is a control piece,
+matched whole).
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ def _check(messages: Sequence[Mapping[str, str]]) -> list[tuple[str, str]]:
     return out
 
 
-def render_turns(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
+def render_turns(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
+                 bos: str = "<bos>") -> str:
     msgs = _check(messages)
     system = ""
     if msgs[0][0] == "system":
         system = msgs[0][1].strip() + "\n\n"
         msgs = msgs[1:]
-    parts = []
+    parts = [bos]
     for i, (role, content) in enumerate(msgs):
         if role == "system":
             raise UserError(f"messages: a system message may only come first (found one at turn {i + 1})")
@@ -75,4 +77,4 @@ def render(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = 
 
     env.globals["raise_exception"] = _raise
     return env.from_string(template).render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                            bos_token="")
+                                            bos_token="<bos>")

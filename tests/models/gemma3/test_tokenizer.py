@@ -37,17 +37,19 @@ def test_vocabulary_facts(gemma):
     assert tok.bos_token_id == 2 and tok.eos_token_ids[0] == 1 and tok.vocab_size == 262144
     assert tok.encode("<start_of_turn>user\n", add_bos=False)[0] == 105  # control pieces stay whole
     assert tok.decode(tok.encode("ünïcode  \n\n x")[1:]) == "ünïcode  \n\n x"
+    chat = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hi"}]), add_bos=False)
+    assert chat[:3] == [2, 105, 2364] and chat.count(2) == 1  # one <bos>, then <start_of_turn>user
 
 
 def test_chat_turns_follow_gemma_format():
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Why?"}]
-    assert render(msgs) == ("<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!"
+    assert render(msgs) == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!"
                             "<end_of_turn>\n<start_of_turn>user\nWhy?<end_of_turn>\n<start_of_turn>model\n")
     assert render([{"role": "user", "content": "x"}], add_generation_prompt=False) == \
-        "<start_of_turn>user\nx<end_of_turn>\n"
-    tmpl = "{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}{% if add_generation_prompt %}>{% endif %}"
-    assert render([{"role": "user", "content": "x"}], True, tmpl) == "[user]x>"
+        "<bos><start_of_turn>user\nx<end_of_turn>\n"
+    tmpl = "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}{% if add_generation_prompt %}>{% endif %}"
+    assert render([{"role": "user", "content": "x"}], True, tmpl) == "<bos>[user]x>"
 
 
 @pytest.mark.parametrize("bad,match", [([], "messages is empty"), ([{"role": "bot", "content": "x"}], "role is 'bot'"),
