@@ -148,6 +148,12 @@ def _v4_specs() -> list[KernelSpec]:
                                               "BLOCK_M": bm, "BLOCK_C": cfg["BLOCK_C"], "BLOCK_D": 512,
                                               "BLOCK_R": 32, "INTERP": False})
         for name, bm, ov in (("csa", 4, True), ("hca", 128, False))
+    ] + [
+        # sampler over V4's 129,280-token vocabulary, one row per program
+        KernelSpec("sample", "sample", "inferhal.kernels.sample:sample_kernel", "sample",
+                   {"l_ptr": "*fp32", "t_ptr": "*fp32", "k_ptr": "*i32", "p_ptr": "*fp32", "mp_ptr": "*fp32",
+                    "seed_ptr": "*i64", "step_ptr": "*i64", "out_ptr": "*i64"}, (),
+                   lambda cfg: {"BLOCK_R": cfg["BLOCK_R"], "BLOCK_V": cfg["BLOCK_V"]}),
     ]
 
 

@@ -25,6 +25,7 @@ KERNEL_OPS: dict[str, str] = {
     "indexer.scores": "inferhal.kernels.indexer:indexer_scores",
     "attn.sparse_topk": "inferhal.kernels.sparse_attn:attn_sparse_topk",
     "attn.compress": "inferhal.kernels.compress:attn_compress",
+    "sample": "inferhal.kernels.sample:sample",
 }
 
 #: op ID -> why its kernel is degraded on a target (shown in the op's note).

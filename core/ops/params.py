@@ -153,11 +153,17 @@ class SampleBatch:
     top_p: tuple[float, ...]  # 1.0 = off
     generators: tuple[Any, ...] = field(default=(), compare=False, hash=False)
     min_p: tuple[float, ...] = ()
+    # optional counter-based RNG state for device samplers (the reference ignores both and uses generators):
+    # row i draws from the stream (seeds[i], steps[i]); steps[i] = the row's number of tokens sampled so far
+    seeds: tuple[int, ...] = ()
+    steps: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.temperature)
         _require(len(self.top_k) == n and len(self.top_p) == n, "SampleBatch fields must have one entry per row")
         _require(not self.generators or len(self.generators) == n, "SampleBatch.generators must be empty or per row")
+        _require(not self.seeds or len(self.seeds) == n, "SampleBatch.seeds must be empty or per row")
+        _require(not self.steps or len(self.steps) == len(self.seeds), "SampleBatch.steps must be empty or one per seed")
 
 
 @dataclass(frozen=True)
