@@ -158,6 +158,7 @@ class InferhalConfig:
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     prompt: Optional[str] = None
+    prompt_ids: Optional[List[int]] = None  # `generate`: a token-id prompt (models without a tokenizer)
     messages: Optional[List[Dict[str, str]]] = None
     prompts_file: Optional[str] = None  # JSONL of {"prompt": ...} or {"messages": [...]} per line
     target: Optional[str] = None  # `inferhal kernels compile target=NAME`: a target some backend declares

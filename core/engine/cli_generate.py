@@ -2,11 +2,16 @@
 
 - ``prompt='...'`` (default: :data:`DEFAULT_PROMPT` on the default model) streams tokens as they come
   and ends with a throughput line.
+- ``prompt_ids=[1,2,3]``: a token-id prompt (a model without a tokenizer, e.g. ``deepseek_v4_tiny``);
+  without a tokenizer the generated token ids are printed, space-separated, as they come.
 - ``messages=[{role: user, content: ...}]`` goes through the tokenizer's chat template first.
-- ``prompts_file=x.jsonl`` (one ``{"prompt": ...}`` or ``{"messages": [...]}`` per line, optional
-  ``"max_tokens"``/``"temperature"``/...): a batch job with a rich progress display; results go to
-  ``output=`` as JSONL (else printed). A bad line is reported with its error and the others run.
+- ``prompts_file=x.jsonl`` (one ``{"prompt": ...}``, ``{"prompt_token_ids": [...]}`` or
+  ``{"messages": [...]}`` per line, optional ``"max_tokens"``/``"temperature"``/...): a batch job with a
+  rich progress display; results go to ``output=`` as JSONL (else printed). A bad line is reported with
+  its error and the others run.
 Sampling comes from the ``sampling`` config node (``sampling.max_tokens=32 sampling.temperature=0.7``).
+``parallel.tp * parallel.ep > 1`` (e.g. ``parallel=ep2``) runs the same command on that many ranks
+(:mod:`inferhal.core.parallel.ep_generate`); rank 0 prints.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ def sampling_from_cfg(cfg) -> SamplingParams:
 
 def generate(cfg, llm: Any = None, out: TextIO = sys.stdout) -> int:
     if llm is None:
+        if "parallel" in cfg and int(cfg.parallel.tp) * int(cfg.parallel.ep) > 1:
+            from inferhal.core.parallel.ep_generate import generate_parallel
+
+            return generate_parallel(cfg)
         from inferhal.core.engine.llm import LLM
 
         llm = LLM.from_config(cfg)
@@ -44,10 +53,13 @@ def generate(cfg, llm: Any = None, out: TextIO = sys.stdout) -> int:
         msgs = OmegaConf.to_container(cfg.messages, resolve=True)
         prompt: Any = llm.tokenizer.encode(llm.tokenizer.apply_chat_template(msgs, add_generation_prompt=True),
                                            add_bos=False)
+    elif cfg.get("prompt_ids"):
+        prompt = [int(t) for t in cfg.prompt_ids]
     else:
         prompt = cfg.get("prompt") or DEFAULT_PROMPT
         if llm.tokenizer is None:
-            raise UserError("this model has no tokenizer; use the Python API with token ids")
+            raise UserError("this model has no tokenizer; pass token ids: prompt_ids=[1,2,3] or a prompts_file "
+                            'with {"prompt_token_ids": [...]} per line')
         out.write(prompt)
     return _stream_one(llm, prompt, params, out)
 
@@ -61,7 +73,7 @@ def _stream_one(llm, prompt, params: SamplingParams, out: TextIO) -> int:
         if first is None and o.new_token_ids:
             first = time.perf_counter()
         n += len(o.new_token_ids)
-        out.write(o.new_text)
+        out.write(o.new_text if llm.tokenizer is not None else "".join(f" {t}" for t in o.new_token_ids))
         out.flush()
         final = o
     dt = time.perf_counter() - t0
@@ -100,15 +112,19 @@ def _batch(llm, path: str, params: SamplingParams, output: Optional[str], out: T
         try:
             if isinstance(job, Exception) or not isinstance(job, dict):
                 raise ValueError(f"not a JSON object: {job}")
-            extra = {k: v for k, v in job.items() if k not in ("prompt", "messages", "id")}
+            extra = {k: v for k, v in job.items() if k not in ("prompt", "prompt_token_ids", "messages", "id")}
             p = dataclasses.replace(params, **extra) if extra else params
             if "messages" in job:
                 text = llm.tokenizer.apply_chat_template(job["messages"], add_generation_prompt=True)
                 prompt = llm.tokenizer.encode(text, add_bos=False)
+            elif "prompt_token_ids" in job:
+                prompt = job["prompt_token_ids"]
+                if not isinstance(prompt, list):
+                    raise ValueError('"prompt_token_ids" must be a list of token ids')
             elif "prompt" in job:
                 prompt = job["prompt"]
             else:
-                raise ValueError('each line needs "prompt" or "messages"')
+                raise ValueError('each line needs "prompt", "prompt_token_ids" or "messages"')
             ids[eng.add_request(prompt, p)] = (line, job.get("id", line))
         except (ValueError, TypeError) as exc:
             errors.append({"line": line, "error": str(exc)})

@@ -76,6 +76,9 @@ class Engine:
         self.runner = ModelRunner(self.model, backend.ops, self.kv_storage, self.specs, bs, self.device)
         self.seed = seed
         self.stream_text = False  # decode text on every step (streaming) or only when a request finishes
+        # called as hook(engine) at the end of every step(), in order (e.g. core/parallel's EP rank sync
+        # and EPLB rebalance); an exception from a hook propagates out of step()
+        self.step_hooks: list = []
         self._ids = itertools.count()
         self._prompts: dict[str, Optional[str]] = {}
         self._logprobs: dict[str, list[dict[int, float]]] = {}
@@ -163,6 +166,8 @@ class Engine:
         self.last_step = {"schedule_s": t1 - t0, "execute_s": t2 - t1, "prepare_s": res.prepare_s,
                           "model_s": res.model_s, "sample_s": res.sample_s, "update_s": t3 - t2,
                           "num_seqs": len(out.seqs), "num_tokens": out.num_scheduled_tokens, "stopped": stopped}
+        for hook in self.step_hooks:
+            hook(self)
         return outputs
 
     def _check_stop_strings(self, changed: Sequence[Request]) -> int:

@@ -85,11 +85,15 @@ class EPExperts:
         phys = to_physical(logical_ids[lo:hi], p.log2phy[layer], p.logcnt[layer], torch.arange(lo, hi))
         if self.recorder is not None:
             self.recorder.record(layer, phys)
-        sent = ops["moe.dispatch"](x[lo:hi], phys, comm, self.ep_p)
+        xs, ws = x[lo:hi], weights[lo:hi]
+        if hi == lo:  # an empty shard (T < ranks) still joins the collectives: one row that goes nowhere
+            xs, ws = x.new_zeros((1, x.shape[1])), weights.new_zeros((1, weights.shape[1]))
+            phys = torch.full((1, weights.shape[1]), -1, dtype=torch.long)
+        sent = ops["moe.dispatch"](xs, phys, comm, self.ep_p)
         gu, down = self.local[layer]
         ones = torch.ones((sent.x.shape[0], 1), dtype=torch.float32)
         y_local = ops["moe.experts"](sent.x, ones, sent.local_ids[:, None], gu, down, self.experts_p)
-        y = ops["moe.combine"](y_local, weights[lo:hi], sent.handle, comm, self.ep_p)  # [hi-lo, D]
+        y = ops["moe.combine"](y_local, ws, sent.handle, comm, self.ep_p)[: hi - lo]  # [hi-lo, D]
         if n == 1:
             return y
         pad = torch.zeros((per, x.shape[1]), dtype=y.dtype)

@@ -14,6 +14,12 @@ layer ``num_layers + k`` of ``swa``), its own HC head and norm, the shared LM he
 Expert-load statistics: pass ``recorder`` (any object with ``record(layer: int, ids: Tensor[T, K])``,
 :class:`ExpertLoadRecorder`); every MoE layer reports the routed expert ids of its tokens, MTP layers
 as layer ``num_layers + k``.
+
+Expert parallelism: :meth:`DeepseekV4ForCausalLM.use_expert_runner` installs an ``expert_runner``
+(``runner(layer, x[T, D], weights[T, K] fp32, logical_ids[T, K]) -> y[T, D]``, e.g.
+:class:`~inferhal.core.parallel.ep_moe.EPExperts`) that computes the routed experts of every MoE layer
+(MoE layer index as above) and drops the model's full routed-expert tensors; the runner then owns the
+load recording too. The shared expert stays in the model.
 """
 
 from __future__ import annotations
@@ -66,13 +72,15 @@ class DeepseekV4ForCausalLM:
     """A loaded DeepSeek-V4 bound to one backend's op table (implements :class:`~inferhal.core.models.base.CausalLM`)."""
 
     def __init__(self, cfg: V4Config, weights: Mapping[str, Any], ops: Any, dtype: torch.dtype, max_model_len: int,
-                 device: str | torch.device = "cpu", has_mtp: bool = False, recorder: ExpertLoadRecorder | None = None):
+                 device: str | torch.device = "cpu", has_mtp: bool = False, recorder: ExpertLoadRecorder | None = None,
+                 expert_runner: Any = None):
         self.cfg, self.ops, self.dtype = cfg, ops, dtype
         self.weights = dict(weights)
         self.vocab_size = cfg.vocab_size
         self.max_model_len = min(max_model_len, cfg.max_position_embeddings)
         self.num_mtp_layers = cfg.num_mtp if has_mtp else 0
         self.recorder = recorder
+        self.expert_runner = expert_runner
         lim = cfg.max_position_embeddings
         self.rope_main = RopeCache(cfg.rope_main, min(self.max_model_len, 4096), lim, device)
         self.rope_compress = RopeCache(cfg.rope_compress, min(self.max_model_len, 4096), lim, device)
@@ -134,6 +142,30 @@ class DeepseekV4ForCausalLM:
         streams = self.block(pre, cfg.num_layers + k, x, ids, batch, kv)
         return self.head(pre, streams[batch.logits_indices.long()])
 
+    # ------------------------------------------------------------------ expert parallelism
+
+    @property
+    def num_moe_layers(self) -> int:
+        """MoE layer indices ``0 .. num_layers + num_mtp_layers - 1`` (main layers, then MTP layers)."""
+        return self.cfg.num_layers + self.num_mtp_layers
+
+    def _moe_prefix(self, layer: int) -> str:
+        n = self.cfg.num_layers
+        return f"layers.{layer}." if layer < n else f"mtp.{layer - n}."
+
+    def routed_expert_weights(self) -> list[tuple[Any, Any]]:
+        """Per MoE layer ``(gate_up[E, 2I, D], down[E, D, I])`` (plain or QuantWeight), by MoE layer index."""
+        return [(self.weights[self._moe_prefix(l) + "mlp.experts.gate_up_proj"],
+                 self.weights[self._moe_prefix(l) + "mlp.experts.down_proj"]) for l in range(self.num_moe_layers)]
+
+    def use_expert_runner(self, runner: Any) -> None:
+        """Route every MoE layer's routed experts through ``runner`` and drop the full expert tensors
+        (the runner keeps what this rank needs)."""
+        self.expert_runner = runner
+        for l in range(self.num_moe_layers):
+            for part in ("gate_up_proj", "down_proj"):
+                self.weights.pop(self._moe_prefix(l) + "mlp.experts." + part, None)
+
     # ------------------------------------------------------------------ pieces
 
     def head(self, pre: str, streams: torch.Tensor) -> torch.Tensor:
@@ -163,10 +195,13 @@ class DeepseekV4ForCausalLM:
             weights, eids = ops["moe.route"](logits, self.route_p, None, hash_ids=w[g + "tid2eid"][ids])
         else:
             weights, eids = ops["moe.route"](logits, self.route_p, w[g + "e_score_correction_bias"])
-        if self.recorder is not None:
-            self.recorder.record(layer, eids)
-        e = pre + "mlp.experts."
-        y = ops["moe.experts"](x, weights, eids, w[e + "gate_up_proj"], w[e + "down_proj"], self.experts_p)
+        if self.expert_runner is not None:
+            y = self.expert_runner(layer, x, weights, eids)  # [T, D]; the runner records the load
+        else:
+            if self.recorder is not None:
+                self.recorder.record(layer, eids)
+            e = pre + "mlp.experts."
+            y = ops["moe.experts"](x, weights, eids, w[e + "gate_up_proj"], w[e + "down_proj"], self.experts_p)
         gu, down = self.shared[pre]
         one = torch.ones((x.shape[0], 1), dtype=torch.float32, device=x.device)
         zero = torch.zeros((x.shape[0], 1), dtype=torch.long, device=x.device)

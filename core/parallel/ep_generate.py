@@ -1,0 +1,76 @@
+"""``inferhal generate`` over EP ranks: ``parallel=ep2`` spawns the ranks itself (``launcher=local``) or
+runs as one rank under torchrun (``launcher=torchrun``); each rank builds the same engine, joins the
+process group through the backend's communicator and becomes an EP rank (:func:`.ep_engine.attach_ep`).
+Rank 0 prints; the other ranks run silently. A rank that fails ends the launch with its error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Any
+
+from inferhal.core.backend import ParallelLayout
+from inferhal.core.errors import UserError
+from inferhal.core.parallel.ep_engine import EPRank, attach_ep
+from inferhal.core.parallel.launch import launch
+
+
+def ep_llm(cfg: Any, layout: ParallelLayout) -> tuple[Any, EPRank]:
+    """An :class:`~inferhal.core.engine.llm.LLM` from the composed ``cfg`` acting as rank ``layout.rank``."""
+    from inferhal.core.engine.llm import LLM
+
+    if layout.tp != 1:
+        raise UserError(f"parallel.tp={layout.tp}: tensor parallelism is not supported yet (use parallel.tp=1)")
+    llm = LLM.from_config(cfg)
+    comm = llm.engine.backend.communicator(layout)
+    return llm, attach_ep(llm.engine, comm, cfg.eplb)
+
+
+def run_rank(layout: ParallelLayout, cfg_node: dict) -> int:
+    """One rank of ``inferhal generate``; returns the command's exit status."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from inferhal.core.engine.cli_generate import generate
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // layout.world_size))  # ranks share this host's cores
+    cfg = OmegaConf.create(cfg_node)
+    llm, ep = ep_llm(cfg, layout)
+    if layout.rank == 0:
+        return generate(cfg, llm, sys.stdout)
+    with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):  # no second progress display
+        return generate(cfg, llm, null)
+
+
+def _spawned_rank(layout: ParallelLayout, cfg_node: dict) -> None:
+    try:
+        rc = run_rank(layout, cfg_node)
+    except UserError as exc:
+        print(f"inferhal: rank {layout.rank}: {exc}", file=sys.stderr)
+        sys.exit(2)
+    if rc:
+        sys.exit(rc)
+
+
+def generate_parallel(cfg: Any) -> int:
+    """Run ``inferhal generate`` on ``parallel.tp * parallel.ep`` ranks; the exit status of rank 0 (or of
+    the first rank that failed)."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(cfg, resolve=True)
+    if str(cfg.parallel.launcher) == "torchrun" or "RANK" in os.environ:
+        rcs: list[int] = []
+        launch(lambda lay, c: rcs.append(run_rank(lay, c)), cfg.parallel, node)
+        return rcs[0] if rcs else 0
+    import torch.multiprocessing as mp
+
+    try:
+        launch(_spawned_rank, cfg.parallel, node)
+    except mp.ProcessExitedException as exc:
+        print(f"inferhal: EP rank {exc.error_index} exited with status {exc.exit_code}", file=sys.stderr)
+        return int(exc.exit_code) if exc.exit_code and exc.exit_code > 0 else 1
+    except mp.ProcessRaisedException as exc:
+        raise UserError(f"EP rank {exc.error_index} failed:\n{exc}") from None
+    return 0
