@@ -56,7 +56,7 @@ def norm_rms() -> list[OpCase]:
 
 # ------------------------------------------------------------------------------------------- rope.apply
 
-def _cos_sin(positions: int, rotary: int, theta: float = 10000.0) -> torch.Tensor:
+def cos_sin_table(positions: int, rotary: int, theta: float = 10000.0) -> torch.Tensor:
     inv = 1.0 / theta ** (torch.arange(0, rotary, 2, dtype=torch.float64) / rotary)
     ang = torch.arange(positions, dtype=torch.float64)[:, None] * inv[None, :]
     return torch.cat((ang.cos(), ang.sin()), dim=-1).float()  # [P, R]
@@ -77,7 +77,7 @@ def rope_apply() -> list[OpCase]:
                 g = gen(seed)
                 x = randn(g, t, h, d, dtype=DTYPES[dtype])
                 pos = torch.randint(0, 4096, (t,), generator=g, dtype=torch.long)
-                return (x, pos, _cos_sin(4096, r), RopeParams(r, style, place, inv)), {}
+                return (x, pos, cos_sin_table(4096, r), RopeParams(r, style, place, inv)), {}
 
             def take(a, k, n):
                 return (a[0][:n], a[1][:n], a[2], a[3]), {}

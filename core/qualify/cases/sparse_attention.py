@@ -22,7 +22,7 @@ from inferhal.core.paging.batch import SeqSlice, build_attn_batches
 from inferhal.core.paging.spec import KVGroupSpec
 from inferhal.core.qualify.cases.attention import first_seqs
 from inferhal.core.qualify.cases.base import DTYPES, OpCase, cases_for, gen, nbytes, randn
-from inferhal.core.qualify.cases.dense import _cos_sin
+from inferhal.core.qualify.cases.dense import cos_sin_table
 from inferhal.core.qualify.tolerances import ulps
 
 Seqs = list[tuple[int, int]]  # (num_computed, num_new) per sequence
@@ -175,7 +175,7 @@ def attn_compress() -> list[OpCase]:
                 weight = 1.0 + randn(g, d, dtype=dt, scale=0.1)
                 top = max(cc + nn for cc, nn in seqs)
                 p = CompressParams(m, overlap, RopeParams(r, "interleaved", "tail"), eps=1e-6)
-                return (state, batches["state"], rows, bias, weight, _cos_sin(top, r, 160000.0), p), {}
+                return (state, batches["state"], rows, bias, weight, cos_sin_table(top, r, 160000.0), p), {}
 
             def take(a, kw, n):
                 e = _end(a[1], n)
