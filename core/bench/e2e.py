@@ -167,7 +167,7 @@ def run(cfg) -> int:
 
     from inferhal.core.engine.llm import LLM
 
-    console = Console()
+    console = Console(width=max(Console().width, 120))
     b = cfg.bench
     levels = [int(c) for c in b.concurrency]
     max_tokens = int(b.max_tokens)
