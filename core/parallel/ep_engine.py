@@ -56,6 +56,9 @@ class EPRank:
             return
         res = self.controller.step(self.comm)
         if res is not None:
+            # EplbController.step resets the recorder's step count but leaves the trigger armed at the old
+            # count, which would stretch every later interval; re-arm it at the restarted count
+            self.controller.trigger.fired(self.controller.recorder.steps)
             received = self.runner.rebalance(res[1])
             self.rebalances.append(Rebalance(self.step, res[0], res[1], received))
 
@@ -89,12 +92,12 @@ def attach_ep(engine: Any, comm: Any, eplb: Any) -> EPRank:
     ep = int(comm.layout.world_size)
     full = model.routed_expert_weights()
     num_layers, num_experts = len(full), int(full[0][0].shape[0])
+    physical = num_experts + (int(eplb.num_redundant_experts) if bool(eplb.enabled) else 0)
+    if physical % ep:
+        what = "routed experts + eplb.num_redundant_experts" if bool(eplb.enabled) else "routed experts"
+        raise UserError(f"{physical} physical expert slots ({what}) do not divide among parallel.ep={ep} ranks")
     ctl = eplb_controller(eplb, num_layers, num_experts, ep)
     placement = ctl.placement if ctl is not None else Placement.identity(num_layers, num_experts)
-    if placement.num_physical % ep:
-        what = ("routed experts + eplb.num_redundant_experts" if ctl is not None else "routed experts")
-        raise UserError(f"{placement.num_physical} physical expert slots ({what}) do not divide among "
-                        f"parallel.ep={ep} ranks")
     runner = EPExperts(engine.backend.ops, comm, placement, full, model.experts_p,
                        recorder=ctl.recorder if ctl is not None else None)
     del full
