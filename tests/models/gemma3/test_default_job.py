@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from inferhal.core.cli.main import main
+import io
+import os
+import subprocess
+import sys
+
+from inferhal.core.cli.main import compose
+from inferhal.core.engine.cli_generate import DEFAULT_PROMPT, generate
 
 pytestmark = pytest.mark.slow
 SMALL = ["sampling.max_tokens=8", "cache.num_blocks=128", "model.max_model_len=512"]
@@ -24,24 +30,29 @@ def _greedy(llm, ids):
     return llm.generate([ids], SamplingParams(max_tokens=8, temperature=0.0))[0].text
 
 
-def test_generate_prompt_prints_the_engine_text(llm, capsys):
-    assert main(["generate", "prompt=The capital of France is", *SMALL]) == 0
-    out = capsys.readouterr().out
+def _cli(*overrides: str) -> str:
+    """What ``inferhal generate OVERRIDES`` writes (the command's own composition and generate path)."""
+    buf = io.StringIO()
+    assert generate(compose([*overrides, *SMALL], command="generate"), out=buf) == 0
+    return buf.getvalue()
+
+
+def test_generate_prompt_prints_the_engine_text(llm):
+    out = _cli("prompt=The capital of France is")
     want = _greedy(llm, llm.tokenizer.encode("The capital of France is"))
     assert want.strip() and out.startswith("The capital of France is" + want)
 
 
-def test_default_generate_prints_text_for_the_default_prompt(llm, capsys):
-    from inferhal.core.engine.cli_generate import DEFAULT_PROMPT
-
-    assert main(["generate", *SMALL]) == 0
-    out = capsys.readouterr().out
+def test_default_generate_command_prints_text_for_the_default_prompt(llm):
+    exe = os.path.join(os.path.dirname(sys.executable), "inferhal")
+    run = subprocess.run([exe, "generate", *SMALL], capture_output=True, text=True, timeout=600, cwd="/")
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
     assert out.startswith(DEFAULT_PROMPT + _greedy(llm, llm.tokenizer.encode(DEFAULT_PROMPT)))
 
 
-def test_chat_messages_go_through_the_gemma_turn_format(llm, capsys):
-    assert main(["generate", "messages=[{role: user, content: 'Name one colour.'}]", *SMALL]) == 0
-    out = capsys.readouterr().out
+def test_chat_messages_go_through_the_gemma_turn_format(llm):
+    out = _cli("messages=[{role: user, content: 'Name one colour.'}]")
     tok = llm.tokenizer
     prompt = tok.apply_chat_template([{"role": "user", "content": "Name one colour."}])
     ids = tok.encode(prompt, add_bos=False)
