@@ -82,21 +82,22 @@ class EPExperts:
         per = -(-t // n) if t else 0
         lo, hi = min(me * per, t), min((me + 1) * per, t)
         p = self.placement
-        phys = to_physical(logical_ids[lo:hi], p.log2phy[layer], p.logcnt[layer], torch.arange(lo, hi))
+        idx = torch.arange(lo, hi, device=x.device)
+        phys = to_physical(logical_ids[lo:hi], p.log2phy[layer], p.logcnt[layer], idx)  # [hi-lo, K]
         if self.recorder is not None:
             self.recorder.record(layer, phys)
         xs, ws = x[lo:hi], weights[lo:hi]
         if hi == lo:  # an empty shard (T < ranks) still joins the collectives: one row that goes nowhere
             xs, ws = x.new_zeros((1, x.shape[1])), weights.new_zeros((1, weights.shape[1]))
-            phys = torch.full((1, weights.shape[1]), -1, dtype=torch.long)
+            phys = torch.full((1, weights.shape[1]), -1, dtype=torch.long, device=x.device)
         sent = ops["moe.dispatch"](xs, phys, comm, self.ep_p)
         gu, down = self.local[layer]
-        ones = torch.ones((sent.x.shape[0], 1), dtype=torch.float32)
+        ones = torch.ones((sent.x.shape[0], 1), dtype=torch.float32, device=x.device)
         y_local = ops["moe.experts"](sent.x, ones, sent.local_ids[:, None], gu, down, self.experts_p)
         y = ops["moe.combine"](y_local, ws, sent.handle, comm, self.ep_p)[: hi - lo]  # [hi-lo, D]
         if n == 1:
             return y
-        pad = torch.zeros((per, x.shape[1]), dtype=y.dtype)
+        pad = torch.zeros((per, x.shape[1]), dtype=y.dtype, device=y.device)
         pad[: hi - lo] = y
         return torch.cat(comm.all_gather(pad))[:t]
 

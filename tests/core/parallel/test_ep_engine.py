@@ -166,11 +166,27 @@ def test_cli_parallel_ep2_prints_the_single_process_tokens(reference_tokens):
     assert len(ep2) == 2 and ep2[1].startswith("[6 tokens in ")  # rank 0 alone prints
 
 
-def test_cli_torchrun_launcher_without_torchrun_environment_is_a_user_error():
+@pytest.mark.slow
+def test_cli_under_torchrun_prints_the_single_process_tokens(reference_tokens):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     exe = os.path.join(os.path.dirname(sys.executable), "inferhal")
-    p = subprocess.run([exe, "generate", "model=deepseek_v4_tiny", "prompt_ids=[1,2]", "parallel=ep2",
-                        "parallel.launcher=torchrun"], cwd="/tmp", env=env, capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode != 0
-    assert "parallel.launcher=torchrun but RANK/WORLD_SIZE are not set" in p.stderr
+    p = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()), exe, "generate",
+                        "model=deepseek_v4_tiny", "prompt_ids=[1,2,3,4,5]", "sampling.max_tokens=6",
+                        "sampling.temperature=0", "parallel=ep2", "parallel.launcher=torchrun"],
+                       cwd="/tmp", env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].split() == [str(t) for t in reference_tokens[0]]
+    assert len(lines) == 2  # rank 0 alone prints
+
+
+def test_torchrun_launcher_without_torchrun_environment_is_a_user_error(monkeypatch):
+    from inferhal.core.errors import UserError
+    from inferhal.core.parallel.ep_generate import generate_parallel
+
+    for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(v, raising=False)
+    cfg = load_workers().tiny_cfg(["parallel=ep2", "parallel.launcher=torchrun", "prompt_ids=[1,2]"])
+    with pytest.raises(UserError, match="parallel.launcher=torchrun but RANK/WORLD_SIZE are not set"):
+        generate_parallel(cfg)
