@@ -6,7 +6,7 @@ run with at most ``c`` in flight, from the same token-id prompts, on:
 
 - **inferhal**: the engine, closed loop: ``c`` requests in flight, a new one added when one finishes. TTFT = submit → first token; TPOT = (last − first token) / (tokens − 1).
 - **transformers** (``bench.peers`` contains ``transformers``): ``AutoModelForCausalLM`` on the same
-  GGUF (``gguf_file=``, fp32), ``generate`` on batches of ``c`` prompts, left padding. A logits
+  GGUF (``gguf_file=``, in ``model.dtype`` like ours: fp32 by default, ``model.dtype=bfloat16`` for both), ``generate`` on batches of ``c`` prompts, left padding. A logits
   processor stamps each step; every request in a batch shares its batch's times (queued batches wait).
 - **llama.cpp** (``llama_cpp`` in ``bench.peers``, the optional ``llama-cpp-python``): ``Llama`` on
   the same GGUF with as many threads as torch uses. It serves one request at a time, so ``c`` clients
@@ -144,13 +144,13 @@ def run_llama_cpp(llama, prompts: Sequence[list[int]], c: int, max_tokens: int, 
 
 # -- orchestration -------------------------------------------------------------------------------------
 
-def _peer_loaders(path: str, threads: int) -> dict[str, Callable[[], Any]]:
+def _peer_loaders(path: str, threads: int, dtype: str) -> dict[str, Callable[[], Any]]:
     def transformers_model():
         import torch
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                    dtype=torch.float32).eval()
+                                                    dtype=getattr(torch, dtype)).eval()
 
     def llama_cpp_model():
         from llama_cpp import Llama
@@ -198,7 +198,7 @@ def run(cfg) -> int:
         rows.append(summarize("inferhal", c, wall, per))
         console.print(f"inferhal c={c}: {rows[-1]['tok_s']:.1f} tok/s")
 
-    loaders = _peer_loaders(path, torch.get_num_threads())
+    loaders = _peer_loaders(path, torch.get_num_threads(), str(cfg.model.dtype))
     for peer in peers:
         try:
             t = time.perf_counter()

@@ -25,7 +25,7 @@ log = logging.getLogger("inferhal.models.gemma3")
 
 VERSION = 1
 _ALIGN = 64
-_NP = {torch.float32: np.float32, torch.float16: np.float16}
+_NP = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.int16}  # bf16 stored as raw bits
 
 
 def enabled(dtype: torch.dtype) -> bool:
@@ -49,9 +49,11 @@ def load(d: Path) -> dict[str, torch.Tensor] | None:
         with warnings.catch_warnings():  # read-only mapping: the model never writes its weights
             warnings.simplefilter("ignore", UserWarning)
             for name, (off, shape, dt) in index["tensors"].items():
-                npd = np.dtype(dt)
+                bf16 = dt == "bfloat16"
+                npd = np.dtype(np.int16 if bf16 else dt)
                 n = int(np.prod(shape, dtype=np.int64)) * npd.itemsize
-                out[name] = torch.from_numpy(mm[off : off + n].view(npd).reshape(shape))
+                t = torch.from_numpy(mm[off : off + n].view(npd).reshape(shape))
+                out[name] = t.view(torch.bfloat16) if bf16 else t
         return out
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.debug("weight cache %s unusable: %s", d, exc)
@@ -66,11 +68,13 @@ def store(d: Path, tensors: Mapping[str, torch.Tensor]) -> None:
         index, off = {}, 0
         with open(tmp / "weights.bin", "wb") as f:
             for name, t in tensors.items():
-                a = t.detach().contiguous().numpy()
+                t = t.detach().contiguous()
+                bf16 = t.dtype == torch.bfloat16
+                a = (t.view(torch.int16) if bf16 else t).numpy()
                 pad = -off % _ALIGN
                 f.write(b"\0" * pad)
                 off += pad
-                index[name] = (off, list(a.shape), a.dtype.str)
+                index[name] = (off, list(a.shape), "bfloat16" if bf16 else a.dtype.str)
                 f.write(a.tobytes())
                 off += a.nbytes
         (tmp / "index.json").write_text(json.dumps({"nbytes": off, "tensors": index}))
