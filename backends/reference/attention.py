@@ -17,6 +17,42 @@ def gather_pages(cache: torch.Tensor, block_row: torch.Tensor, start: int, end: 
     return cache[blocks, pos % bs]
 
 
+def token_seqs(query_start_loc: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """Sequence index of each of the ``num_tokens`` flat rows: ``[T]`` int64."""
+    qsl = query_start_loc.long()
+    return torch.searchsorted(qsl[1:], torch.arange(num_tokens, device=qsl.device), right=True)
+
+
+def gather_slots(cache: torch.Tensor, block_table: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor,
+                 valid: torch.Tensor) -> torch.Tensor:
+    """Batched :func:`gather_pages`: entry ``pos`` of sequence ``seq`` (broadcast together, e.g. ``[T, S]``)
+    through the padded ``block_table [B, M]``; zero where not ``valid`` → ``[*pos.shape, *slot]``.
+    A valid position on a block that is not allocated (-1 or past the table) raises IndexError."""
+    bs, width = cache.shape[1], block_table.shape[1]
+    seq, pos, valid = torch.broadcast_tensors(seq.long(), pos.long(), valid)
+    logical = pos.div(bs, rounding_mode="floor")
+    phys = block_table[seq, logical.clamp(0, max(width - 1, 0))].long()
+    missing = valid & ((logical >= width) | (phys < 0))
+    if bool(missing.any()):
+        i = tuple(int(j) for j in torch.nonzero(missing)[0])
+        raise IndexError(f"KV position {int(pos[i])} of sequence {int(seq[i])} reaches a block that is not allocated "
+                         f"(-1 in the block table)")
+    vals = cache[torch.where(valid, phys, 0), torch.where(valid, pos % bs, 0)]  # [*pos.shape, *slot]
+    return vals.masked_fill(~valid.view(*valid.shape, *(1,) * (vals.dim() - valid.dim())), 0)
+
+
+def _sink_softmax(logits: torch.Tensor, mask: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last axis of visible (``mask``) logits, with an optional extra sink logit per row
+    (``sink`` broadcast to ``logits[..., :1]``) that takes probability mass and is dropped."""
+    logits = logits.masked_fill(~mask, float("-inf"))
+    if sink is not None:
+        logits = torch.cat((logits, sink.expand(*logits.shape[:-1], 1)), dim=-1)
+    m = logits.amax(dim=-1, keepdim=True).clamp(min=-1e30)
+    probs = torch.exp(logits - m)
+    probs = probs / probs.sum(dim=-1, keepdim=True).clamp(min=1e-30)
+    return probs[..., :-1] if sink is not None else probs
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, p: AttnParams,
            sinks: torch.Tensor | None) -> torch.Tensor:
     """q: [Tq, H, D], k: [S, Hk, D], v: [S, Hk, Dv], mask: [Tq, S] bool (True = visible) -> [Tq, H, Dv]."""
@@ -27,16 +63,23 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     logits = torch.einsum("thd,shd->hts", q.float(), kf) * p.scale  # [H, Tq, S]
     if p.softcap > 0:
         logits = p.softcap * torch.tanh(logits / p.softcap)
-    logits = logits.masked_fill(~mask[None], float("-inf"))
-    if sinks is not None:
-        sink = sinks.float().view(h, 1, 1).expand(h, logits.shape[1], 1)
-        logits = torch.cat((logits, sink), dim=-1)
-    m = logits.amax(dim=-1, keepdim=True).clamp(min=-1e30)
-    probs = torch.exp(logits - m)
-    probs = probs / probs.sum(dim=-1, keepdim=True).clamp(min=1e-30)
-    if sinks is not None:
-        probs = probs[..., :-1]
+    probs = _sink_softmax(logits, mask[None], None if sinks is None else sinks.float().view(h, 1, 1))
     return torch.einsum("hts,shd->thd", probs, vf).to(q.dtype)
+
+
+def attend_gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, p: AttnParams,
+                    sinks: torch.Tensor | None) -> torch.Tensor:
+    """:func:`attend` with keys of each query's own: q: [T, H, D], k: [T, S, Hk, D], v: [T, S, Hk, Dv],
+    mask: [T, S] bool (True = visible) -> [T, H, Dv]. Query head ``h`` reads KV head ``h // (H // Hk)``."""
+    t, h, d = q.shape
+    s, hk, dv = k.shape[1], k.shape[2], v.shape[3]
+    qg = q.float().view(t, hk, h // hk, d)  # [T, Hk, rep, D]
+    logits = torch.einsum("tgrd,tsgd->tgrs", qg, k.float()).reshape(t, h, s) * p.scale  # [T, H, S]
+    if p.softcap > 0:
+        logits = p.softcap * torch.tanh(logits / p.softcap)
+    probs = _sink_softmax(logits, mask[:, None], None if sinks is None else sinks.float().view(1, h, 1))
+    out = torch.einsum("tgrs,tsgd->tgrd", probs.view(t, hk, h // hk, s), v.float())  # [T, Hk, rep, Dv]
+    return out.reshape(t, h, dv).to(q.dtype)
 
 
 def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: AttnParams,

@@ -4,6 +4,10 @@
 Compressed groups index entries, not tokens: entry ``e`` of a sequence covers tokens ``[e*m, (e+1)*m)``
 (CSA pools ``[(e-1)*m, (e+1)*m)``), is written by token ``(e+1)*m - 1`` and is visible to a query at
 position ``t`` iff ``e < (t + 1) // m``.
+
+Every op works on all rows at once: each row gathers the slots it reads (its window, its chosen entries)
+through its sequence's row of the padded block table, with a mask for the ones it may not see; masked
+keys get zero weight exactly, so this is the per-sequence formula, batched.
 """
 
 from __future__ import annotations
@@ -11,13 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from inferhal.backends.reference.attention import attend, gather_pages
+from inferhal.backends.reference.attention import attend_gathered, gather_slots, token_seqs
 from inferhal.core.ops.params import AttnBatch, AttnParams, CompressParams, IndexerParams, RmsNormParams
-
-
-def _seq_of(batch: AttnBatch, rows: torch.Tensor) -> torch.Tensor:
-    """Sequence index of each flat row."""
-    return torch.searchsorted(batch.query_start_loc[1:].long().to(rows.device), rows.long(), right=True)
 
 
 def attn_compress(state_cache: torch.Tensor, batch: AttnBatch, rows: torch.Tensor, position_bias: torch.Tensor,
@@ -30,85 +29,72 @@ def attn_compress(state_cache: torch.Tensor, batch: AttnBatch, rows: torch.Tenso
     d = c // 2 if p.overlap else c
     if rows.numel() == 0:
         return state_cache.new_zeros((0, d))
-    bias = position_bias.float()  # [m, C]
-    seqs = _seq_of(batch, rows).tolist()
-    pooled, starts = [], []
-    for row, b in zip(rows.tolist(), seqs):
-        pos = int(batch.positions[row])
-        if (pos + 1) % m:
-            raise ValueError(f"attn.compress: row {row} at position {pos} does not close a window of {m}")
-        e = (pos + 1) // m - 1
-        cur = gather_pages(state_cache, batch.block_table[b], e * m, (e + 1) * m).float()  # [m, 2, C]
-        kv, gate = cur[:, 0], cur[:, 1] + bias
-        if p.overlap:
-            kv, gate = kv[:, d:], gate[:, d:]  # this window's own half
-            if e > 0:
-                prev = gather_pages(state_cache, batch.block_table[b], (e - 1) * m, e * m).float()
-                kv = torch.cat((prev[:, 0, :d], kv))
-                gate = torch.cat((prev[:, 1, :d] + bias[:, :d], gate))
-        w = torch.softmax(gate, dim=0)  # per channel, over the window's tokens
-        pooled.append((kv * w).sum(dim=0))
-        starts.append(e * m)
-    x = torch.stack(pooled).to(state_cache.dtype)  # [N, D]
+    rows = rows.long()
+    seq = token_seqs(batch.query_start_loc, batch.positions.shape[0])[rows]  # [N]
+    pos = batch.positions[rows].long()  # [N]
+    if bool(((pos + 1) % m).any()):
+        i = int(torch.nonzero((pos + 1) % m)[0])
+        raise ValueError(f"attn.compress: row {int(rows[i])} at position {int(pos[i])} does not close a window of {m}")
+    e = (pos + 1) // m - 1  # [N] entry each row closes
+    span = 2 if p.overlap else 1  # CSA pools the previous window too
+    tok = (e + 1 - span)[:, None] * m + torch.arange(span * m, device=pos.device)  # [N, span*m] pooled tokens
+    valid = tok >= 0  # entry 0 of CSA has no previous window
+    st = gather_slots(state_cache, batch.block_table, seq[:, None], tok, valid).float()  # [N, span*m, 2, C]
+    kv, gate = st[:, :, 0], st[:, :, 1] + position_bias.float().repeat(span, 1)  # [N, span*m, C]
+    if p.overlap:  # the previous window gives its first half of the channels, this window its second
+        own = (torch.arange(2 * m, device=pos.device) >= m)[None, :, None]  # [1, 2m, 1]
+        kv = torch.where(own, kv[..., d:], kv[..., :d])  # [N, 2m, D]
+        gate = torch.where(own, gate[..., d:], gate[..., :d])
+    gate = gate.masked_fill(~valid[..., None], float("-inf"))
+    w = torch.softmax(gate, dim=1)  # per channel, over the window's tokens
+    x = (kv * w).sum(dim=1).to(state_cache.dtype)  # [N, D]
     x = norm_rms(x, norm_weight, RmsNormParams(eps=p.eps))
-    pos_t = torch.tensor(starts, dtype=torch.long, device=x.device)
-    return rope_apply(x[:, None], pos_t, cos_sin, p.rope)[:, 0]
+    return rope_apply(x[:, None], e * m, cos_sin, p.rope)[:, 0]
 
 
 def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, weights: torch.Tensor,
                    p: IndexerParams) -> torch.Tensor:
     # q: [T, Hi, Di]; key_cache: [NB, BS, Di]; weights: [T, Hi] -> scores [T, S] fp32, S = max entries
-    m = batch.tokens_per_slot
-    lens = batch.seq_lens.tolist()
-    qsl = batch.query_start_loc.tolist()
-    out = torch.full((q.shape[0], max(lens, default=0)), float("-inf"), device=q.device)
-    for b, n in enumerate(lens):
-        s, e = qsl[b], qsl[b + 1]
-        if n == 0 or e == s:
-            continue
-        keys = gather_pages(key_cache, batch.block_table[b], 0, n).float()  # [n, Di]
-        dots = F.relu(torch.einsum("thd,sd->ths", q[s:e].float(), keys)) * p.scale
-        sc = (dots * (weights[s:e].float() * p.weight_scale)[:, :, None]).sum(dim=1)  # [Tq, n]
-        visible = (batch.positions[s:e].long() + 1) // m
-        cols = torch.arange(n, device=q.device)
-        out[s:e, :n] = sc.masked_fill(cols[None, :] >= visible[:, None], float("-inf"))
-    return out
+    t = q.shape[0]
+    width = int(batch.seq_lens.max()) if batch.num_seqs else 0
+    if t == 0 or width == 0:
+        return torch.full((t, width), float("-inf"), device=q.device)
+    seq = token_seqs(batch.query_start_loc, t)  # [T]
+    cols = torch.arange(width, device=q.device)
+    visible = cols[None, :] < ((batch.positions.long() + 1) // batch.tokens_per_slot)[:, None]  # [T, S]
+    keys = gather_slots(key_cache, batch.block_table, seq[:, None], cols[None, :], visible).float()  # [T, S, Di]
+    dots = F.relu(torch.einsum("thd,tsd->ths", q.float(), keys)) * p.scale  # [T, Hi, S]
+    sc = (dots * (weights.float() * p.weight_scale)[:, :, None]).sum(dim=1)  # [T, S]
+    return sc.masked_fill(~visible, float("-inf"))
 
 
 def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, comp_cache: torch.Tensor | None,
                      comp_batch: AttnBatch | None, topk_idx: torch.Tensor | None, p: AttnParams,
                      sinks: torch.Tensor | None = None) -> torch.Tensor:
     # q: [T, H, D]; kv_cache: [NB, BS, D] shared latent K = V; comp_cache: [NB', BS', D]; topk_idx: [T, K]
-    out = []
-    qsl = batch.query_start_loc.tolist()
-    lens = batch.seq_lens.tolist()
-    for b in range(batch.num_seqs):
-        s, e, ctx = qsl[b], qsl[b + 1], lens[b]
-        if e == s:
-            continue
-        qpos = batch.positions[s:e].long()
-        first = 0 if p.window == 0 else max(0, int(qpos.min()) - p.window + 1)
-        keys = gather_pages(kv_cache, batch.block_table[b], first, ctx)  # [Sw, D]
-        kpos = torch.arange(first, ctx, device=q.device)
-        mask = kpos[None, :] <= qpos[:, None]
-        if p.window > 0:
-            mask &= kpos[None, :] > qpos[:, None] - p.window
-        n_c = int(comp_batch.seq_lens[b]) if comp_batch is not None and topk_idx is not None else 0
-        if n_c > 0:
-            comp = gather_pages(comp_cache, comp_batch.block_table[b], 0, n_c)  # [n_c, D]
-            idx = topk_idx[s:e].long()
-            idx = torch.where((idx >= 0) & (idx < n_c), idx, torch.full_like(idx, n_c))
-            pick = torch.zeros((e - s, n_c + 1), dtype=torch.bool, device=q.device)
-            pick.scatter_(1, idx, True)
-            visible = (qpos + 1) // comp_batch.tokens_per_slot
-            pick = pick[:, :n_c] & (torch.arange(n_c, device=q.device)[None, :] < visible[:, None])
-            keys = torch.cat((keys, comp))
-            mask = torch.cat((mask, pick), dim=1)
-        kv = keys[:, None]  # [S, 1, D]
-        out.append(attend(q[s:e], kv, kv, mask, p, sinks))
-    if not out:
+    t = q.shape[0]
+    if t == 0:
         return q.new_zeros(0, q.shape[1], q.shape[2])
-    return torch.cat(out, dim=0)
+    seq = token_seqs(batch.query_start_loc, t)  # [T]
+    qpos = batch.positions.long()  # [T]
+    # window keys: the p.window positions ending at each query (all of 0..qpos when window == 0)
+    w = p.window if p.window > 0 else int(qpos.max()) + 1
+    kpos = qpos[:, None] - (w - 1) + torch.arange(w, device=q.device)  # [T, W]
+    mask = kpos >= 0
+    keys = gather_slots(kv_cache, batch.block_table, seq[:, None], kpos, mask)  # [T, W, D]
+    if comp_batch is not None and topk_idx is not None and topk_idx.shape[1] > 0:
+        n_c = comp_batch.seq_lens.long()[seq]  # [T] entries of each query's sequence
+        visible = (qpos + 1) // comp_batch.tokens_per_slot  # [T]
+        idx = topk_idx.long()
+        ok = (idx >= 0) & (idx < n_c[:, None]) & (idx < visible[:, None])
+        idx = torch.sort(torch.where(ok, idx, -1), dim=1).values  # [T, K]; a repeated entry counts once
+        pick = idx >= 0
+        pick[:, 1:] &= idx[:, 1:] != idx[:, :-1]
+        comp = gather_slots(comp_cache, comp_batch.block_table, seq[:, None], idx, pick)  # [T, K, D]
+        keys = torch.cat((keys, comp), dim=1)
+        mask = torch.cat((mask, pick), dim=1)
+    kv = keys[:, :, None]  # [T, S, 1, D]
+    return attend_gathered(q, kv, kv, mask, p, sinks)
 
 
 OPS = {
