@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Callable, Mapping
@@ -78,13 +79,13 @@ def store(d: Path, tensors: Mapping[str, torch.Tensor]) -> None:
                 f.write(a.tobytes())
                 off += a.nbytes
         (tmp / "index.json").write_text(json.dumps({"nbytes": off, "tensors": index}))
+        if d.exists():  # an unreadable entry being replaced
+            shutil.rmtree(d, ignore_errors=True)
         os.replace(tmp, d)
     except OSError as exc:
         log.warning("could not write the weight cache %s: %s", d, exc)
     finally:
         if tmp.exists():
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)
 
 
