@@ -46,7 +46,7 @@ def moe_combine(y_local: torch.Tensor, weights: torch.Tensor, handle: EPHandle, 
     t, k = handle.num_tokens, handle.top_k
     contrib = torch.zeros(t * k, y_local.shape[1], dtype=torch.float32, device=y_local.device)
     contrib[handle.src] = back.float() * weights.reshape(-1)[handle.src, None].float()
-    return contrib.view(t, k, -1).sum(dim=1).to(y_local.dtype)  # fixed order: k = 0..K-1
+    return contrib.view(t, k, y_local.shape[1]).sum(dim=1).to(y_local.dtype)  # fixed order: k = 0..K-1
 
 
 OPS = {"moe.dispatch": moe_dispatch, "moe.combine": moe_combine}

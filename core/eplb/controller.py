@@ -104,4 +104,5 @@ class EplbController:
         if not self.holder.propose(self.plan(comm)):
             return None
         self.recorder.reset()
+        self.trigger.fired(self.recorder.steps)  # the step count restarted: re-arm the interval from it
         return old, self.placement

@@ -56,9 +56,6 @@ class EPRank:
             return
         res = self.controller.step(self.comm)
         if res is not None:
-            # EplbController.step resets the recorder's step count but leaves the trigger armed at the old
-            # count, which would stretch every later interval; re-arm it at the restarted count
-            self.controller.trigger.fired(self.controller.recorder.steps)
             received = self.runner.rebalance(res[1])
             self.rebalances.append(Rebalance(self.step, res[0], res[1], received))
 
