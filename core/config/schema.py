@@ -186,7 +186,22 @@ SCHEMA_NAME = "inferhal_schema"
 
 
 def register_schemas() -> None:
-    """Store the root schema (idempotent); ``conf/config.yaml`` lists it first in its defaults."""
+    """Store the root schema (idempotent); ``conf/config.yaml`` lists it first in its defaults.
+
+    Every installed backend (entry-point group ``inferhal.backends``) without a YAML in ``conf/backend/``
+    gets a ``backend`` group option of its own name, so ``backend=NAME`` selects an out-of-tree backend
+    exactly as it selects an in-tree one. Only entry-point metadata is read; no backend is imported.
+    """
+    import importlib.metadata as md
+    import importlib.resources as res
+
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=InferhalConfig)
+    from inferhal.core.registry import ENTRY_POINT_GROUP
+
+    cs = ConfigStore.instance()
+    cs.store(name=SCHEMA_NAME, node=InferhalConfig)
+    shipped = {f.name.removesuffix(".yaml") for f in (res.files("inferhal.conf") / "backend").iterdir()}
+    for ep in md.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name not in shipped:
+            cs.store(group="backend", name=ep.name, node=BackendConfig(name=ep.name))
