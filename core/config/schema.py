@@ -67,7 +67,7 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     kv_dtype: str = "auto"  # auto (= model dtype) | fp8
     num_blocks: int = 0  # > 0: use exactly this many blocks (overrides kv_cache_bytes)
-    auto_kv_cap_bytes: int = 4294967296  # cap on a budget derived from free memory (0 = no cap)
+    auto_kv_cap_bytes: int = 1073741824  # cap on a budget derived from free memory (0 = no cap)
 
 
 @dataclass

@@ -35,7 +35,8 @@ def sampling_from_cfg(cfg) -> SamplingParams:
     return SamplingParams(**{k: v for k, v in node.items() if k in {f.name for f in dataclasses.fields(SamplingParams)}})
 
 
-def generate(cfg, llm: Any = None, out: TextIO = sys.stdout) -> int:
+def generate(cfg, llm: Any = None, out: TextIO | None = None) -> int:
+    out = sys.stdout if out is None else out  # looked up per call: a captured or replaced stdout is honoured
     if llm is None:
         if "parallel" in cfg and int(cfg.parallel.tp) * int(cfg.parallel.ep) > 1:
             from inferhal.core.parallel.ep_generate import generate_parallel
