@@ -4,12 +4,11 @@ peaks (``backends/cuda_sm100/device.py`` tables). Writes one JSON; every row say
 device`` only because it ran there. Designed for < 8 minutes on one GPU (small conformance shapes,
 a handful of benchmark shapes, ``do_bench`` with short warmup/rep).
 
-Launch (repository root, on the GPU machine, TRITON_INTERPRET unset):
-
-    .venv/bin/python -m inferhal.kernels.device_check --out $OUT/device_check.json
-
-Needs only what the repository and its environment carry: a CUDA build of torch, triton, cuda-python
-(no network on the GPU machine: nothing is downloaded). Without a GPU it exits 2 with the reason.
+Launch (repository root, on the GPU machine): ``bash .ci/device_check`` (it unsets TRITON_INTERPRET and
+puts the repository on the path as ``inferhal``). Needs only what that machine's image has: a CUDA build
+of torch, triton and cuda-python (no network there: nothing is downloaded; the lent H200 image was seen
+with torch 2.11 and triton 3.6, older than the 3.9 the kernels were written and compiled against here,
+so a first run may need API fixes). Without a GPU it exits 2 with the reason.
 """
 
 from __future__ import annotations
