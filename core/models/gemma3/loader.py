@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("inferhal.models.gemma3")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_NORMS = ("attn_norm", "attn_q_norm", "attn_k_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm")
+_NORMS = ("attn_norm", "attn_q_norm", "attn_k_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm", "output_norm")
 
 
 def package_file(package: str) -> Path:

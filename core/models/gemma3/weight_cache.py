@@ -24,7 +24,7 @@ import torch
 
 log = logging.getLogger("inferhal.models.gemma3")
 
-VERSION = 1
+VERSION = 2  # 2: output_norm stored minus one like every other Gemma norm
 _ALIGN = 64
 _NP = {torch.float32: np.float32, torch.float16: np.float16, torch.bfloat16: np.int16}  # bf16 stored as raw bits
 
