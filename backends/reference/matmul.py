@@ -23,3 +23,29 @@ def tiled_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     xp = F.pad(x2, (0, 0, 0, -m % TILE_ROWS))
     out = torch.cat([F.linear(xp[i : i + TILE_ROWS], w, bias) for i in range(0, xp.shape[0], TILE_ROWS)])
     return out[:m].reshape(*lead, w.shape[0])
+
+
+def row_tiled(fn, row_args: tuple[int, ...]):
+    """``fn`` run over fixed tiles of :data:`TILE_ROWS` rows (zero-padded) of its positional arguments
+    ``row_args``, outputs concatenated. CPU elementwise loops compute a vector's tail with scalar code
+    whose last bit can differ, and where a row's elements land depends on the batch size; fixed tiles
+    make each row's elements land in the same places whatever the batch."""
+    import functools
+
+    @functools.wraps(fn)
+    def tiled(*args, **kwargs):
+        m = args[row_args[0]].shape[0]
+        padded = list(args)
+        for i in row_args:
+            padded[i] = F.pad(args[i], (0, 0) * (args[i].dim() - 1) + (0, -m % TILE_ROWS))
+        outs = []
+        for s in range(0, max(m, 1) + (-max(m, 1) % TILE_ROWS), TILE_ROWS):
+            part = list(padded)
+            for i in row_args:
+                part[i] = padded[i][s : s + TILE_ROWS]
+            outs.append(fn(*part, **kwargs))
+        if isinstance(outs[0], tuple):
+            return tuple(torch.cat(o)[:m] for o in zip(*outs))
+        return torch.cat(outs)[:m]
+
+    return tiled

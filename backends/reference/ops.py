@@ -159,6 +159,8 @@ OPS = _ops()
 
 #: ops whose matrix products take ``mm=`` (see matmul.py); batch-invariant mode binds the tiled product
 MATMUL_OPS = ("linear", "moe.experts", "mhc.pre", "mhc.head")
+#: row-independent ops with elementwise tails, and which positional arguments carry the rows
+ROWWISE_OPS = {"act.gated": (0, 1), "mhc.pre": (0,), "mhc.head": (0,), "mhc.post": (0, 1, 2, 3)}
 
 
 def ops_for(batch_invariant: bool) -> dict:
@@ -167,6 +169,9 @@ def ops_for(batch_invariant: bool) -> dict:
         return dict(OPS)
     import functools
 
-    from inferhal.backends.reference.matmul import tiled_linear
+    from inferhal.backends.reference.matmul import row_tiled, tiled_linear
 
-    return {op: functools.partial(fn, mm=tiled_linear) if op in MATMUL_OPS else fn for op, fn in OPS.items()}
+    table = {op: functools.partial(fn, mm=tiled_linear) if op in MATMUL_OPS else fn for op, fn in OPS.items()}
+    for op, rows in ROWWISE_OPS.items():
+        table[op] = row_tiled(table[op], rows)
+    return table
