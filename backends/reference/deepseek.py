@@ -53,8 +53,10 @@ def attn_compress(state_cache: torch.Tensor, batch: AttnBatch, rows: torch.Tenso
 
 
 def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, weights: torch.Tensor,
-                   p: IndexerParams) -> torch.Tensor:
+                   p: IndexerParams, *, fixed_order: bool = False) -> torch.Tensor:
     # q: [T, Hi, Di]; key_cache: [NB, BS, Di]; weights: [T, Hi] -> scores [T, S] fp32, S = max entries
+    # fixed_order (batch-invariant mode): the Di-sums as elementwise products reduced over the last dim,
+    # whose order depends on Di only; the einsum's BLAS kernel depends on the batch-wide width S.
     t = q.shape[0]
     width = int(batch.seq_lens.max()) if batch.num_seqs else 0
     if t == 0 or width == 0:
@@ -63,7 +65,10 @@ def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, w
     cols = torch.arange(width, device=q.device)
     visible = cols[None, :] < ((batch.positions.long() + 1) // batch.tokens_per_slot)[:, None]  # [T, S]
     keys = gather_slots(key_cache, batch.block_table, seq[:, None], cols[None, :], visible).float()  # [T, S, Di]
-    dots = F.relu(torch.einsum("thd,tsd->ths", q.float(), keys)) * p.scale  # [T, Hi, S]
+    if fixed_order:
+        dots = F.relu((q.float()[:, :, None, :] * keys[:, None, :, :]).sum(dim=-1)) * p.scale  # [T, Hi, S]
+    else:
+        dots = F.relu(torch.einsum("thd,tsd->ths", q.float(), keys)) * p.scale  # [T, Hi, S]
     sc = (dots * (weights.float() * p.weight_scale)[:, :, None]).sum(dim=1)  # [T, S]
     return sc.masked_fill(~visible, float("-inf"))
 

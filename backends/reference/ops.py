@@ -174,4 +174,5 @@ def ops_for(batch_invariant: bool) -> dict:
     table = {op: functools.partial(fn, mm=tiled_linear) if op in MATMUL_OPS else fn for op, fn in OPS.items()}
     for op, rows in ROWWISE_OPS.items():
         table[op] = row_tiled(table[op], rows)
+    table["indexer.scores"] = functools.partial(table["indexer.scores"], fixed_order=True)
     return table

@@ -100,15 +100,7 @@ def test_paged_inputs_are_a_mixed_step_with_released_window_blocks():
     assert sorted(set(seq_of_row.tolist())) == list(range(sb.num_seqs))
 
 
-# The reference's indexer.scores since ef3f61c gathers every token's keys to the batch-wide width
-# S = max(seq_lens) and contracts them in one einsum: the product's shape, hence CPU BLAS's summation
-# order, depends on the other sequences of the batch.
-_NOT_BI = {"indexer.scores": "reference indexer.scores (batched einsum over the batch-wide padded width) is not "
-                             "batch-invariant: reported, to be fixed in backends/reference/deepseek.py"}
-
-
-@pytest.mark.parametrize("op", [pytest.param(op, marks=pytest.mark.xfail(strict=True, reason=_NOT_BI[op]))
-                                if op in _NOT_BI else op for op in NEW_OPS])
+@pytest.mark.parametrize("op", NEW_OPS)
 def test_new_cases_pass_on_the_batch_invariant_reference(refs, op):
     active = Patched(refs.bi, {})
     for case in op_cases(op, "quick")[:2]:
