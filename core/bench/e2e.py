@@ -12,8 +12,12 @@ run with at most ``c`` in flight, from the same token-id prompts, on:
   the same GGUF with as many threads as torch uses. It serves one request at a time, so ``c`` clients
   queue FIFO and a request's TTFT includes its wait.
 
+With ``model.dtype=float32`` (the default) inferhal also runs a second time in bfloat16
+(``inferhal-bf16``: weights cast once at load, bf16 activations and KV, fp32 logits), since CPU GEMMs
+with AVX512-BF16 run ~2-2.5x faster; the peers stay in ``model.dtype``. Fidelity tests stay fp32.
+
 Aggregate tok/s = output tokens / wall time of the level. Reported: a rich table, ratios
-(inferhal / peer) per level, ``<bench.output_dir>/e2e.json`` (or ``output=``) and ``e2e.png``.
+(inferhal / peer, ``inferhal-bf16`` / peer) per level, ``<bench.output_dir>/e2e.json`` (or ``output=``) and ``e2e.png``.
 A peer that cannot run is reported as not measured, with the reason. Timings are wall-clock on
 whatever machine runs it; the exit status says only whether the benchmark ran.
 """
@@ -144,6 +148,14 @@ def run_llama_cpp(llama, prompts: Sequence[list[int]], c: int, max_tokens: int, 
 
 # -- orchestration -------------------------------------------------------------------------------------
 
+def inferhal_variants(dtype: str) -> list[tuple[str, str]]:
+    """(engine name, model.dtype) of each inferhal run: ``model.dtype``, plus bfloat16 when that is fp32."""
+    out = [("inferhal", dtype)]
+    if dtype == "float32":
+        out.append(("inferhal-bf16", "bfloat16"))
+    return out
+
+
 def _peer_loaders(path: str, threads: int, dtype: str) -> dict[str, Callable[[], Any]]:
     def transformers_model():
         import torch
@@ -178,25 +190,37 @@ def run(cfg) -> int:
 
         raise UserError(f"bench.peers: unknown peer(s) {unknown}; known: {', '.join(PEERS)}")
 
-    t = time.perf_counter()
     cfg.scheduler.max_num_seqs = max(levels)
-    llm = LLM.from_config(cfg)
-    load_s = time.perf_counter() - t
-    tok = llm.tokenizer
-    info = dict(llm.engine.loaded.info)
-    path = str(info.get("path", ""))
-    n_max = max(max(c, min(int(b.num_prompts), 4 * c)) for c in levels)
-    prompts = [tok.encode(PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" (take {i // len(PROMPTS) + 1})"))
-               for i in range(n_max)]
     rows: list[dict] = []
-    notes: dict[str, str] = {"inferhal": f"backend={cfg.backend.name}, dtype={cfg.model.dtype}, load {load_s:.1f} s"}
-    if int(b.warmup) > 0:
-        run_inferhal(llm, prompts[:1], 1, 2)
-    for c in levels:
-        n = max(c, min(int(b.num_prompts), 4 * c))
-        wall, per = run_inferhal(llm, prompts[:n], c, max_tokens)
-        rows.append(summarize("inferhal", c, wall, per))
-        console.print(f"inferhal c={c}: {rows[-1]['tok_s']:.1f} tok/s")
+    notes: dict[str, str] = {}
+    info: dict = {}
+    prompts: list[list[int]] = []
+    tok = None
+    n_max = max(max(c, min(int(b.num_prompts), 4 * c)) for c in levels)
+    variants = inferhal_variants(str(cfg.model.dtype))
+    for engine, dtype in variants:
+        cfg.model.dtype = dtype
+        t = time.perf_counter()
+        llm = LLM.from_config(cfg)
+        load_s = time.perf_counter() - t
+        if tok is None:
+            tok = llm.tokenizer
+            info = dict(llm.engine.loaded.info)
+            prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]
+                                  + ("" if i < len(PROMPTS) else f" (take {i // len(PROMPTS) + 1})"))
+                       for i in range(n_max)]
+        notes[engine] = f"backend={cfg.backend.name}, dtype={dtype}, load {load_s:.1f} s"
+        if int(b.warmup) > 0:
+            run_inferhal(llm, prompts[:1], 1, 2)
+        for c in levels:
+            n = max(c, min(int(b.num_prompts), 4 * c))
+            wall, per = run_inferhal(llm, prompts[:n], c, max_tokens)
+            rows.append(summarize(engine, c, wall, per))
+            console.print(f"{engine} c={c}: {rows[-1]['tok_s']:.1f} tok/s")
+        del llm
+    engines = [e for e, _ in variants]
+    cfg.model.dtype = variants[0][1]  # the peers run in model.dtype
+    path = str(info.get("path", ""))
 
     loaders = _peer_loaders(path, torch.get_num_threads(), str(cfg.model.dtype))
     for peer in peers:
@@ -220,21 +244,25 @@ def run(cfg) -> int:
 
     ratios = {}
     for c in levels:
-        ours = next(r["tok_s"] for r in rows if r["engine"] == "inferhal" and r["concurrency"] == c)
-        for peer in peers:
-            theirs = [r["tok_s"] for r in rows if r["engine"] == peer and r["concurrency"] == c]
-            if theirs and theirs[0] > 0:
-                ratios[f"vs_{peer}@{c}"] = ours / theirs[0]
+        for engine in engines:
+            ours = next(r["tok_s"] for r in rows if r["engine"] == engine and r["concurrency"] == c)
+            for peer in peers:
+                theirs = [r["tok_s"] for r in rows if r["engine"] == peer and r["concurrency"] == c]
+                if theirs and theirs[0] > 0:
+                    ratios[("" if engine == "inferhal" else f"{engine}_") + f"vs_{peer}@{c}"] = ours / theirs[0]
 
     table = Table(title=f"e2e: {cfg.model.name}, {max_tokens} greedy tokens per request")
-    for col in ("engine", "c", "reqs", "tok/s", "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms", "TPOT p95 ms", "inferhal ×"):
-        table.add_column(col, justify="right" if col != "engine" else "left")
+    for col in ("engine", "c", "reqs", "tok/s", "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms", "TPOT p95 ms",
+                *(f"{e.replace('inferhal-', '')} ×" for e in engines)):
+        table.add_column(col, justify="right" if col != "engine" else "left", no_wrap=col == "engine")
     for r in rows:
-        ours = next(x["tok_s"] for x in rows if x["engine"] == "inferhal" and x["concurrency"] == r["concurrency"])
-        ratio = "" if r["engine"] == "inferhal" else f"{ours / r['tok_s']:.2f}" if r["tok_s"] else "-"
+        cells = []
+        for engine in engines:
+            ours = next(x["tok_s"] for x in rows if x["engine"] == engine and x["concurrency"] == r["concurrency"])
+            cells.append("" if r["engine"] in engines else f"{ours / r['tok_s']:.2f}" if r["tok_s"] else "-")
         table.add_row(r["engine"], str(r["concurrency"]), str(r["requests"]), f"{r['tok_s']:.1f}",
                       f"{r['ttft_p50_ms']:.0f}", f"{r['ttft_p95_ms']:.0f}", f"{r['tpot_p50_ms']:.0f}",
-                      f"{r['tpot_p95_ms']:.0f}", ratio)
+                      f"{r['tpot_p95_ms']:.0f}", *cells)
     console.print(table)
     for k, v in notes.items():
         console.print(f"  {k}: {v}")
