@@ -110,6 +110,8 @@ def kv_write(
 
 def sample(logits: torch.Tensor, p: SampleBatch) -> torch.Tensor:
     # logits: [B, V] -> tokens [B]; each row uses only its own settings and generator.
+    if all(t <= 0.0 for t in p.temperature):  # all greedy: one argmax (first index on ties, as per row)
+        return torch.argmax(logits.float(), dim=-1)
     out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
     for i in range(logits.shape[0]):
         row = logits[i].float()
