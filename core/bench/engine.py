@@ -119,7 +119,9 @@ def run(cfg) -> int:
 
     bs = compatible_block_size(loaded.model.kv_groups(), bs)
     con = Console()
-    con.print(f"[bold]bench engine[/bold]: model {name}, backend {backend.name}, block_size {bs}")
+    con.print(f"[bold]bench engine[/bold]: model {name}, backend {backend.name}, block_size {bs}, "
+              f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} (shared machines: "
+              f"compare ratios within one run)")
     book = [bookkeeping(loaded, backend, n, bs) for n in RUNNING]
     t = Table(title="step time at N running requests (decode, medians of %d steps)" % DECODE_STEPS)
     for c in ("running", "schedule+update ms", "prepare ms", "model ms", "sample ms", "wall ms", "scheduler %",
