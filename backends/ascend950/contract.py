@@ -256,7 +256,7 @@ def describe(v: Any) -> Any:
 
 
 Check = Callable[[dict], None]
-CHECKS: dict[str, list[Check]] = {}  # filled by ops.py next to the wrapper that relies on each rule
+CHECKS: dict[str, list[Check]] = {}  # filled by preconditions.py (imported by ops.py)
 
 
 def require(cond: bool, op: str, msg: str) -> None:

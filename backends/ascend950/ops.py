@@ -54,7 +54,8 @@ from typing import Any, Callable
 
 import torch
 
-from inferhal.backends.ascend950.contract import CHECKS, require
+from inferhal.backends.ascend950 import preconditions  # noqa: F401  (registers the call checks)
+from inferhal.backends.ascend950.preconditions import HALF
 from inferhal.backends.reference import ops as ref
 from inferhal.backends.reference import attention as ref_attn
 from inferhal.backends.reference import moe as ref_moe
@@ -79,7 +80,6 @@ NPU_OPS: dict[str, tuple[str, ...]] = {
 TRITON_OPS: dict[str, str] = {}
 
 CAUSAL_MASK_SIZE = 2048  # sparse_mode 2/3/4 take an optimised (2048, 2048) mask
-HALF = (torch.float16, torch.bfloat16)
 
 
 class NpuOps:
@@ -342,177 +342,6 @@ class NpuOps:
                                         split_item=2, group_type=0, group_list_type=1, output_dtype=out_dtype)[0]
         return self.npu.npu_moe_finalize_routing(y, None, None, None, weights.to(x.dtype), src_to_dst, ids32,
                                                  drop_pad_mode=0, k=k)
-
-
-# ---------------------------------------------------------------------------------------- preconditions
-# Checks of the documented constraints each wrapper relies on; RecordingNpu runs them on every call.
-
-
-def _t(b: dict, name: str) -> torch.Tensor | None:
-    return b.get(name)
-
-
-def _check_rms(b: dict) -> None:
-    x, g = _t(b, "self") if "self" in b else _t(b, "x1"), _t(b, "gamma")
-    op = "npu_rms_norm" if "self" in b else "npu_add_rms_norm"
-    require(x.dtype in HALF + (torch.float32,), op, f"dtype {x.dtype} not fp16/bf16/fp32")
-    require(g.dtype == x.dtype, op, "gamma must have the input's dtype")
-    require(tuple(g.shape) == tuple(x.shape[-1:]), op, f"gamma {tuple(g.shape)} must be the last dim {x.shape[-1]}")
-    if "x2" in b:
-        require(b["x2"].shape == x.shape and b["x2"].dtype == x.dtype, op, "x2 must match x1")
-
-
-def _check_rotary(b: dict) -> None:
-    x, c, s = b["self"], b["r1"], b["r2"]
-    op = "npu_rotary_mul"
-    require(x.dim() == 4 and c.dim() == 4 and s.dim() == 4, op, "input, r1, r2 must be 4-D")
-    require(c.dtype == x.dtype == s.dtype, op, "r1/r2 must have the input's dtype")
-    require(b.get("rotary_mode", "half") in ("half", "interleave"), op, "rotary_mode half|interleave")
-    require(c.shape[-1] == x.shape[-1], op, "r1/r2 last dim must equal the input's")
-
-
-def _check_fia(b: dict) -> None:
-    v2 = "num_query_heads" in b or "learnable_sink" in b or "actual_seq_kvlen" in b
-    op = "npu_fused_infer_attention_score" + ("_v2" if v2 else "")
-    q, k, v = b["query"], b["key"], b["value"]
-    require(q.dtype in HALF, op, f"query dtype {q.dtype} (page attention: fp16/bf16)")
-    for name in ("query", "key", "value"):
-        require(b[name].is_contiguous(), op, f"{name} must be contiguous (不支持非连续的Tensor)")
-    require(k.shape == v.shape, op, "key and value shapes must match")
-    layout = b.get("input_layout", "BSH")
-    require(layout in ("BSH", "BSND", "BNSD", "TND", "BNSD_BSND"), op, f"input_layout {layout!r}")
-    heads = b.get("num_query_heads" if v2 else "num_heads", 1)
-    kvh = b.get("num_key_value_heads", 0) or heads
-    bt = b.get("block_table")
-    if layout == "BSND":
-        require(q.dim() == 4 and q.shape[2] == heads, op, f"BSND query [B,S,N,D] with N == num_heads ({heads})")
-    if bt is not None:  # page attention
-        bs = b.get("block_size", 0)
-        require(bt.dtype == torch.int32 and bt.dim() == 2, op, "block_table must be 2-D int32")
-        require(bt.shape[0] == q.shape[0], op, "block_table rows must equal the batch")
-        require(k.dim() == 3 and k.shape[1] == bs, op, "paged key must be (blocknum, blocksize, H)")
-        require(k.shape[2] == kvh * q.shape[-1], op, "paged key H must be num_key_value_heads * D")
-        require(bs > 0 and bs % 16 == 0 and bs <= 512, op, f"block_size {bs} must be 16-aligned and <= 512")
-        kvlen = b.get("actual_seq_kvlen" if v2 else "actual_seq_lengths_kv")
-        require(kvlen is not None and len(kvlen) == q.shape[0], op, "page attention needs actual_seq_lengths_kv per batch")
-        require(max(kvlen) <= bt.shape[1] * bs, op, "a KV length exceeds its block table")
-        if q.shape[1] > 1:
-            require(bs % 128 == 0, op, "Q_S > 1 with page attention needs block_size a multiple of 128")
-    require(heads % kvh == 0 and heads // kvh <= 64, op, "num_heads % num_key_value_heads == 0 and ratio <= 64")
-    mode = b.get("sparse_mode", 0)
-    mask = b.get("atten_mask")
-    if mode in (2, 3, 4):
-        require(mask is not None and tuple(mask.shape[-2:]) == (2048, 2048), op, f"sparse_mode {mode} needs the 2048x2048 mask")
-    if mask is not None:
-        require(mask.dtype in (torch.bool, torch.int8, torch.uint8), op, "atten_mask must be bool/int8/uint8")
-    if v2 and b.get("learnable_sink") is not None:
-        ls = b["learnable_sink"]
-        require(ls.dtype == torch.bfloat16 and tuple(ls.shape) == (heads,), op, "learnable_sink must be bf16 (Q_N,)")
-
-
-def _check_scatter_pa(b: dict) -> None:
-    op = "npu_scatter_pa_kv_cache"
-    k, v, kc, vc, sm = b["key"], b["value"], b["key_cache"], b["value_cache"], b["slot_mapping"]
-    for name in ("key", "value", "key_cache", "value_cache", "slot_mapping"):
-        require(b[name].is_contiguous(), op, f"{name} must be contiguous (输入参数不支持非连续)")
-    require(k.dtype == v.dtype == kc.dtype == vc.dtype, op, "key, value and caches must share a dtype")
-    require(k.dim() == 3 and kc.dim() == 4, op, "3-D key/value with 4-D caches")
-    require(k.shape[:2] == v.shape[:2], op, "key/value first two dims must match")
-    require(sm.dtype in (torch.int32, torch.int64) and sm.dim() == 1 and sm.shape[0] == k.shape[0], op,
-            "slot_mapping int32/int64 [T]")
-    require(b.get("cache_mode") in (None, "Norm"), op, "ND caches need cache_mode None or 'Norm'")
-
-
-def _check_nd_update(b: dict) -> None:
-    op = "npu_scatter_nd_update_"
-    s, i, u = b["self"], b["indices"], b["updates"]
-    require(i.dtype in (torch.int32, torch.int64) and i.dim() == 2 and i.shape[1] == 1, op, "indices [n, 1] int")
-    require(u.shape[0] == i.shape[0] and tuple(u.shape[1:]) == tuple(s.shape[1:]), op, "updates [n, *self[1:]]")
-    require(u.dtype == s.dtype, op, "updates must have self's dtype")
-
-
-def _check_gating(b: dict) -> None:
-    op = "npu_moe_gating_top_k"
-    x, k = b["x"], b["k"]
-    require(x.dim() == 2 and 2 < x.shape[-1] <= 2048, op, "x [T, E] with E <= 2048")
-    gc, kg = b.get("group_count", 1), b.get("k_group", 1)
-    require(1 <= k <= x.shape[-1] // gc * kg, op, "1 <= k <= E / group_count * k_group")
-    require(b.get("renorm", 0) == 0 and b.get("norm_type", 0) in (0, 1), op, "renorm 0, norm_type 0|1")
-    if b.get("bias") is not None:
-        require(b["bias"].dtype == x.dtype and tuple(b["bias"].shape) == (x.shape[-1],), op, "bias [E] in x's dtype")
-
-
-def _check_init_routing(b: dict) -> None:
-    op = "npu_moe_init_routing_v2"
-    x, idx = b["x"], b["expert_idx"]
-    require(x.dim() == 2 and idx.dim() == 2 and idx.shape[0] == x.shape[0], op, "x [T, H], expert_idx [T, K]")
-    require(idx.dtype == torch.int32, op, "expert_idx must be int32")
-    require(b.get("drop_pad_mode", 0) == 0, op, "drop_pad_mode: only 0 is supported")
-    require(b.get("expert_tokens_num_type", 0) in (1, 2) and b.get("expert_tokens_num_flag") is True, op,
-            "expert_tokens_num_type 1|2 with expert_tokens_num_flag=True (the only supported modes)")
-    require(b.get("quant_mode", -1) in (-1, 1), op, "quant_mode -1|1")
-    n = b.get("expert_num", -1)
-    require(0 < n <= 10240, op, "expert_num in (0, 10240]")
-    rng = b.get("active_expert_range", [])
-    require(len(rng) == 2 and 0 <= rng[0] < rng[1] <= n, op, "active_expert_range [start, end) within expert_num")
-
-
-def _check_gmm(b: dict) -> None:
-    op = "npu_grouped_matmul"
-    xs, ws = b["x"], b["weight"]
-    require(len(xs) == 1 and len(ws) == 1, op, "one x and one stacked weight (split_item 2/3, group_type 0)")
-    require(b.get("split_item") in (2, 3) and b.get("group_type") == 0, op, "split_item 2|3 with group_type 0")
-    x, w, gl = xs[0], ws[0], b.get("group_list")
-    require(x.dim() == 2 and w.dim() == 3 and x.shape[1] == w.shape[1], op, "x [M, K], weight [E, K, N]")
-    require(gl is not None and gl.dim() == 1 and gl.shape[0] == w.shape[0] and gl.dtype == torch.int64, op,
-            "group_list int64 [E]")
-    require(b.get("group_list_type") == 1, op, "group_list_type 1 (per-group counts)")
-    if x.dtype != torch.int8:
-        require(w.dtype == x.dtype, op, "x and weight share a floating dtype")
-
-
-def _check_swiglu(b: dict) -> None:
-    x = b["self"] if "self" in b else b["x"]
-    op = "npu_swiglu" if "self" in b else "npu_clipped_swiglu"
-    require(x.shape[b.get("dim", -1)] % 2 == 0, op, "the split dim must be even")
-    if op == "npu_clipped_swiglu":
-        require(x.is_contiguous(), op, "x must be contiguous")
-
-
-def _check_finalize(b: dict) -> None:
-    op = "npu_moe_finalize_routing"
-    rows, idx, sc = b["expanded_permuted_rows"], b["expanded_src_to_dst_row"], b.get("scales")
-    k = b.get("k", 1)
-    require(rows.dim() == 2 and idx.dim() == 1 and idx.shape[0] == rows.shape[0], op, "rows [T*K, H], index [T*K]")
-    require(idx.dtype == torch.int32, op, "expanded_src_to_dst_row must be int32")
-    if sc is not None:
-        require(sc.dim() == 2 and sc.shape[0] * sc.shape[1] == rows.shape[0] and sc.shape[1] == k, op, "scales [T, K]")
-        require(sc.dtype == rows.dtype, op, "scales must have the rows' dtype")
-    require(b.get("drop_pad_mode", 0) in (0, 1, 2, 3), op, "drop_pad_mode")
-
-
-def _check_dyn_quant(b: dict) -> None:
-    require(b["input"].dtype in HALF, "npu_dynamic_quant", "input must be fp16/bf16")
-
-
-def _check_gmm_swiglu_quant(b: dict) -> None:
-    op = "npu_grouped_matmul_swiglu_quant"
-    require(b["x"].dtype == torch.int8 and b["x"].dim() == 2, op, "x int8 [M, K]")
-    require(b["weight"].dtype == torch.int8 and b["weight"].dim() == 5, op, "weight int8 FRACTAL_NZ (5-D)")
-    require(b["group_list"].dtype == torch.int64 and b["group_list"].shape[0] == b["weight"].shape[0], op,
-            "group_list int64 [E]")
-    require(b["x_scale"].dim() == 1 and b["x_scale"].shape[0] == b["x"].shape[0], op, "x_scale [M] fp32")
-
-
-CHECKS.update({
-    "npu_rms_norm": [_check_rms], "npu_add_rms_norm": [_check_rms], "npu_rotary_mul": [_check_rotary],
-    "npu_fused_infer_attention_score": [_check_fia], "npu_fused_infer_attention_score_v2": [_check_fia],
-    "npu_scatter_pa_kv_cache": [_check_scatter_pa], "npu_scatter_nd_update_": [_check_nd_update],
-    "npu_moe_gating_top_k": [_check_gating], "npu_moe_init_routing_v2": [_check_init_routing],
-    "npu_grouped_matmul": [_check_gmm], "npu_swiglu": [_check_swiglu], "npu_clipped_swiglu": [_check_swiglu],
-    "npu_moe_finalize_routing": [_check_finalize], "npu_dynamic_quant": [_check_dyn_quant],
-    "npu_grouped_matmul_swiglu_quant": [_check_gmm_swiglu_quant],
-})
 
 
 def declared() -> dict[str, str]:
