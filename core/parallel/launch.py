@@ -47,10 +47,25 @@ def layout_from_env(parallel: Any, env: Mapping[str, str] | None = None) -> Para
                           dp=int(parallel.dp), master_addr=env["MASTER_ADDR"], master_port=int(env["MASTER_PORT"]))
 
 
+def teardown() -> None:
+    """End this rank's process group cleanly: wait for the peers, then destroy it. A rank that exits with
+    its group alive can abort at interpreter exit ("terminate called without an active exception") while
+    its collective threads are still joinable, failing a run that had succeeded."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    try:
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
 def _entry(rank: int, fn: Callable, layout: ParallelLayout, args: tuple) -> None:
     from dataclasses import replace
 
     fn(replace(layout, rank=rank), *args)
+    teardown()
 
 
 def launch(fn: Callable[..., Any], parallel: Any, *args: Any, env: Mapping[str, str] | None = None) -> None:
@@ -68,6 +83,7 @@ def launch(fn: Callable[..., Any], parallel: Any, *args: Any, env: Mapping[str, 
         raise UserError(f"parallel.launcher must be local|torchrun, got {parallel.launcher!r}")
     if from_env is not None:
         fn(from_env, *args)
+        teardown()
         return
     world = world_size_of(parallel)
     port = int(parallel.master_port) or free_port()
@@ -89,6 +105,7 @@ def _file_entry(rank: int, path: str, name: str, layout: ParallelLayout, args: t
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     getattr(mod, name)(replace(layout, rank=rank), *args)
+    teardown()
 
 
 def spawn_from_file(path: str, name: str, world_size: int, *args: Any, port: int = 0) -> None:
