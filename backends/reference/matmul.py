@@ -17,12 +17,8 @@ TILE_ROWS = 16
 
 def tiled_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     # x: [M, K] (or [..., K]); w: [N, K] -> [M, N], identical per row for any M
-    lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    m = x2.shape[0]
-    xp = F.pad(x2, (0, 0, 0, -m % TILE_ROWS))
-    out = torch.cat([F.linear(xp[i : i + TILE_ROWS], w, bias) for i in range(0, xp.shape[0], TILE_ROWS)])
-    return out[:m].reshape(*lead, w.shape[0])
+    return row_tiled(F.linear, (0,))(x2, w, bias).reshape(*x.shape[:-1], w.shape[0])
 
 
 def row_tiled(fn, row_args: tuple[int, ...]):
