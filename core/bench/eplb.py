@@ -1,11 +1,24 @@
-"""``inferhal bench eplb``: our EPLB policy vs the greedy baseline on synthetic skewed loads at V4 sizes.
+"""``inferhal bench eplb``: our EPLB policy vs DeepSeek's public EPLB and our greedy baseline, at V4 sizes.
 
 Loads (61 layers x 256 experts, 8 groups): Zipf, lognormal, hot experts, hot groups. Layouts: 288/320/384
-physical slots on 1/4/8 nodes and 8/32/64 GPUs. For each case: balancedness (mean over layers of max/mean
-per-GPU load) on the window the plan was made from and on a drifted next window, the lower bound, and
-the policy's runtime. The speed ratio compares the vectorised policy with the same policy run one
-layer at a time in a Python loop. Writes ``eplb.json`` and ``eplb.png`` under ``bench.output_dir`` and
-prints a table. Runtimes are wall-clock on this host's CPU, single-threaded (the policy sets it).
+physical slots on 1/4/8 nodes and 8/32/64 GPUs. Per case and policy: balancedness (mean over layers of
+max/mean per-GPU load) on the window the plan was made from and on a drifted next window, the lower
+bound, whether the plan is valid, and the runtime: the median of ``bench.repeats`` calls after one warm-up,
+the policies interleaved call by call so that they share the host's noise; compare the ratios.
+
+Policies, all called with the same arguments and scored by the same metric code
+(:mod:`inferhal.core.eplb.metrics`):
+
+- ``inferhal``: :func:`~inferhal.core.eplb.rebalance_experts`.
+- ``deepseek``: DeepSeek's public EPLB (deepseek-ai/EPLB ``eplb.py``), run from the copy that the pinned
+  sglang wheel publishes (:mod:`._eplb_peer`); "not run" with the reason when the wheel cannot be had.
+  ``bench.peers`` without ``deepseek`` (and not empty) skips it.
+- ``greedy``: :func:`~inferhal.core.eplb.baseline.rebalance_greedy`, our vectorised LPT baseline.
+
+A second table compares the vectorised policy with itself run one layer at a time. Writes ``eplb.json``
+(or ``output=``) and ``eplb.png`` under ``bench.output_dir`` and prints the tables. Runtimes are
+wall-clock on this host's CPU, every policy at one torch thread (the fastest setting for each of them on a
+small shared host; DeepSeek's, mostly a Python loop, ran ~15x slower at two threads on 2 busy cores).
 """
 
 from __future__ import annotations
@@ -13,18 +26,24 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import time
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 import torch
 
+from inferhal.core.bench._eplb_peer import Peer, load_deepseek
 from inferhal.core.eplb.baseline import rebalance_greedy, rebalance_per_layer
 from inferhal.core.eplb.metrics import balancedness, lower_bound
-from inferhal.core.eplb.policy import rebalance_experts
+from inferhal.core.eplb.placement import build_log2phy
+from inferhal.core.eplb.policy import one_thread, rebalance_experts
+from inferhal.core.eplb.validate import PlacementError, validate_placement
 
 LAYERS, EXPERTS, GROUPS = 61, 256, 8
 LAYOUTS = ((288, 1, 8), (320, 4, 32), (384, 8, 64), (320, 1, 32), (384, 1, 64))  # (slots, nodes, gpus)
 SPEED_LAYOUTS = ((288, 1, 8), (384, 1, 64))
+KINDS = ("zipf", "lognormal", "hot_experts", "hot_groups")
 
 
 def synthetic_load(kind: str, seed: int, layers: int = LAYERS, experts: int = EXPERTS,
@@ -59,6 +78,7 @@ def drifted(load: torch.Tensor, seed: int, sigma: float = 0.35) -> torch.Tensor:
     return torch.round(w / w.sum(dim=1, keepdim=True) * load.sum(dim=1, keepdim=True))
 
 
+
 @dataclass
 class Row:
     load: str
@@ -69,7 +89,73 @@ class Row:
     balancedness: float
     drifted: float
     lower_bound: float
-    seconds: float
+    seconds: float  # median of the timed calls
+    invalid: str = ""  # why the plan breaks an invariant; empty when it is valid
+
+
+def policies(peer: Peer) -> dict[str, Callable]:
+    """The policies one run compares: ours, the peer when it loaded, the greedy baseline."""
+    out: dict[str, Callable] = {"inferhal": rebalance_experts}
+    if peer.fn is not None:
+        out[peer.name] = peer.fn
+    out["greedy"] = rebalance_greedy
+    return out
+
+
+def _invalid(phy2log: torch.Tensor, logcnt: torch.Tensor, gpus: int, nodes: int) -> str:
+    """Our validator on ``phy2log``/``logcnt`` (and the node constraint); a peer orders its ``log2phy``
+    its own way, so the one checked is rebuilt from ``phy2log``."""
+    E = logcnt.shape[1]
+    try:
+        validate_placement(phy2log, build_log2phy(phy2log, E, int(logcnt.max())), logcnt, num_logical=E,
+                           num_gpus=gpus, num_groups=GROUPS, num_nodes=nodes)
+    except PlacementError as exc:
+        return str(exc)
+    return ""
+
+
+def measure(kinds=KINDS, layouts=LAYOUTS, seed: int = 0, repeats: int = 3,
+            pols: dict[str, Callable] | None = None, layers: int = LAYERS) -> list[Row]:
+    """One row per (load, layout, policy), same load and arguments for every policy. Each policy runs
+    ``1 + repeats`` times per case, interleaved call by call with the others; the first call is the
+    warm-up and gives the plan, the others the median time. All run at one torch thread (ours sets it
+    anyway; DeepSeek's runs ~15x slower at two threads on a busy 2-core host)."""
+    pols = pols if pols is not None else policies(Peer("deepseek", reason="not run: not requested"))
+    rows = []
+    for ki, kind in enumerate(kinds):
+        load = synthetic_load(kind, seed + ki, layers=layers)
+        nxt = drifted(load, seed + 100 + ki)
+        for slots, nodes, gpus in layouts:
+            lb = lower_bound(load, slots, GROUPS, nodes, gpus)
+            plans: dict[str, tuple] = {}
+            times: dict[str, list[float]] = {name: [] for name in pols}
+            with one_thread():  # every policy at one torch thread: the fastest setting for each here
+                for r in range(1 + repeats):
+                    for name, fn in pols.items():
+                        t = time.perf_counter()
+                        out = fn(load, slots, GROUPS, nodes, gpus)
+                        if r:
+                            times[name].append(time.perf_counter() - t)
+                        plans.setdefault(name, out)
+            for name, (p2l, _, cnt) in plans.items():
+                p2l, cnt = p2l.long(), cnt.long()
+                sec = statistics.median(times[name]) if times[name] else float("nan")
+                rows.append(Row(kind, slots, nodes, gpus, name, balancedness(load, p2l, cnt, gpus),
+                                balancedness(nxt, p2l, cnt, gpus), lb, sec, _invalid(p2l, cnt, gpus, nodes)))
+    return rows
+
+
+def speed(layouts=SPEED_LAYOUTS, seed: int = 0, layers: int = LAYERS) -> list[dict]:
+    out = []
+    load = synthetic_load("lognormal", seed, layers=layers)
+    for slots, nodes, gpus in layouts:
+        rebalance_experts(load[:2], slots, GROUPS, nodes, gpus)  # warm-up
+        vec = min(_timed(rebalance_experts, load, slots, GROUPS, nodes, gpus)[1] for _ in range(2))
+        (a, loop_s) = _timed(rebalance_per_layer, load, slots, GROUPS, nodes, gpus)
+        same = torch.equal(a[0], rebalance_experts(load, slots, GROUPS, nodes, gpus)[0])
+        out.append(dict(slots=slots, nodes=nodes, gpus=gpus, vectorised_s=vec, per_layer_loop_s=loop_s,
+                        ratio=loop_s / vec, identical=same))
+    return out
 
 
 def _timed(fn, *args):
@@ -78,58 +164,82 @@ def _timed(fn, *args):
     return out, time.perf_counter() - t
 
 
-def measure(kinds=("zipf", "lognormal", "hot_experts", "hot_groups"), layouts=LAYOUTS, seed: int = 0) -> list[Row]:
-    rows = []
-    for ki, kind in enumerate(kinds):
-        load = synthetic_load(kind, seed + ki)
-        nxt = drifted(load, seed + 100 + ki)
-        for slots, nodes, gpus in layouts:
-            lb = lower_bound(load, slots, GROUPS, nodes, gpus)
-            for name, fn in (("inferhal", rebalance_experts), ("greedy", rebalance_greedy)):
-                (p2l, _, cnt), sec = _timed(fn, load, slots, GROUPS, nodes, gpus)
-                rows.append(Row(kind, slots, nodes, gpus, name, balancedness(load, p2l, cnt, gpus),
-                                balancedness(nxt, p2l, cnt, gpus), lb, sec))
-    return rows
+def _cases(rows: list[Row]) -> dict[tuple, dict[str, Row]]:
+    by: dict[tuple, dict[str, Row]] = {}
+    for r in rows:
+        by.setdefault((r.load, r.slots, r.nodes, r.gpus), {})[r.policy] = r
+    return by
 
 
-def speed(layouts=SPEED_LAYOUTS, seed: int = 0) -> list[dict]:
-    out = []
-    load = synthetic_load("lognormal", seed)
-    for slots, nodes, gpus in layouts:
-        rebalance_experts(load[:2], slots, GROUPS, nodes, gpus)  # warm-up
-        vec = min(_timed(rebalance_experts, load, slots, GROUPS, nodes, gpus)[1] for _ in range(2))
-        (a, loop_s) = _timed(rebalance_per_layer, load, slots, GROUPS, nodes, gpus)
-        same = torch.equal(a[0], rebalance_experts(load, slots, GROUPS, nodes, gpus)[0])
-        greedy = _timed(rebalance_greedy, load, slots, GROUPS, nodes, gpus)[1]
-        out.append(dict(slots=slots, nodes=nodes, gpus=gpus, vectorised_s=vec, per_layer_loop_s=loop_s,
-                        ratio=loop_s / vec, greedy_s=greedy, identical=same))
+def summarize(rows: list[Row], ours: str = "inferhal", tol: float = 1e-6) -> dict:
+    """Means per policy and, against each other policy, in how many cases ours is better / worse (same
+    window, drifted) and the time ratio ``theirs / ours`` (> 1: ours is faster) over the cases."""
+    cases = list(_cases(rows).values())
+    names = list(cases[0]) if cases else []
+    out: dict = {"cases": len(cases)}
+    for name in names:
+        rs = [c[name] for c in cases]
+        out[name] = dict(mean_balancedness=statistics.fmean(r.balancedness for r in rs),
+                         mean_drifted=statistics.fmean(r.drifted for r in rs),
+                         geomean_imbalance=math.exp(statistics.fmean(math.log(max(r.balancedness - 1, 1e-9))
+                                                                     for r in rs)) + 1,
+                         median_seconds=statistics.median(r.seconds for r in rs),
+                         invalid_plans=sum(bool(r.invalid) for r in rs))
+    out["mean_lower_bound"] = statistics.fmean(c[ours].lower_bound for c in cases) if cases else float("nan")
+    for name in names:
+        if name == ours:
+            continue
+        ratio = [c[name].seconds / c[ours].seconds for c in cases]
+        out[f"{ours}_vs_{name}"] = dict(
+            better=sum(c[ours].balancedness < c[name].balancedness - tol for c in cases),
+            worse=sum(c[ours].balancedness > c[name].balancedness + tol for c in cases),
+            drifted_better=sum(c[ours].drifted < c[name].drifted - tol for c in cases),
+            drifted_worse=sum(c[ours].drifted > c[name].drifted + tol for c in cases),
+            time_ratio_min=min(ratio), time_ratio_median=statistics.median(ratio), time_ratio_max=max(ratio),
+            slower_cases=sum(x < 1 for x in ratio))
     return out
 
 
-def _print(rows: list[Row], speeds: list[dict]) -> None:
+def _print(rows: list[Row], speeds: list[dict], peer: Peer, repeats: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"EPLB balancedness (max/mean GPU load, mean over {LAYERS} layers; 1.0 = perfect)")
-    for col in ("load", "slots/nodes/GPUs", "ours", "greedy", "lower bound", "ours drifted",
-                "greedy drifted", "ours s", "greedy s"):
-        t.add_column(col, justify="right")
-    by = {(r.load, r.slots, r.nodes, r.gpus, r.policy): r for r in rows}
+    cases = _cases(rows)
+    names = list(next(iter(cases.values()))) if cases else []
+    short = {"inferhal": "ours", "deepseek": "DeepSeek", "greedy": "greedy"}
+    t = Table(title=f"EPLB balancedness (max/mean GPU load, mean over {LAYERS} layers; 1.0 = perfect) and "
+                    f"runtime (median of {repeats} calls, ms)")
+    t.add_column("load")
+    t.add_column("slots/nodes/GPUs", justify="right")
+    t.add_column("bound", justify="right")
+    for suffix in ("", " drifted", " ms"):
+        for n in names:
+            t.add_column(short.get(n, n) + suffix, justify="right")
+    others = [n for n in names if n != "inferhal"]
+    for n in others:
+        t.add_column(f"{short.get(n, n)}/ours time", justify="right")
+    for (load, slots, nodes, gpus), c in cases.items():
+        cells = [load, f"{slots}/{nodes}/{gpus}", f"{c['inferhal'].lower_bound:.4f}"]
+        cells += [f"{c[n].balancedness:.4f}" + (" INVALID" if c[n].invalid else "") for n in names]
+        cells += [f"{c[n].drifted:.4f}" for n in names]
+        cells += [f"{c[n].seconds * 1e3:.1f}" for n in names]
+        cells += [f"{c[n].seconds / c['inferhal'].seconds:.2f}x" for n in others]
+        t.add_row(*cells)
+    console = Console(width=max(Console().width, 200))
+    console.print(t)
+    if peer.fn is None:
+        console.print(f"[yellow]DeepSeek EPLB {peer.reason}[/]")
+    else:
+        console.print(f"DeepSeek EPLB: {peer.source}")
     for r in rows:
-        if r.policy != "inferhal":
-            continue
-        g = by[(r.load, r.slots, r.nodes, r.gpus, "greedy")]
-        t.add_row(r.load, f"{r.slots}/{r.nodes}/{r.gpus}", f"{r.balancedness:.4f}", f"{g.balancedness:.4f}",
-                  f"{r.lower_bound:.4f}", f"{r.drifted:.4f}", f"{g.drifted:.4f}", f"{r.seconds:.3f}",
-                  f"{g.seconds:.3f}")
-    s = Table(title="Policy runtime: vectorised over layers vs a per-layer Python loop (same plans)")
-    for col in ("slots/nodes/GPUs", "vectorised s", "per-layer loop s", "ratio", "greedy s", "identical"):
+        if r.invalid:
+            console.print(f"[red]{r.policy} {r.load} {r.slots}/{r.nodes}/{r.gpus}: invalid plan: {r.invalid}[/]")
+    s = Table(title="Our policy: vectorised over layers vs a per-layer Python loop (same plans)")
+    for col in ("slots/nodes/GPUs", "vectorised s", "per-layer loop s", "ratio", "identical"):
         s.add_column(col, justify="right")
     for d in speeds:
         s.add_row(f"{d['slots']}/{d['nodes']}/{d['gpus']}", f"{d['vectorised_s']:.3f}",
-                  f"{d['per_layer_loop_s']:.3f}", f"{d['ratio']:.1f}x", f"{d['greedy_s']:.3f}", str(d["identical"]))
-    console = Console(width=max(Console().width, 140))
-    console.print(t)
+                  f"{d['per_layer_loop_s']:.3f}", f"{d['ratio']:.1f}x", str(d["identical"]))
     console.print(s)
 
 
@@ -139,57 +249,60 @@ def _plot(rows: list[Row], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ours = [r for r in rows if r.policy == "inferhal"]
-    greedy = {(r.load, r.slots, r.nodes, r.gpus): r for r in rows if r.policy == "greedy"}
-    labels = [f"{r.load}\n{r.slots}/{r.nodes}/{r.gpus}" for r in ours]
-    x = list(range(len(ours)))
-    fig, axes = plt.subplots(2, 1, figsize=(max(10, len(ours) * 0.7), 8), sharex=True)
-    for ax, field, title in ((axes[0], "balancedness", "same window"), (axes[1], "drifted", "drifted next window")):
-        gv = [getattr(greedy[(r.load, r.slots, r.nodes, r.gpus)], field) - 1 for r in ours]
-        ov = [getattr(r, field) - 1 for r in ours]
-        ax.bar([i - 0.2 for i in x], gv, 0.4, label="greedy baseline")
-        ax.bar([i + 0.2 for i in x], ov, 0.4, label="inferhal")
-        ax.scatter(x, [r.lower_bound - 1 for r in ours], marker="_", s=200, color="k", label="lower bound", zorder=3)
-        ax.set_yscale("symlog", linthresh=1e-3)
-        ax.set_ylabel("balancedness - 1")
-        ax.set_title(f"EPLB imbalance ({title}); slots/nodes/GPUs")
+    cases = _cases(rows)
+    names = list(next(iter(cases.values())))
+    labels = [f"{k[0]}\n{k[1]}/{k[2]}/{k[3]}" for k in cases]
+    x = list(range(len(cases)))
+    width = 0.8 / len(names)
+    fig, axes = plt.subplots(3, 1, figsize=(max(10, len(cases) * 0.8), 11), sharex=True)
+    panels = (("balancedness", "balancedness - 1", "EPLB imbalance, same window"),
+              ("drifted", "balancedness - 1", "EPLB imbalance, drifted next window"),
+              ("seconds", "ms per call (median)", "policy runtime"))
+    for ax, (field, ylabel, title) in zip(axes, panels):
+        for k, name in enumerate(names):
+            v = [getattr(c[name], field) for c in cases.values()]
+            v = [s * 1e3 for s in v] if field == "seconds" else [b - 1 for b in v]
+            ax.bar([i - 0.4 + width * (k + 0.5) for i in x], v, width, label=name)
+        if field != "seconds":
+            ax.scatter(x, [c["inferhal"].lower_bound - 1 for c in cases.values()], marker="_", s=200, color="k",
+                       label="lower bound", zorder=3)
+            ax.set_yscale("symlog", linthresh=1e-3)
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{title}; slots/nodes/GPUs")
         ax.legend()
-    axes[1].set_xticks(x, labels, rotation=90, fontsize=7)
+    axes[-1].set_xticks(x, labels, rotation=90, fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def peer_for(cfg) -> Peer:
+    wanted = [str(p) for p in (getattr(getattr(cfg, "bench", None), "peers", None) or [])]
+    if wanted and "deepseek" not in wanted:
+        return Peer("deepseek", reason=f"not run: bench.peers={wanted} does not name deepseek")
+    return load_deepseek()
+
+
 def run(cfg) -> int:
-    out_dir = str(getattr(getattr(cfg, "bench", None), "output_dir", None) or "bench-results")
+    bench = getattr(cfg, "bench", None)
+    out_dir = str(getattr(bench, "output_dir", None) or "bench-results")
+    repeats = max(1, int(getattr(bench, "repeats", 3) or 3))
     os.makedirs(out_dir, exist_ok=True)
     seed = int(getattr(cfg, "seed", 0) or 0)
     t0 = time.perf_counter()
-    rows = measure(seed=seed)
-    speeds = speed(seed=seed)
-    _print(rows, speeds)
-    ours = [r for r in rows if r.policy == "inferhal"]
-    greedy = [r for r in rows if r.policy == "greedy"]
-
-    def gmean(v):
-        return math.exp(sum(math.log(max(x - 1, 1e-9)) for x in v) / len(v)) + 1
-
-    summary = dict(
-        mean_balancedness_ours=sum(r.balancedness for r in ours) / len(ours),
-        mean_balancedness_greedy=sum(r.balancedness for r in greedy) / len(greedy),
-        mean_lower_bound=sum(r.lower_bound for r in ours) / len(ours),
-        mean_drifted_ours=sum(r.drifted for r in ours) / len(ours),
-        mean_drifted_greedy=sum(r.drifted for r in greedy) / len(greedy),
-        geomean_imbalance_ours=gmean([r.balancedness for r in ours]),
-        geomean_imbalance_greedy=gmean([r.balancedness for r in greedy]),
-        cases_ours_better=sum(o.balancedness < g.balancedness - 1e-6 for o, g in zip(ours, greedy)),
-        cases_ours_worse=sum(o.balancedness > g.balancedness + 1e-6 for o, g in zip(ours, greedy)),
-        min_speed_ratio=min(d["ratio"] for d in speeds),
-        total_seconds=time.perf_counter() - t0,
-        host="CPU (this machine), single-threaded policy",
-    )
-    path = os.path.join(out_dir, "eplb.json")
-    with open(cfg.output if getattr(cfg, "output", None) else path, "w") as f:
+    peer = peer_for(cfg)
+    print(f"bench eplb: torch threads {torch.get_num_threads()} (policies run single-threaded), "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; shared machines: compare ratios "
+          f"within one run")
+    rows = measure(KINDS, LAYOUTS, seed, repeats, policies(peer), LAYERS)
+    speeds = speed(SPEED_LAYOUTS, seed, LAYERS)
+    _print(rows, speeds, peer, repeats)
+    summary = summarize(rows)
+    summary.update(deepseek_source=peer.source or peer.reason, repeats=repeats,
+                   min_loop_ratio=min(d["ratio"] for d in speeds), total_seconds=time.perf_counter() - t0,
+                   load_average=os.getloadavg()[0], host=f"CPU, {os.cpu_count()} cores; every policy at one thread")
+    path = str(cfg.output) if getattr(cfg, "output", None) else os.path.join(out_dir, "eplb.json")
+    with open(path, "w") as f:
         json.dump(dict(summary=summary, rows=[asdict(r) for r in rows], speed=speeds), f, indent=1)
     png = os.path.join(out_dir, "eplb.png")
     _plot(rows, png)

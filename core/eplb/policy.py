@@ -54,7 +54,7 @@ def ours_pack(weight: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, torch
 
 
 @contextmanager
-def _one_thread():
+def one_thread():
     """The policy runs thousands of tiny ops; intra-op threads only add contention (20x slower on 2 busy
     cores), so run single-threaded and restore the caller's setting."""
     before = torch.get_num_threads()
@@ -99,7 +99,7 @@ def rebalance_with(weight: torch.Tensor, num_replicas: int, num_groups: int, num
     hierarchical = check_layout(w.shape[1], num_replicas, num_groups, num_nodes, num_gpus)
     if not hierarchical:
         num_groups = num_nodes = 1
-    with _one_thread():
+    with one_thread():
         phy2log = hierarchical_phy2log(w, num_replicas, num_groups, num_nodes, num_gpus, pack)
     E = w.shape[1]
     logcnt = torch.zeros(w.shape[0], E, dtype=torch.long).scatter_add_(1, phy2log, torch.ones_like(phy2log))
