@@ -85,28 +85,44 @@ def attend_gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
 def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: AttnParams,
                sinks: torch.Tensor | None = None) -> torch.Tensor:
     # q: [T, H, D]; kv_cache: [NB, BS, 2, Hk, D] or [NB, BS, Hk, D] when p.shared_kv
-    out = []
-    qsl = batch.query_start_loc.tolist()
+    # Sequences with one new token (decode) are attended together over one padded gather; the others
+    # (prefill chunks) one sequence at a time, so no [T, S] key tensor of a long prompt is ever built.
+    t = q.shape[0]
+    qsl = batch.query_start_loc.long()
+    qlen = qsl[1:] - qsl[:-1]
+    dv = q.shape[2] if p.shared_kv else kv_cache.shape[-1]
+    out = q.new_empty(t, q.shape[1], dv)
+    one = torch.nonzero(qlen == 1).flatten()
+    if one.numel():
+        rows = qsl[one]
+        out[rows] = _attend_decode(q[rows], kv_cache, batch, one, batch.positions[rows].long(), p, sinks)
     lens = batch.seq_lens.tolist()
-    for b in range(batch.num_seqs):
-        s, e, ctx = qsl[b], qsl[b + 1], lens[b]
-        if e == s:
-            continue
+    for b in torch.nonzero(qlen > 1).flatten().tolist():
+        s, e, ctx = int(qsl[b]), int(qsl[b + 1]), lens[b]
         qpos = batch.positions[s:e].long()
         first = 0 if p.window == 0 else max(0, int(qpos.min()) - p.window + 1)
         kv = gather_pages(kv_cache, batch.block_table[b], first, ctx)
-        if p.shared_kv:
-            k = v = kv
-        else:
-            k, v = kv[:, 0], kv[:, 1]
+        k, v = (kv, kv) if p.shared_kv else (kv[:, 0], kv[:, 1])
         kpos = torch.arange(first, ctx, device=q.device)
         mask = kpos[None, :] <= qpos[:, None]
         if p.window > 0:
             mask &= kpos[None, :] > qpos[:, None] - p.window
-        out.append(attend(q[s:e], k, v, mask, p, sinks))
-    if not out:
-        return q.new_zeros(0, q.shape[1], q.shape[2])
-    return torch.cat(out, dim=0)
+        out[s:e] = attend(q[s:e], k, v, mask, p, sinks)
+    return out
+
+
+def _attend_decode(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, seqs: torch.Tensor,
+                   qpos: torch.Tensor, p: AttnParams, sinks: torch.Tensor | None) -> torch.Tensor:
+    """One query per sequence ``seqs`` (q: [N, H, D], at ``qpos [N]``) over its visible keys, gathered
+    into ``[N, S, ...]`` with S the longest visible span (window-clipped) and masked past each one's."""
+    ctx = batch.seq_lens.long()[seqs]
+    first = torch.zeros_like(qpos) if p.window == 0 else (qpos - p.window + 1).clamp(min=0)
+    span = int((ctx - first).max())
+    pos = first[:, None] + torch.arange(span, device=q.device)[None, :]  # [N, S]
+    mask = (pos < ctx[:, None]) & (pos <= qpos[:, None])
+    kv = gather_slots(kv_cache, batch.block_table, seqs[:, None], pos, mask)  # [N, S, *slot]
+    k, v = (kv, kv) if p.shared_kv else (kv[:, :, 0], kv[:, :, 1])
+    return attend_gathered(q, k, v, mask, p, sinks)
 
 
 OPS = {
