@@ -28,7 +28,7 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
-from inferhal.core.models.base import ForwardBatch, KVCache
+from inferhal.core.models.base import ForwardBatch, KVCache, lm_head
 from inferhal.core.models.deepseek_v4.attention import attention
 from inferhal.core.models.deepseek_v4.config import V4Config
 from inferhal.core.models.deepseek_v4.kv import kv_groups
@@ -114,7 +114,7 @@ class DeepseekV4ForCausalLM:
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """fp32 logits ``[len(batch.logits_indices), vocab]``; writes this step's KV into ``kv``."""
         streams = self.forward_hidden(batch, kv)
-        return self.head("", streams[batch.logits_indices.long()])
+        return self.head("", streams[batch.logits_indices.long()], batch.logits_out)
 
     def forward_hidden(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """The final residual streams ``[T, hc_mult, D]`` of every token (MTP reads them)."""
@@ -168,12 +168,12 @@ class DeepseekV4ForCausalLM:
 
     # ------------------------------------------------------------------ pieces
 
-    def head(self, pre: str, streams: torch.Tensor) -> torch.Tensor:
+    def head(self, pre: str, streams: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         ops, w = self.ops, self.weights
         x = ops["mhc.head"](streams, w[pre + "hc_head.hc_fn"], w[pre + "hc_head.hc_base"], w[pre + "hc_head.hc_scale"],
                             self.mhc_p)
         x = ops["norm.rms"](x, w[pre + "norm.weight"], self.norm_p)
-        return ops["linear"](x, self.lm_head).float()
+        return lm_head(ops, x, self.lm_head, out)
 
     def block(self, pre: str, layer: int, streams: torch.Tensor, ids: torch.Tensor, batch: ForwardBatch,
               kv: KVCache) -> torch.Tensor:

@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from inferhal.core.models.base import ForwardBatch, KVCache
+from inferhal.core.models.base import ForwardBatch, KVCache, lm_head
 from inferhal.core.models.gemma3.config import FULL, SLIDING, Gemma3Config
 from inferhal.core.ops.params import ActParams, AttnParams, KVWriteParams, RmsNormParams, RopeParams
 from inferhal.core.paging.spec import KVGroupSpec
@@ -131,9 +131,9 @@ class Gemma3ForCausalLM:
             a = ops["act.gated"](ops["linear"](h, w.gate), ops["linear"](h, w.up), self._act)
             x = x + ops["norm.rms"](ops["linear"](a, w.down), w.post_ffn_norm, self._norm)
         x = ops["norm.rms"](x[batch.logits_indices.long()], self.final_norm, self._norm)  # [B', hidden]
-        logits = ops["linear"](x, self.embed_table).float()  # [B', V]
+        logits = lm_head(ops, x, self.embed_table, batch.logits_out)  # [B', V] fp32
         if cfg.final_softcap > 0:
-            logits = torch.tanh(logits / cfg.final_softcap) * cfg.final_softcap
+            logits = logits.div_(cfg.final_softcap).tanh_().mul_(cfg.final_softcap)
         return logits
 
 

@@ -1,0 +1,36 @@
+"""``lm_head``: the chunked LM-head product shared by the model families."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferhal.backends.reference.ops import OPS
+from inferhal.core.models import base
+from inferhal.core.models.base import lm_head
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [0, 1, 5])
+def test_chunked_logits_equal_one_product_widened_to_fp32(monkeypatch, dtype, rows):
+    monkeypatch.setattr(base, "LM_HEAD_CHUNK", 7)  # ragged last chunk: 50 = 7 * 7 + 1
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(50, 16, generator=g).to(dtype)
+    x = torch.randn(rows, 16, generator=g).to(dtype)
+    out = lm_head(OPS, x, w)
+    assert out.dtype == torch.float32 and out.shape == (rows, 50)
+    # bf16: each product is rounded to bf16 either way, so the chunks are exact; fp32: the BLAS blocks a
+    # narrower product differently, which moves the last bit or two (measured 1e-7 relative)
+    exact = dtype == torch.bfloat16
+    torch.testing.assert_close(out, OPS["linear"](x, w).float(), rtol=0 if exact else 1e-6, atol=0 if exact else 1e-6)
+
+
+def test_logits_land_in_the_callers_buffer_and_a_wrong_buffer_is_named():
+    w, x = torch.randn(30, 8), torch.randn(3, 8)
+    buf = torch.full((3, 30), float("nan"))
+    out = lm_head(OPS, x, w, buf)
+    assert out.data_ptr() == buf.data_ptr() and not out.isnan().any()
+    with pytest.raises(ValueError, match=r"needs float32 \(3, 30\)"):
+        lm_head(OPS, x, w, torch.empty(3, 29))
+    with pytest.raises(ValueError, match="bfloat16"):
+        lm_head(OPS, x, w, torch.empty(3, 30, dtype=torch.bfloat16))
