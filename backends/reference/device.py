@@ -12,6 +12,17 @@ from inferhal.core.paging import planning
 from inferhal.core.profile import DeviceProfile, ExecLevel
 
 DTYPES = frozenset({"float32", "bfloat16", "float16", "float8_e4m3fn", "fp4_e2m1"})
+#: ``backend.options`` the reference reads, with their meaning
+OPTIONS = {"torch_device": "the torch device to run on (default cpu)"}
+
+
+def check_options(options) -> None:
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        from inferhal.core.errors import UserError
+
+        known = "; ".join(f"{k}: {v}" for k, v in OPTIONS.items())
+        raise UserError(f"backend.options: unknown option(s) {unknown} for the reference backend; known: {known}")
 
 
 def cpu_memory_bytes() -> int:

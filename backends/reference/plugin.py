@@ -20,6 +20,7 @@ def inferhal_probe():
 def inferhal_device_profile(config):
     from inferhal.backends.reference import device
 
+    device.check_options(config.options)
     return device.profile(str(config.options.get("torch_device", "cpu")),
                           batch_invariant=config.batch_invariant)
 
