@@ -6,18 +6,20 @@ run with at most ``c`` in flight, from the same token-id prompts, on:
 
 - **inferhal**: the engine, closed loop: ``c`` requests in flight, a new one added when one finishes. TTFT = submit → first token; TPOT = (last − first token) / (tokens − 1).
 - **transformers** (``bench.peers`` contains ``transformers``): ``AutoModelForCausalLM`` on the same
-  GGUF (``gguf_file=``, in ``model.dtype`` like ours: fp32 by default, ``model.dtype=bfloat16`` for both), ``generate`` on batches of ``c`` prompts, left padding. A logits
-  processor stamps each step; every request in a batch shares its batch's times (queued batches wait).
+  GGUF (``gguf_file=``), once in every dtype inferhal runs in (rows ``transformers`` in ``model.dtype`` and
+  ``transformers-bf16``), ``generate`` on batches of ``c`` prompts, left padding. A logits processor stamps
+  each step; every request in a batch shares its batch's times (queued batches wait).
 - **llama.cpp** (``llama_cpp`` in ``bench.peers``, the optional ``llama-cpp-python``): ``Llama`` on
   the same GGUF with as many threads as torch uses. It serves one request at a time, so ``c`` clients
   queue FIFO and a request's TTFT includes its wait.
 
 With ``model.dtype=float32`` (the default) inferhal also runs a second time in bfloat16
 (``inferhal-bf16``: weights cast once at load, bf16 activations and KV, fp32 logits), since CPU GEMMs
-with AVX512-BF16 run ~2-2.5x faster; the peers stay in ``model.dtype``. Fidelity tests stay fp32.
+with AVX512-BF16 run ~2-4x faster; transformers runs in both, so every dtype has a like-for-like ratio.
+Fidelity tests stay fp32.
 
 Aggregate tok/s = output tokens / wall time of the level. Reported: a rich table, ratios
-(inferhal / peer, ``inferhal-bf16`` / peer) per level, ``<bench.output_dir>/e2e.json`` (or ``output=``) and ``e2e.png``.
+(every inferhal engine / every peer row) per level, ``<bench.output_dir>/e2e.json`` (or ``output=``) and ``e2e.png``.
 A peer that cannot run is reported as not measured, with the reason. Timings are wall-clock on
 whatever machine runs it; the exit status says only whether the benchmark ran.
 """
@@ -148,6 +150,21 @@ def run_llama_cpp(llama, prompts: Sequence[list[int]], c: int, max_tokens: int, 
 
 # -- orchestration -------------------------------------------------------------------------------------
 
+def speed_ratios(rows: Sequence[dict], engines: Sequence[str]) -> dict[str, float]:
+    """``{"<engine>_vs_<peer>@<c>": tok/s ratio}`` for every inferhal engine against every other row's engine
+    at the same concurrency (the ``inferhal_`` prefix is dropped from the plain engine's keys)."""
+    out = {}
+    for r in rows:
+        if r["engine"] in engines:
+            continue
+        for engine in engines:
+            ours = [x["tok_s"] for x in rows if x["engine"] == engine and x["concurrency"] == r["concurrency"]]
+            if ours and r["tok_s"] > 0:
+                key = ("" if engine == "inferhal" else f"{engine}_") + f"vs_{r['engine']}@{r['concurrency']}"
+                out[key] = ours[0] / r["tok_s"]
+    return out
+
+
 def inferhal_variants(dtype: str) -> list[tuple[str, str]]:
     """(engine name, model.dtype) of each inferhal run: ``model.dtype``, plus bfloat16 when that is fp32."""
     out = [("inferhal", dtype)]
@@ -219,18 +236,22 @@ def run(cfg) -> int:
             console.print(f"{engine} c={c}: {rows[-1]['tok_s']:.1f} tok/s")
         del llm
     engines = [e for e, _ in variants]
-    cfg.model.dtype = variants[0][1]  # the peers run in model.dtype
+    cfg.model.dtype = variants[0][1]
     path = str(info.get("path", ""))
 
-    loaders = _peer_loaders(path, torch.get_num_threads(), str(cfg.model.dtype))
+    peer_runs = []  # (row name, peer, dtype): transformers in every dtype inferhal ran in, llama.cpp once
     for peer in peers:
+        for engine, dtype in (variants if peer == "transformers" else variants[:1]):
+            peer_runs.append((peer + engine[len("inferhal"):] if peer == "transformers" else peer, peer, dtype))
+    for name, peer, dtype in peer_runs:
         try:
             t = time.perf_counter()
-            m = loaders[peer]()
-            notes[peer] = f"load {time.perf_counter() - t:.1f} s"
+            m = _peer_loaders(path, torch.get_num_threads(), dtype)[peer]()
+            notes[name] = f"dtype={dtype}, load {time.perf_counter() - t:.1f} s" if peer == "transformers" else \
+                f"its own GGUF kernels, load {time.perf_counter() - t:.1f} s"
         except Exception as exc:  # not installed (llama-cpp-python is an optional extra), or failed to load
-            notes[peer] = f"not measured: {type(exc).__name__}: {exc}"
-            console.print(f"[yellow]{peer}: {notes[peer]}[/]")
+            notes[name] = f"not measured: {type(exc).__name__}: {exc}"
+            console.print(f"[yellow]{name}: {notes[name]}[/]")
             continue
         for c in levels:
             n = max(c, min(int(b.num_prompts), 4 * c))
@@ -238,19 +259,11 @@ def run(cfg) -> int:
                 wall, per = run_transformers(m, prompts[:n], c, max_tokens, pad_id=0)
             else:
                 wall, per = run_llama_cpp(m, prompts[:n], c, max_tokens, tok.eos_token_ids)
-            rows.append(summarize(peer, c, wall, per))
-            console.print(f"{peer} c={c}: {rows[-1]['tok_s']:.1f} tok/s")
+            rows.append(summarize(name, c, wall, per))
+            console.print(f"{name} c={c}: {rows[-1]['tok_s']:.1f} tok/s")
         del m
 
-    ratios = {}
-    for c in levels:
-        for engine in engines:
-            ours = next(r["tok_s"] for r in rows if r["engine"] == engine and r["concurrency"] == c)
-            for peer in peers:
-                theirs = [r["tok_s"] for r in rows if r["engine"] == peer and r["concurrency"] == c]
-                if theirs and theirs[0] > 0:
-                    ratios[("" if engine == "inferhal" else f"{engine}_") + f"vs_{peer}@{c}"] = ours / theirs[0]
-
+    ratios = speed_ratios(rows, engines)
     table = Table(title=f"e2e: {cfg.model.name}, {max_tokens} greedy tokens per request")
     for col in ("engine", "c", "reqs", "tok/s", "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms", "TPOT p95 ms",
                 *(f"{e.replace('inferhal-', '')} ×" for e in engines)):

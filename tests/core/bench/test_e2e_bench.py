@@ -1,0 +1,30 @@
+"""The e2e benchmark's bookkeeping: per-request percentiles and the speed ratios it reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferhal.core.bench.e2e import _pct, inferhal_variants, speed_ratios, summarize
+
+
+def test_summary_counts_tokens_over_wall_time_and_takes_percentiles_per_request():
+    per = [(0.1, 0.02, 16), (0.3, 0.04, 16), (0.2, 0.0, 1)]  # a 1-token request has no TPOT
+    r = summarize("inferhal", 8, 2.0, per)
+    assert r["output_tokens"] == 33 and r["tok_s"] == pytest.approx(16.5)
+    assert r["ttft_p50_ms"] == pytest.approx(200.0) and r["tpot_p50_ms"] == pytest.approx(30.0)
+    assert _pct([1.0, 2.0, 3.0, 4.0], 0.95) == pytest.approx(3.85)
+
+
+def test_every_inferhal_engine_is_compared_with_every_peer_row_at_its_own_concurrency():
+    rows = [summarize(e, c, 1.0, [(0.0, 0.0, n)]) for e, c, n in (
+        ("inferhal", 8, 40), ("inferhal-bf16", 8, 80), ("transformers", 8, 20), ("transformers-bf16", 8, 40),
+        ("llama_cpp", 8, 10), ("transformers", 32, 5))]
+    r = speed_ratios(rows, ["inferhal", "inferhal-bf16"])
+    assert r["vs_transformers@8"] == 2.0 and r["inferhal-bf16_vs_transformers-bf16@8"] == 2.0
+    assert r["inferhal-bf16_vs_transformers@8"] == 4.0 and r["vs_llama_cpp@8"] == 4.0
+    assert not any(k.endswith("@32") for k in r)  # no inferhal row at 32: nothing to compare
+
+
+def test_bf16_runs_beside_fp32_only():
+    assert inferhal_variants("float32") == [("inferhal", "float32"), ("inferhal-bf16", "bfloat16")]
+    assert inferhal_variants("bfloat16") == [("inferhal", "bfloat16")]
