@@ -71,35 +71,40 @@ def round_pack(weight: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, torc
 
 
 def kk_pack(weight: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Balanced largest differencing method, vectorised over rows."""
+    """Balanced largest differencing method, vectorised over rows.
+
+    A step touches only the two partials it merges (``[X, m]`` ops); which pack each item ends in is
+    resolved once at the end by replaying the merges backwards, not by relabelling items every step.
+    """
     x, n, cap = _check(weight, num_packs)
     if cap == 1:
         pack = torch.arange(n).expand(x, n).clone()
         return pack, torch.zeros_like(pack)
     rows = torch.arange(x)
     order = weight.argsort(dim=1, descending=True, stable=True)  # [X, n]
-    # Partial k holds sorted items k*m .. k*m+m-1, one per pack position.
-    part = torch.empty(x, n, dtype=torch.long).scatter_(1, order, (torch.arange(n) // num_packs).expand(x, n))
-    pos = torch.empty(x, n, dtype=torch.long).scatter_(1, order, (torch.arange(n) % num_packs).expand(x, n))
+    # Partial k holds sorted items k*m .. k*m+m-1, one per position (descending).
     sums = weight.gather(1, order).view(x, cap, num_packs).clone()  # [X, P, m]
-    alive = torch.ones(x, cap, dtype=torch.bool)
+    spread = sums[:, :, 0] - sums[:, :, -1]  # [X, P]; -1 marks a partial merged away
+    merges = []
     for _ in range(cap - 1):
-        spread = (sums.amax(-1) - sums.amin(-1)).masked_fill(~alive, -1.0)  # [X, P]
         two = spread.topk(2, dim=1).indices  # [X, 2]; ties: any choice is a valid KK step
         a, b = two[:, 0], two[:, 1]
         sa, sb = sums[rows, a], sums[rows, b]  # [X, m]
         oa = sa.argsort(dim=1, descending=True, stable=True)
         ob = sb.argsort(dim=1, stable=True)
         # Position ob[k] of b joins position oa[k] of a.
-        remap = torch.empty_like(ob).scatter_(1, ob, oa)  # [X, m]
-        merged = sa.clone()
-        merged.scatter_add_(1, oa, sb.gather(1, ob))
+        merged = sa.scatter_add(1, oa, sb.gather(1, ob))
         sums[rows, a] = merged
-        alive[rows, b] = False
-        in_b = part == b[:, None]
-        pos = torch.where(in_b, remap.gather(1, pos), pos)
-        part = torch.where(in_b, a[:, None], part)
-    return pos, ranks_in_pack(pos, num_packs)
+        spread[rows, a] = merged.amax(dim=1) - merged.amin(dim=1)
+        spread[rows, b] = -1.0
+        merges.append((a, b, torch.empty_like(ob).scatter_(1, ob, oa)))  # b's position -> a's position
+    # final[x, k, q]: the pack of partial k's position q. A partial keeps its labels until it is merged.
+    final = torch.empty(x, cap, num_packs, dtype=torch.long)
+    final[rows, merges[-1][0]] = torch.arange(num_packs)
+    for a, b, remap in reversed(merges):
+        final[rows, b] = final[rows, a].gather(1, remap)
+    pack = torch.empty(x, n, dtype=torch.long).scatter_(1, order, final.view(x, n))
+    return pack, ranks_in_pack(pack, num_packs)
 
 
 def refine_swaps(weight: torch.Tensor, pack_index: torch.Tensor, num_packs: int,
