@@ -14,10 +14,15 @@ from inferhal.core.eplb.packing import lpt_pack
 from inferhal.core.eplb.policy import rebalance_experts, rebalance_with
 
 
+def greedy_pack(weight: torch.Tensor, num_packs: int, floor: torch.Tensor | None = None):
+    """:func:`lpt_pack` as a :data:`~inferhal.core.eplb.policy.PackFn` (the baseline never stops early)."""
+    return lpt_pack(weight, num_packs)
+
+
 def rebalance_greedy(weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int,
                      num_gpus: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Baseline with :func:`rebalance_experts`'s signature and output semantics."""
-    return rebalance_with(weight, num_replicas, num_groups, num_nodes, num_gpus, lpt_pack)
+    return rebalance_with(weight, num_replicas, num_groups, num_nodes, num_gpus, greedy_pack)
 
 
 def rebalance_per_layer(weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int,

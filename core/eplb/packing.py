@@ -4,6 +4,7 @@ per layer, or per layer and node) with a fixed number of tensor ops per step, ne
 
 - :func:`lpt_pack`: capacity-constrained longest-processing-time greedy (heaviest item to the lightest
   pack that still has room): the baseline; ``n`` steps.
+- :func:`round_pack`: LPT in rounds of ``m`` items; ``n/m`` steps.
 - :func:`kk_pack`: balanced largest differencing (Karmarkar-Karp for equal-cardinality packs): ``n/m``
   partial solutions of one item per pack, repeatedly merging the two with the widest spread by pairing
   the heaviest pack of one with the lightest of the other; ``n/m - 1`` steps.
@@ -12,6 +13,9 @@ per layer, or per layer and node) with a fixed number of tensor ops per step, ne
 
 All return ``(pack_index[X, n], rank_in_pack[X, n])``: item ``i`` of row ``x`` goes to pack
 ``pack_index[x, i]`` at position ``rank_in_pack[x, i]`` (positions ``0..n/m-1``, by ascending item index).
+Sorting rows is the dearest op here, so the ``*_sorted`` forms work on the items already sorted by
+descending weight (``sorted_w[X, n]``) and return the pack of each sorted position: a caller chaining
+several of them sorts once and computes the ranks once.
 """
 
 from __future__ import annotations
@@ -54,36 +58,37 @@ def lpt_pack(weight: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, torch.
     return pack, ranks_in_pack(pack, num_packs)
 
 
-def round_pack(weight: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, torch.Tensor]:
+def round_sorted(sorted_w: torch.Tensor, num_packs: int) -> torch.Tensor:
     """LPT in rounds: each round gives the ``m`` heaviest remaining items, heaviest first, to the packs in
     ascending order of load, one each (so counts stay equal by construction); ``n/m`` steps."""
-    x, n, cap = _check(weight, num_packs)
-    order = weight.argsort(dim=1, descending=True, stable=True)
-    sw = weight.gather(1, order).view(x, cap, num_packs)  # [X, rounds, m] descending
-    loads = torch.zeros(x, num_packs, dtype=weight.dtype)
+    x, n, cap = _check(sorted_w, num_packs)
+    sw = sorted_w.view(x, cap, num_packs)  # [X, rounds, m] descending
+    loads = torch.zeros(x, num_packs, dtype=sorted_w.dtype)
     slot_pack = torch.empty(x, cap, num_packs, dtype=torch.long)
     for k in range(cap):
         light = loads.argsort(dim=1, stable=True)  # packs, lightest first
         slot_pack[:, k] = light
         loads.scatter_add_(1, light, sw[:, k])
-    pack = torch.empty(x, n, dtype=torch.long).scatter_(1, order, slot_pack.view(x, n))
-    return pack, ranks_in_pack(pack, num_packs)
+    return slot_pack.view(x, n)
 
 
-def kk_pack(weight: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, torch.Tensor]:
+def round_pack(weight: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`round_sorted` on ``weight[X, n]``."""
+    return _unsorted(weight, num_packs, round_sorted)
+
+
+def kk_sorted(sorted_w: torch.Tensor, num_packs: int) -> torch.Tensor:
     """Balanced largest differencing method, vectorised over rows.
 
     A step touches only the two partials it merges (``[X, m]`` ops); which pack each item ends in is
     resolved once at the end by replaying the merges backwards, not by relabelling items every step.
     """
-    x, n, cap = _check(weight, num_packs)
+    x, n, cap = _check(sorted_w, num_packs)
     if cap == 1:
-        pack = torch.arange(n).expand(x, n).clone()
-        return pack, torch.zeros_like(pack)
+        return torch.arange(n).expand(x, n).clone()
     rows = torch.arange(x)
-    order = weight.argsort(dim=1, descending=True, stable=True)  # [X, n]
     # Partial k holds sorted items k*m .. k*m+m-1, one per position (descending).
-    sums = weight.gather(1, order).view(x, cap, num_packs).clone()  # [X, P, m]
+    sums = sorted_w.reshape(x, cap, num_packs).clone()  # [X, P, m]
     spread = sums[:, :, 0] - sums[:, :, -1]  # [X, P]; -1 marks a partial merged away
     merges = []
     for _ in range(cap - 1):
@@ -103,59 +108,136 @@ def kk_pack(weight: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, torch.T
     final[rows, merges[-1][0]] = torch.arange(num_packs)
     for a, b, remap in reversed(merges):
         final[rows, b] = final[rows, a].gather(1, remap)
-    pack = torch.empty(x, n, dtype=torch.long).scatter_(1, order, final.view(x, n))
+    return final.view(x, n)
+
+
+def kk_pack(weight: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`kk_sorted` on ``weight[X, n]``."""
+    return _unsorted(weight, num_packs, kk_sorted)
+
+
+def sort_items(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sorted_w, order)``: ``weight[X, n]`` by descending weight (ties by item index), and the item of
+    each sorted position."""
+    order = weight.argsort(dim=1, descending=True, stable=True)
+    return weight.gather(1, order), order
+
+
+def unsort(sorted_pack: torch.Tensor, order: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pack of each sorted position back to item order, with the ranks."""
+    pack = torch.empty_like(sorted_pack).scatter_(1, order, sorted_pack)
     return pack, ranks_in_pack(pack, num_packs)
 
 
-def refine_swaps(weight: torch.Tensor, pack_index: torch.Tensor, num_packs: int,
-                 max_iters: int = 100, rel_tol: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
-    """Local search on a packing: best 1-for-1 swap between the heaviest pack and any other, repeated.
+def _unsorted(weight: torch.Tensor, num_packs: int, fn) -> tuple[torch.Tensor, torch.Tensor]:
+    _check(weight, num_packs)
+    sorted_w, order = sort_items(weight)
+    return unsort(fn(sorted_w, num_packs), order, num_packs)
 
-    Moving ``d = w_i - w_j`` from the heaviest pack (load ``M``) to pack ``g`` (load ``l_g``) leaves the
-    pair's maximum at ``max(M - d, l_g + d)``, convex in ``d`` with its minimum at ``d* = (M - l_g)/2``; so
-    for each item ``i`` and pack ``g`` the best partner is one of the two items of ``g`` whose weights
-    bracket ``w_i - d*``, found by ``searchsorted`` in ``g``'s sorted weights. That makes one step
-    ``O(m * cap * log cap)`` per row instead of ``O(m * cap^2)``, with the same choice.
 
-    Each accepted swap strictly lowers the larger of the two packs it touches and keeps the total, so the
-    sorted pack loads decrease lexicographically and the search ends (capped at ``max_iters``; a swap
-    must gain more than ``rel_tol`` of the mean pack load). Rows that stop improving drop out.
+def best_swaps(src: torch.Tensor, src_load: torch.Tensor, dst: torch.Tensor,
+               dst_load: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The best 1-for-1 swap between each source pack and each of its candidate packs.
+
+    ``src[A, S, cap]`` item weights of ``S`` source packs, ``src_load[A, S]``; ``dst[A, S, C, cap]`` the
+    weights of ``C`` candidate packs per source, ascending within each pack, ``dst_load[A, S, C]``.
+    Returns ``gain[A, S, C]`` (how much the pair's larger load drops; ``<= 0``: no improving swap) and the
+    positions ``i`` (in the source) and ``j`` (in the candidate) of the best swap.
+
+    Moving ``d = w_i - w_j`` from a pack of load ``M`` to one of load ``l`` leaves the pair's maximum at
+    ``max(M - d, l + d) = M - h + |w_i - h - w_j|`` with ``h = (M - l) / 2``: the best partner of ``i`` is the
+    item of the candidate pack nearest to ``w_i - h``, one of the two that ``searchsorted`` brackets.
     """
-    x, n, cap = _check(weight, num_packs)
-    rank = ranks_in_pack(pack_index, num_packs)
-    members = torch.empty(x, n, dtype=torch.long).scatter_(1, pack_index * cap + rank, torch.arange(n).expand(x, n))
-    members = members.view(x, num_packs, cap)  # [X, m, cap] item ids
-    wm = weight.gather(1, members.view(x, n)).view(x, num_packs, cap)  # [X, m, cap]
-    tol = rel_tol * weight.sum(dim=1).clamp(min=1e-30) / num_packs  # [X]
-    active = torch.arange(x)  # rows still improving
+    cap = dst.shape[-1]
+    half = (src_load[:, :, None] - dst_load) / 2  # [A, S, C]
+    target = src[:, :, None, :] - half[..., None]  # [A, S, C, cap_i]: the ideal partner's weight
+    hi = torch.searchsorted(dst, target).clamp_(max=cap - 1)
+    lo = (hi - 1).clamp_(min=0)
+    err_hi = (dst.gather(3, hi) - target).abs_()
+    err_lo = (target - dst.gather(3, lo)).abs_()
+    err, i = torch.minimum(err_lo, err_hi).min(dim=3)  # [A, S, C]
+    at = i[..., None]
+    j = hi.gather(3, at) - (err_lo.gather(3, at) < err_hi.gather(3, at)).long()  # lo = hi - 1 where it differs
+    return half - err, i, j[..., 0]
+
+
+def refine_sorted(sorted_w: torch.Tensor, sorted_pack: torch.Tensor, num_packs: int, max_iters: int = 100,
+                  rel_tol: float = 1e-6, heavy: int | None = None, floor: torch.Tensor | None = None) -> torch.Tensor:
+    """Local search on a packing: swap an item of the heaviest pack with one of any other pack, repeated.
+
+    Each step takes, per row, the best swap (:func:`best_swaps`) between the heaviest pack and every other
+    pack, and in the same step lets the next ``heavy - 1`` heaviest packs each make their best swap with
+    packs of their own share of the rest (every ``(heavy-1)``-th by load, so no two swaps touch one pack),
+    so that packs just under the maximum come down together instead of one step each (default ``heavy``:
+    ``m // 8`` capped at 4). Every accepted swap strictly lowers the larger load of its two packs and
+    keeps the total, so the sorted loads decrease lexicographically and the search ends; a row stops when
+    the heaviest pack has no swap gaining more than ``rel_tol`` of the mean pack load, when its heaviest
+    pack is at or below ``floor[X]`` (if given), or at ``max_iters``. Stopped rows leave the working set;
+    a step re-sorts only the packs it touched.
+    """
+    x, n, cap = _check(sorted_w, num_packs)
+    m = num_packs
+    k = max(1, min(4, m // 8)) if heavy is None else max(1, min(heavy, m // 2))
+    share = (m - k) // (k - 1) if k > 1 else 0  # candidate packs per extra heavy pack
+    # Each pack's sorted positions, ascending by weight (positions run by descending weight).
+    mem = sorted_pack.argsort(dim=1, stable=True).view(x, m, cap).flip(2)
+    w = sorted_w.gather(1, mem.view(x, n)).view(x, m, cap)  # w, mem: [A, m, cap] of the working rows
+    done = mem.clone()  # rows leave the working set into here
+    rows = torch.arange(x)  # original index of each working row
+    tol = rel_tol * sorted_w.sum(dim=1).clamp(min=1e-30) / m  # [A]
+    floor = torch.full((x,), -1.0, dtype=sorted_w.dtype) if floor is None else floor.to(sorted_w.dtype)
     for _ in range(max_iters):
-        if active.numel() == 0:
-            break
-        w_a, order = wm[active].sort(dim=2, stable=True)  # [A, m, cap] ascending within each pack
-        m_a = members[active].gather(2, order)
-        wm[active], members[active] = w_a, m_a
-        a = active.numel()
-        load = w_a.sum(-1)  # [A, m]
-        lmax, gmax = load.max(dim=1)  # [A]
-        wa = w_a[torch.arange(a), gmax]  # [A, cap] items of the heaviest pack
-        target = wa[:, None, :] - ((lmax[:, None] - load) / 2)[:, :, None]  # [A, m, cap_i]
-        hi = torch.searchsorted(w_a, target.contiguous()).clamp(max=cap - 1)
-        cand = torch.stack((hi, (hi - 1).clamp(min=0)), dim=-1)  # [A, m, cap_i, 2] partner positions
-        d = wa[:, None, :, None] - w_a.gather(2, cand.view(a, num_packs, -1)).view_as(cand).to(wa.dtype)
-        pair_max = torch.maximum(lmax[:, None, None, None] - d, load[:, :, None, None] + d)
-        gain, flat = (lmax[:, None, None, None] - pair_max).view(a, -1).max(dim=1)
-        ok = gain > tol[active]
-        active, flat, ga, cand = active[ok], flat[ok], gmax[ok], cand[ok]
-        g = flat // (cap * 2)
-        i = (flat // 2) % cap
-        j = cand.flatten(1).gather(1, flat[:, None])[:, 0]
-        wi, wj = wm[active, ga, i].clone(), wm[active, g, j].clone()
-        mi, mj = members[active, ga, i].clone(), members[active, g, j].clone()
-        wm[active, ga, i], wm[active, g, j] = wj, wi
-        members[active, ga, i], members[active, g, j] = mj, mi
-    pack = torch.empty(x, n, dtype=torch.long).scatter_(
-        1, members.view(x, n), (torch.arange(n) // cap).expand(x, n))
-    return pack, ranks_in_pack(pack, num_packs)
+        load = w.sum(-1)  # [A, m]
+        by_load = load.argsort(dim=1, descending=True) if k > 1 else load.argmax(dim=1, keepdim=True)
+        top = by_load[:, :1]  # [A, 1] the heaviest pack
+        a = rows.numel()
+        gain, i, j = best_swaps(w.gather(1, top[:, :, None].expand(a, 1, cap)), load.gather(1, top),
+                                w[:, None], load[:, None])  # [A, 1, m]
+        gain, g = gain[:, 0].max(dim=1)
+        ok = (gain > tol) & (load.gather(1, top)[:, 0] > floor)
+        if not bool(ok.all()):
+            done[rows[~ok]] = mem[~ok]
+            rows, w, mem, tol, floor, load, by_load, top, g, i, j = (
+                t[ok] for t in (rows, w, mem, tol, floor, load, by_load, top, g, i, j))
+            a = rows.numel()
+            if a == 0:
+                break
+        src, dst = top, g[:, None]  # [A, S] packs swapping, S = 1 + extra heavy packs
+        pos_i, pos_j = i[:, 0].gather(1, dst), j[:, 0].gather(1, dst)
+        take = torch.ones(a, 1, dtype=torch.bool)
+        if share:
+            more = by_load[:, 1:k]  # [A, k-1]
+            cand = by_load[:, k:k + share * (k - 1)].reshape(a, share, k - 1).transpose(1, 2)  # [A, k-1, share]
+            cw = w.gather(1, cand.reshape(a, -1, 1).expand(-1, -1, cap)).view(a, k - 1, share, cap)
+            gr, ir, jr = best_swaps(w.gather(1, more[:, :, None].expand(-1, -1, cap)), load.gather(1, more), cw,
+                                    load.gather(1, cand.reshape(a, -1)).view(a, k - 1, share))
+            clash = (cand == g[:, None, None]) | (more == g[:, None])[:, :, None]  # the heaviest's partner
+            gr, c = gr.masked_fill(clash, float("-inf")).max(dim=2)  # [A, k-1]
+            src, dst = torch.cat((src, more), 1), torch.cat((dst, cand.gather(2, c[..., None])[..., 0]), 1)
+            pos_i = torch.cat((pos_i, ir.gather(2, c[..., None])[..., 0]), 1)
+            pos_j = torch.cat((pos_j, jr.gather(2, c[..., None])[..., 0]), 1)
+            take = torch.cat((take, gr > tol[:, None]), 1)
+        r = torch.arange(a)[:, None].expand_as(take)[take]
+        pi, pj = (src * cap + pos_i)[take], (dst * cap + pos_j)[take]
+        wf, mf = w.view(a, -1), mem.view(a, -1)
+        wi, wj, mi, mj = wf[r, pi], wf[r, pj], mf[r, pi], mf[r, pj]
+        wf[r, pi], wf[r, pj], mf[r, pi], mf[r, pj] = wj, wi, mj, mi
+        touched = torch.cat((src, dst), 1)[:, :, None].expand(-1, -1, cap)  # untouched ones stay sorted
+        tw, o = w.gather(1, touched).sort(dim=2, stable=True)
+        w.scatter_(1, touched, tw)
+        mem.scatter_(1, touched, mem.gather(1, touched).gather(2, o))
+    done[rows] = mem
+    return torch.empty(x, n, dtype=torch.long).scatter_(1, done.view(x, n), (torch.arange(n) // cap).expand(x, n))
+
+
+def refine_swaps(weight: torch.Tensor, pack_index: torch.Tensor, num_packs: int, max_iters: int = 100,
+                 rel_tol: float = 1e-6, heavy: int | None = None,
+                 floor: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`refine_sorted` on ``weight[X, n]`` packed as ``pack_index[X, n]``."""
+    _check(weight, num_packs)
+    sorted_w, order = sort_items(weight)
+    refined = refine_sorted(sorted_w, pack_index.gather(1, order), num_packs, max_iters, rel_tol, heavy, floor)
+    return unsort(refined, order, num_packs)
 
 
 def pack_loads(weight: torch.Tensor, pack_index: torch.Tensor, num_packs: int) -> torch.Tensor:

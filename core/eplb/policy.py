@@ -7,9 +7,14 @@ otherwise (one group, one node). Our steps:
 
 1. replicas: each extra slot goes to the expert with the highest load per replica (D'Hondt). This
    minimises the largest per-replica load exactly, which is also the replica part of the lower bound.
-2. packing: balanced Karmarkar-Karp (largest differencing with equal counts), then swap local search
-   between the heaviest GPU and the others (:mod:`.packing`). The baseline (:mod:`.baseline`) packs with
-   the greedy LPT instead.
+2. packing: balanced Karmarkar-Karp (largest differencing with equal counts) and round-wise LPT, each
+   refined by swap local search from the heaviest GPUs (:mod:`.packing`), the better kept per row. The
+   baseline (:mod:`.baseline`) packs with the greedy LPT instead.
+
+A layer's balancedness is set by its heaviest GPU, which can never be lighter than the layer's floor
+(its heaviest node's load over the node's GPUs, and its heaviest replica). So the packing of a node
+whose heaviest GPU is already at or below that floor is final: only the nodes that can still lower the
+layer's maximum get the second start and the search, which gives the same per-layer maximum for less work.
 
 Everything is vectorised over layers (and nodes): the number of tensor ops does not depend on ``L``.
 """
@@ -17,15 +22,17 @@ Everything is vectorised over layers (and nodes): the number of tensor ops does 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
-from inferhal.core.eplb.packing import kk_pack, pack_loads, refine_swaps, round_pack
+from inferhal.core.eplb.packing import kk_sorted, pack_loads, refine_sorted, round_sorted, sort_items, unsort
 from inferhal.core.eplb.placement import build_log2phy
 from inferhal.core.eplb.validate import check_layout, check_load
 
-PackFn = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+PackFn = Callable[[torch.Tensor, int, Optional[torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
+"""``(weight[X, n], num_packs, floor[X] or None) -> (pack_index, rank_in_pack)``; ``floor``: a row whose
+heaviest pack is at or below it needs no further work."""
 
 
 def replicate(weight: torch.Tensor, num_physical: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,13 +51,25 @@ def replicate(weight: torch.Tensor, num_physical: int) -> tuple[torch.Tensor, to
     return phy2log, logcnt
 
 
-def ours_pack(weight: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two starts -- balanced KK and round-wise LPT -- each refined by swaps; per row the lighter maximum."""
-    candidates = [refine_swaps(weight, start(weight, num_packs)[0], num_packs) for start in (kk_pack, round_pack)]
-    (pa, ra), (pb, rb) = candidates
-    ma, mb = (pack_loads(weight, p, num_packs).amax(dim=1) for p in (pa, pb))
-    take_b = (mb < ma)[:, None]
-    return torch.where(take_b, pb, pa), torch.where(take_b, rb, ra)
+def ours_pack(weight: torch.Tensor, num_packs: int,
+              floor: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Balanced KK; the rows whose heaviest pack is above ``floor`` (all rows without one) also get
+    round-wise LPT, both starts refined by swaps in one batch (rows stacked, so the search's steps are
+    shared), and keep the start with the lighter maximum."""
+    sorted_w, order = sort_items(weight)
+    pack = kk_sorted(sorted_w, num_packs)  # [X, n] the pack of each sorted position
+    todo = torch.arange(weight.shape[0])
+    if floor is not None:
+        todo = todo[pack_loads(sorted_w, pack, num_packs).amax(dim=1) > floor]
+    t = todo.numel()
+    if t:
+        w = sorted_w[todo]
+        both = w.repeat(2, 1)
+        refined = refine_sorted(both, torch.cat((pack[todo], round_sorted(w, num_packs))), num_packs,
+                                floor=None if floor is None else floor[todo].repeat(2))
+        heaviest = pack_loads(both, refined, num_packs).amax(dim=1)
+        pack[todo] = torch.where((heaviest[t:] < heaviest[:t])[:, None], refined[t:], refined[:t])
+    return unsort(pack, order, num_packs)
 
 
 @contextmanager
@@ -76,7 +95,7 @@ def hierarchical_phy2log(weight: torch.Tensor, num_physical: int, num_groups: in
     gsize = E // num_groups
     groups_per_node = num_groups // num_nodes
     # 1. groups -> nodes; "mlog" numbers experts node by node (node n owns mlog n*E/N .. (n+1)*E/N-1).
-    gpack, grank = pack(weight.view(L, num_groups, gsize).sum(-1), num_nodes)  # [L, G]
+    gpack, grank = pack(weight.view(L, num_groups, gsize).sum(-1), num_nodes, None)  # [L, G]
     log2mlog = ((gpack * groups_per_node + grank) * gsize)[:, :, None] + torch.arange(gsize)
     log2mlog = log2mlog.reshape(L, E)
     mlog2log = _inverse(log2mlog)
@@ -84,8 +103,11 @@ def hierarchical_phy2log(weight: torch.Tensor, num_physical: int, num_groups: in
     wnode = weight.gather(1, mlog2log).view(L * num_nodes, E // num_nodes)
     phy2mlog, mlogcnt = replicate(wnode, num_physical // num_nodes)  # [L*N, R/N]
     # 3. pack each node's replicas onto its GPUs.
-    per_replica = (wnode / mlogcnt).gather(1, phy2mlog)
-    ppack, prank = pack(per_replica, num_gpus // num_nodes)
+    per_replica = (wnode / mlogcnt).gather(1, phy2mlog)  # [L*N, R/N]
+    # No plan puts a layer's heaviest GPU below its heaviest node's mean GPU load or its heaviest replica.
+    floor = torch.maximum(wnode.sum(1).view(L, num_nodes).amax(1) / (num_gpus // num_nodes),
+                          per_replica.view(L, -1).amax(1))  # [L]
+    ppack, prank = pack(per_replica, num_gpus // num_nodes, floor.repeat_interleave(num_nodes))
     slots = num_physical // num_gpus
     pphy2phy = _inverse(ppack * slots + prank)
     pphy2mlog = phy2mlog.gather(1, pphy2phy).view(L, num_nodes, -1)

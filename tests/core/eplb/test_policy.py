@@ -123,3 +123,14 @@ def test_bad_loads_get_a_clear_error(bad, match):
 def test_bad_sizes_get_a_clear_error(args, match):
     with pytest.raises(EplbInputError, match=match):
         rebalance_experts(torch.ones(1, 4), *args)
+
+
+@pytest.mark.parametrize("R,groups,nodes,gpus", [(80, 8, 4, 16), (96, 8, 8, 16), (72, 8, 1, 8)])
+def test_nodes_below_the_layer_floor_skip_work_without_changing_any_layer_maximum(R, groups, nodes, gpus):
+    from inferhal.core.eplb.policy import ours_pack, rebalance_with
+
+    w = skewed(7, 64, seed=R + nodes, sigma=1.6)
+    a = rebalance_experts(w, R, groups, nodes, gpus)
+    b = rebalance_with(w, R, groups, nodes, gpus, lambda x, m, floor: ours_pack(x, m, None))  # no floor
+    validate_placement(*a, num_logical=64, num_gpus=gpus, num_groups=groups, num_nodes=nodes)
+    torch.testing.assert_close(balancedness_per_layer(w, a[0], a[2], gpus), balancedness_per_layer(w, b[0], b[2], gpus))
