@@ -167,9 +167,9 @@ def refine_sorted(sorted_w: torch.Tensor, sorted_pack: torch.Tensor, num_packs: 
 
     Each step takes, per row, the best swap (:func:`best_swaps`) between the heaviest pack and every other
     pack, and in the same step lets the next ``heavy - 1`` heaviest packs each make their best swap with
-    packs of their own share of the rest (every ``(heavy-1)``-th by load, so no two swaps touch one pack),
-    so that packs just under the maximum come down together instead of one step each (default ``heavy``:
-    ``m // 8`` capped at 4). Every accepted swap strictly lowers the larger load of its two packs and
+    their own share of the ``4 * (heavy - 1)`` lightest packs (every ``(heavy-1)``-th by load, so no two
+    swaps touch one pack), so that packs just under the maximum come down together instead of one step
+    each (default ``heavy``: ``m // 8`` capped at 4). Every accepted swap strictly lowers the larger load of its two packs and
     keeps the total, so the sorted loads decrease lexicographically and the search ends; a row stops when
     the heaviest pack has no swap gaining more than ``rel_tol`` of the mean pack load, when its heaviest
     pack is at or below ``floor[X]`` (if given), or at ``max_iters``. Stopped rows leave the working set;
@@ -178,7 +178,7 @@ def refine_sorted(sorted_w: torch.Tensor, sorted_pack: torch.Tensor, num_packs: 
     x, n, cap = _check(sorted_w, num_packs)
     m = num_packs
     k = max(1, min(4, m // 8)) if heavy is None else max(1, min(heavy, m // 2))
-    share = (m - k) // (k - 1) if k > 1 else 0  # candidate packs per extra heavy pack
+    share = min(4, (m - k) // (k - 1)) if k > 1 else 0  # candidate packs per extra heavy pack
     # Each pack's sorted positions, ascending by weight (positions run by descending weight).
     mem = sorted_pack.argsort(dim=1, stable=True).view(x, m, cap).flip(2)
     w = sorted_w.gather(1, mem.view(x, n)).view(x, m, cap)  # w, mem: [A, m, cap] of the working rows
@@ -207,7 +207,8 @@ def refine_sorted(sorted_w: torch.Tensor, sorted_pack: torch.Tensor, num_packs: 
         take = torch.ones(a, 1, dtype=torch.bool)
         if share:
             more = by_load[:, 1:k]  # [A, k-1]
-            cand = by_load[:, k:k + share * (k - 1)].reshape(a, share, k - 1).transpose(1, 2)  # [A, k-1, share]
+            cand = by_load[:, m - share * (k - 1):].reshape(a, share, k - 1).transpose(1, 2)  # [A, k-1, share]
+            # extra heavy pack r's share: every (k-1)-th of the lightest packs
             cw = w.gather(1, cand.reshape(a, -1, 1).expand(-1, -1, cap)).view(a, k - 1, share, cap)
             gr, ir, jr = best_swaps(w.gather(1, more[:, :, None].expand(-1, -1, cap)), load.gather(1, more), cw,
                                     load.gather(1, cand.reshape(a, -1)).view(a, k - 1, share))
