@@ -2,7 +2,8 @@
 
 Loads (61 layers x 256 experts, 8 groups): Zipf, lognormal, hot experts, hot groups. Layouts: 288/320/384
 physical slots on 1/4/8 nodes and 8/32/64 GPUs. Per case and policy: balancedness (mean over layers of
-max/mean per-GPU load) on the window the plan was made from and on a drifted next window, the lower
+max/mean per-GPU load) on the window the plan was made from and, averaged over ``DRIFTS`` drifted next
+windows (one alone is too noisy to rank policies by), the lower
 bound, whether the plan is valid, and the runtime: the median of ``bench.repeats`` calls after one warm-up,
 the policies interleaved call by call so that they share the host's noise; compare the ratios.
 
@@ -44,6 +45,7 @@ LAYERS, EXPERTS, GROUPS = 61, 256, 8
 LAYOUTS = ((288, 1, 8), (320, 4, 32), (384, 8, 64), (320, 1, 32), (384, 1, 64))  # (slots, nodes, gpus)
 SPEED_LAYOUTS = ((288, 1, 8), (384, 1, 64))
 KINDS = ("zipf", "lognormal", "hot_experts", "hot_groups")
+DRIFTS = 8  # drifted next windows per case
 
 
 def synthetic_load(kind: str, seed: int, layers: int = LAYERS, experts: int = EXPERTS,
@@ -87,7 +89,7 @@ class Row:
     gpus: int
     policy: str
     balancedness: float
-    drifted: float
+    drifted: float  # mean over the drifted next windows
     lower_bound: float
     seconds: float  # median of the timed calls
     invalid: str = ""  # why the plan breaks an invariant; empty when it is valid
@@ -124,7 +126,7 @@ def measure(kinds=KINDS, layouts=LAYOUTS, seed: int = 0, repeats: int = 3,
     rows = []
     for ki, kind in enumerate(kinds):
         load = synthetic_load(kind, seed + ki, layers=layers)
-        nxt = drifted(load, seed + 100 + ki)
+        nxt = [drifted(load, seed + 100 + DRIFTS * ki + d) for d in range(DRIFTS)]
         for slots, nodes, gpus in layouts:
             lb = lower_bound(load, slots, GROUPS, nodes, gpus)
             plans: dict[str, tuple] = {}
@@ -140,8 +142,9 @@ def measure(kinds=KINDS, layouts=LAYOUTS, seed: int = 0, repeats: int = 3,
             for name, (p2l, _, cnt) in plans.items():
                 p2l, cnt = p2l.long(), cnt.long()
                 sec = statistics.median(times[name]) if times[name] else float("nan")
-                rows.append(Row(kind, slots, nodes, gpus, name, balancedness(load, p2l, cnt, gpus),
-                                balancedness(nxt, p2l, cnt, gpus), lb, sec, _invalid(p2l, cnt, gpus, nodes)))
+                drift = statistics.fmean(balancedness(w, p2l, cnt, gpus) for w in nxt)
+                rows.append(Row(kind, slots, nodes, gpus, name, balancedness(load, p2l, cnt, gpus), drift, lb, sec,
+                                _invalid(p2l, cnt, gpus, nodes)))
     return rows
 
 
@@ -207,8 +210,8 @@ def _print(rows: list[Row], speeds: list[dict], peer: Peer, repeats: int) -> Non
     cases = _cases(rows)
     names = list(next(iter(cases.values()))) if cases else []
     short = {"inferhal": "ours", "deepseek": "DeepSeek", "greedy": "greedy"}
-    t = Table(title=f"EPLB balancedness (max/mean GPU load, mean over {LAYERS} layers; 1.0 = perfect) and "
-                    f"runtime (median of {repeats} calls, ms)")
+    t = Table(title=f"EPLB balancedness (max/mean GPU load, mean over {LAYERS} layers; 1.0 = perfect; drifted: mean "
+                    f"over {DRIFTS} next windows) and runtime (median of {repeats} calls, ms)")
     t.add_column("load")
     t.add_column("slots/nodes/GPUs", justify="right")
     t.add_column("bound", justify="right")
@@ -256,7 +259,7 @@ def _plot(rows: list[Row], path: str) -> None:
     width = 0.8 / len(names)
     fig, axes = plt.subplots(3, 1, figsize=(max(10, len(cases) * 0.8), 11), sharex=True)
     panels = (("balancedness", "balancedness - 1", "EPLB imbalance, same window"),
-              ("drifted", "balancedness - 1", "EPLB imbalance, drifted next window"),
+              ("drifted", "balancedness - 1", f"EPLB imbalance, drifted next windows (mean of {DRIFTS})"),
               ("seconds", "ms per call (median)", "policy runtime"))
     for ax, (field, ylabel, title) in zip(axes, panels):
         for k, name in enumerate(names):
