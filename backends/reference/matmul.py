@@ -1,5 +1,11 @@
 """The reference's matrix products, with an optional batch-invariant mode.
 
+:func:`product` is the default: ``F.linear``, except fp32 on the CPU, which goes through oneDNN's
+fp32 kernel (full fp32, another blocking) where torch has it. On the development machines (AMD EPYC)
+torch's fp32 ``F.linear`` runs MKL's GEMM at about half the speed of oneDNN's: 190 vs 91 ms for
+Gemma 3's LM head at 32 rows, 5.2 vs 2.4 ms for a 200×640·640×2048 product (one thread). bf16 already
+runs through oneDNN in ``F.linear``. Both fp32 paths stay within a few fp32 ulps of a float64 product.
+
 CPU BLAS picks a different kernel (and so a different summation order) for different row counts, so a
 row's result from ``F.linear`` can change in the last bits with the batch it shares. In batch-invariant
 mode (``backend.batch_invariant=true``) every product runs over fixed tiles of
@@ -13,6 +19,24 @@ import torch
 import torch.nn.functional as F
 
 TILE_ROWS = 16
+
+
+def _onednn_fp32():
+    op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
+    return op if op is not None and torch.backends.mkldnn.is_available() else None
+
+
+_ONEDNN = _onednn_fp32()
+
+
+def product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, bias)``: x [..., K], w [N, K] -> [..., N]; fp32 on the CPU through oneDNN."""
+    if (_ONEDNN is None or x.dtype != torch.float32 or w.dtype != torch.float32 or x.device.type != "cpu"
+            or w.device.type != "cpu" or x.numel() == 0 or x.dim() < 2):
+        return F.linear(x, w, bias)
+    x2 = x.reshape(-1, x.shape[-1])
+    out = _ONEDNN(x2, w, bias, "none", [], "")
+    return out.reshape(*x.shape[:-1], w.shape[0])
 
 
 def tiled_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

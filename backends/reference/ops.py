@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from inferhal.backends.reference.matmul import product
 from inferhal.backends.reference.quant import dequantize
 from inferhal.core.ops.params import ActParams, KVWriteParams, RmsNormParams, RopeParams, SampleBatch
 from inferhal.core.ops.quant import QuantWeight
@@ -50,7 +51,7 @@ def rope_apply(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, 
 
 
 def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight, bias: torch.Tensor | None = None, *,
-           mm=F.linear) -> torch.Tensor:
+           mm=product) -> torch.Tensor:
     wd = dequantize(w, x.dtype) if isinstance(w, QuantWeight) else w.to(x.dtype)
     return mm(x, wd, None if bias is None else bias.to(x.dtype))
 

@@ -1,0 +1,41 @@
+"""The reference's default matrix product (``product``) and its batch-invariant tiled form."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inferhal.backends.reference.matmul import TILE_ROWS, product, tiled_linear
+
+
+def _weights(g):
+    w = torch.randn(96, 64, generator=g) * 0.1
+    return {"contiguous": w, "transposed view": w.t().contiguous().t(), "strided rows": w[::2]}
+
+
+@pytest.mark.parametrize("shape", [(1, 64), (7, 64), (3, 5, 64), (0, 64), (64,)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fp32_product_is_an_fp32_product_whatever_the_layout(shape, bias):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(*shape, generator=g)
+    for name, w in _weights(g).items():
+        b = torch.randn(w.shape[0], generator=g) if bias else None
+        out = product(x, w, b)
+        exact = F.linear(x.double(), w.double(), None if b is None else b.double())
+        assert out.dtype == torch.float32 and out.shape == exact.shape, name
+        # 64-term sums of values ~0.1..3: a few fp32 ulps of the float64 result, like F.linear itself
+        torch.testing.assert_close(out.double(), exact, rtol=0, atol=2e-6, msg=name)
+
+
+def test_other_dtypes_are_exactly_f_linear():
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(9, 64, generator=g).bfloat16(), torch.randn(32, 64, generator=g).bfloat16()
+    assert torch.equal(product(x, w), F.linear(x, w))
+
+
+def test_tiled_rows_do_not_depend_on_the_batch():
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(2 * TILE_ROWS + 3, 64, generator=g), torch.randn(40, 64, generator=g)
+    full = tiled_linear(x, w)
+    assert torch.equal(full[:5], tiled_linear(x[:5], w)) and torch.equal(full[-1:], tiled_linear(x[-1:], w))
