@@ -138,8 +138,11 @@ def run_llama_cpp(llama, prompts: Sequence[list[int]], c: int, max_tokens: int, 
             llama.reset()
             first = None
             n = 0
-            for _ in llama.create_completion(prompt=list(p), max_tokens=max_tokens, temperature=0.0, top_k=1,
-                                             stream=True, logit_bias=bias):
+            for chunk in llama.create_completion(prompt=list(p), max_tokens=max_tokens, temperature=0.0, top_k=1,
+                                                 stream=True, logit_bias=bias):
+                ch = chunk["choices"][0]
+                if ch.get("finish_reason") and not ch.get("text"):
+                    continue  # the closing chunk carries no token
                 n += 1
                 if first is None:
                     first = time.perf_counter()
