@@ -28,6 +28,7 @@ import torch
 
 from inferhal.core.eplb.packing import kk_sorted, pack_loads, refine_sorted, round_sorted, sort_items, unsort
 from inferhal.core.eplb.placement import build_log2phy
+from inferhal.core.eplb.spread import spread_pack
 from inferhal.core.eplb.validate import check_layout, check_load
 
 PackFn = Callable[[torch.Tensor, int, Optional[torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
@@ -89,7 +90,7 @@ def _inverse(perm: torch.Tensor) -> torch.Tensor:
 
 
 def hierarchical_phy2log(weight: torch.Tensor, num_physical: int, num_groups: int, num_nodes: int,
-                         num_gpus: int, pack: PackFn) -> torch.Tensor:
+                         num_gpus: int, pack: PackFn, spread: bool = False) -> torch.Tensor:
     """``weight[L, E]`` (float, valid) -> ``phy2log[L, R]``; global placement is ``num_groups = num_nodes = 1``."""
     L, E = weight.shape
     gsize = E // num_groups
@@ -108,6 +109,8 @@ def hierarchical_phy2log(weight: torch.Tensor, num_physical: int, num_groups: in
     floor = torch.maximum(wnode.sum(1).view(L, num_nodes).amax(1) / (num_gpus // num_nodes),
                           per_replica.view(L, -1).amax(1))  # [L]
     ppack, prank = pack(per_replica, num_gpus // num_nodes, floor.repeat_interleave(num_nodes))
+    if spread:
+        ppack, prank = spread_pack(per_replica, phy2mlog, ppack, num_gpus // num_nodes, num_nodes)
     slots = num_physical // num_gpus
     pphy2phy = _inverse(ppack * slots + prank)
     pphy2mlog = phy2mlog.gather(1, pphy2phy).view(L, num_nodes, -1)
@@ -116,13 +119,15 @@ def hierarchical_phy2log(weight: torch.Tensor, num_physical: int, num_groups: in
 
 
 def rebalance_with(weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int, num_gpus: int,
-                   pack: PackFn) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   pack: PackFn, spread: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The policy with packer ``pack``; ``spread``: polish each node's GPU packing for drift
+    (:mod:`.spread`; off in :func:`rebalance_experts` until it is cheaper than DeepSeek's packing)."""
     w = check_load(weight)
     hierarchical = check_layout(w.shape[1], num_replicas, num_groups, num_nodes, num_gpus)
     if not hierarchical:
         num_groups = num_nodes = 1
     with one_thread():
-        phy2log = hierarchical_phy2log(w, num_replicas, num_groups, num_nodes, num_gpus, pack)
+        phy2log = hierarchical_phy2log(w, num_replicas, num_groups, num_nodes, num_gpus, pack, spread)
     E = w.shape[1]
     logcnt = torch.zeros(w.shape[0], E, dtype=torch.long).scatter_add_(1, phy2log, torch.ones_like(phy2log))
     return phy2log, build_log2phy(phy2log, E, num_replicas - E + 1), logcnt
