@@ -7,8 +7,9 @@ run with at most ``c`` in flight, from the same token-id prompts, on:
 - **inferhal**: the engine, closed loop: ``c`` requests in flight, a new one added when one finishes. TTFT = submit → first token; TPOT = (last − first token) / (tokens − 1).
 - **transformers** (``bench.peers`` contains ``transformers``): ``AutoModelForCausalLM`` on the same
   GGUF (``gguf_file=``), once in every dtype inferhal runs in (rows ``transformers`` in ``model.dtype`` and
-  ``transformers-bf16``), ``generate`` on batches of ``c`` prompts, left padding. A logits processor stamps
-  each step; every request in a batch shares its batch's times (queued batches wait).
+  ``transformers-bf16``), ``generate`` on batches of ``c`` prompts, left padding: the ``c`` clients submit
+  together once the previous batch is done (static batching). A logits processor stamps each step; every
+  request in a batch shares its batch's times.
 - **llama.cpp** (``llama_cpp`` in ``bench.peers``, the optional ``llama-cpp-python``): ``Llama`` on
   the same GGUF with as many threads as torch uses. It serves one request at a time, so ``c`` clients
   queue FIFO and a request's TTFT includes its wait.
@@ -113,7 +114,8 @@ def run_transformers(model, prompts: Sequence[list[int]], c: int, max_tokens: in
 
     per = []
     t0 = time.perf_counter()
-    for s in range(0, len(prompts), c):
+    for s in range(0, len(prompts), c):  # c clients submit together when the previous batch is done
+        t_submit = time.perf_counter()
         batch = prompts[s : s + c]
         width = max(len(p) for p in batch)
         ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in batch])  # left padding
@@ -124,7 +126,7 @@ def run_transformers(model, prompts: Sequence[list[int]], c: int, max_tokens: in
                            do_sample=False, pad_token_id=pad_id, logits_processor=LogitsProcessorList([stamp]))
         first, end = stamp.times[0], time.perf_counter()
         n = len(stamp.times)
-        per += [(first - t0, (end - first) / max(n - 1, 1), n)] * len(batch)  # submitted at t0, queued by batch
+        per += [(first - t_submit, (end - first) / max(n - 1, 1), n)] * len(batch)
     return time.perf_counter() - t0, per
 
 
