@@ -19,6 +19,10 @@ With ``model.dtype=float32`` (the default) inferhal also runs a second time in b
 with AVX512-BF16 run ~2-4x faster; transformers runs in both, so every dtype has a like-for-like ratio.
 Fidelity tests stay fp32.
 
+Every engine is loaded first; then each level runs ``bench.repeats`` times with the engines interleaved
+(their order rotated each repeat), so a slow spell of a shared machine falls on all of them. A row is the
+repeat with the median tok/s; a ratio is the median over repeats of the paired ratios.
+
 Aggregate tok/s = output tokens / wall time of the level. Reported: a rich table, ratios
 (every inferhal engine / every peer row) per level, ``<bench.output_dir>/e2e.json`` (or ``output=``) and ``e2e.png``.
 A peer that cannot run is reported as not measured, with the reason. Timings are wall-clock on
@@ -27,8 +31,10 @@ whatever machine runs it; the exit status says only whether the benchmark ran.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import statistics
 import time
 from typing import Any, Callable, Sequence
 
@@ -157,17 +163,49 @@ def run_llama_cpp(llama, prompts: Sequence[list[int]], c: int, max_tokens: int, 
 
 def speed_ratios(rows: Sequence[dict], engines: Sequence[str]) -> dict[str, float]:
     """``{"<engine>_vs_<peer>@<c>": tok/s ratio}`` for every inferhal engine against every other row's engine
-    at the same concurrency (the ``inferhal_`` prefix is dropped from the plain engine's keys)."""
+    at the same concurrency (the ``inferhal_`` prefix is dropped from the plain engine's keys). Rows that
+    carry ``tok_s_repeats`` (interleaved repeats, in the same order) give the median of the paired ratios,
+    so a slow spell of the machine during one repeat weighs on both sides of it."""
     out = {}
     for r in rows:
         if r["engine"] in engines:
             continue
         for engine in engines:
-            ours = [x["tok_s"] for x in rows if x["engine"] == engine and x["concurrency"] == r["concurrency"]]
-            if ours and r["tok_s"] > 0:
+            ours = [x for x in rows if x["engine"] == engine and x["concurrency"] == r["concurrency"]]
+            if not ours:
+                continue
+            a, b = ours[0].get("tok_s_repeats", [ours[0]["tok_s"]]), r.get("tok_s_repeats", [r["tok_s"]])
+            pairs = [x / y for x, y in zip(a, b) if y > 0] if len(a) == len(b) else \
+                ([ours[0]["tok_s"] / r["tok_s"]] if r["tok_s"] > 0 else [])
+            if pairs:
                 key = ("" if engine == "inferhal" else f"{engine}_") + f"vs_{r['engine']}@{r['concurrency']}"
-                out[key] = ours[0] / r["tok_s"]
+                out[key] = statistics.median(pairs)
     return out
+
+
+def median_row(samples: Sequence[dict]) -> dict:
+    """The repeat with the median tok/s (the lower median for an even count), with every repeat's tok/s."""
+    ranked = sorted(samples, key=lambda r: r["tok_s"])
+    return {**ranked[(len(ranked) - 1) // 2], "tok_s_repeats": [r["tok_s"] for r in samples]}
+
+
+def measure(runners: dict[str, Callable], prompts: Sequence[list[int]], levels: Sequence[int], num_prompts: int,
+            max_tokens: int, repeats: int, log: Callable[[str], None] = print) -> list[dict]:
+    """Every engine at every level, ``repeats`` times, engines interleaved (their order rotated each repeat)
+    so machine noise spreads over all of them → one :func:`median_row` per (engine, level)."""
+    names = list(runners)
+    rows = []
+    for c in levels:
+        n = max(c, min(num_prompts, 4 * c))
+        got: dict[str, list[dict]] = {e: [] for e in names}
+        for rep in range(repeats):
+            k = rep % len(names)
+            for e in names[k:] + names[:k]:
+                wall, per = runners[e](prompts[:n], c, max_tokens)
+                got[e].append(summarize(e, c, wall, per))
+                log(f"{e} c={c} repeat {rep + 1}/{repeats}: {got[e][-1]['tok_s']:.1f} tok/s")
+        rows += [median_row(got[e]) for e in names]
+    return rows
 
 
 def inferhal_variants(dtype: str) -> list[tuple[str, str]]:
@@ -213,71 +251,62 @@ def run(cfg) -> int:
         raise UserError(f"bench.peers: unknown peer(s) {unknown}; known: {', '.join(PEERS)}")
 
     cfg.scheduler.max_num_seqs = max(levels)
-    rows: list[dict] = []
     notes: dict[str, str] = {}
     info: dict = {}
     prompts: list[list[int]] = []
     tok = None
     n_max = max(max(c, min(int(b.num_prompts), 4 * c)) for c in levels)
     variants = inferhal_variants(str(cfg.model.dtype))
+    runners: dict[str, Callable] = {}  # engine -> (prompts, c, max_tokens) -> (wall, per request)
     for engine, dtype in variants:
         cfg.model.dtype = dtype
         t = time.perf_counter()
         llm = LLM.from_config(cfg)
-        load_s = time.perf_counter() - t
         if tok is None:
             tok = llm.tokenizer
             info = dict(llm.engine.loaded.info)
             prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]
                                   + ("" if i < len(PROMPTS) else f" (take {i // len(PROMPTS) + 1})"))
                        for i in range(n_max)]
-        notes[engine] = f"backend={cfg.backend.name}, dtype={dtype}, load {load_s:.1f} s"
-        if int(b.warmup) > 0:
-            run_inferhal(llm, prompts[:1], 1, 2)
-        for c in levels:
-            n = max(c, min(int(b.num_prompts), 4 * c))
-            wall, per = run_inferhal(llm, prompts[:n], c, max_tokens)
-            rows.append(summarize(engine, c, wall, per))
-            console.print(f"{engine} c={c}: {rows[-1]['tok_s']:.1f} tok/s")
-        del llm
+        notes[engine] = f"backend={cfg.backend.name}, dtype={dtype}, load {time.perf_counter() - t:.1f} s"
+        runners[engine] = functools.partial(run_inferhal, llm)
     engines = [e for e, _ in variants]
     cfg.model.dtype = variants[0][1]
     path = str(info.get("path", ""))
 
-    peer_runs = []  # (row name, peer, dtype): transformers in every dtype inferhal ran in, llama.cpp once
-    for peer in peers:
+    for peer in peers:  # transformers in every dtype inferhal runs in, llama.cpp once
         for engine, dtype in (variants if peer == "transformers" else variants[:1]):
-            peer_runs.append((peer + engine[len("inferhal"):] if peer == "transformers" else peer, peer, dtype))
-    for name, peer, dtype in peer_runs:
-        try:
-            t = time.perf_counter()
-            m = _peer_loaders(path, torch.get_num_threads(), dtype)[peer]()
-            notes[name] = f"dtype={dtype}, load {time.perf_counter() - t:.1f} s" if peer == "transformers" else \
-                f"its own GGUF kernels, load {time.perf_counter() - t:.1f} s"
-        except Exception as exc:  # not installed (llama-cpp-python is an optional extra), or failed to load
-            notes[name] = f"not measured: {type(exc).__name__}: {exc}"
-            console.print(f"[yellow]{name}: {notes[name]}[/]")
-            continue
-        for c in levels:
-            n = max(c, min(int(b.num_prompts), 4 * c))
+            name = peer + engine[len("inferhal"):] if peer == "transformers" else peer
+            try:
+                t = time.perf_counter()
+                m = _peer_loaders(path, torch.get_num_threads(), dtype)[peer]()
+            except Exception as exc:  # not installed (llama-cpp-python is an optional extra), or failed to load
+                notes[name] = f"not measured: {type(exc).__name__}: {exc}"
+                console.print(f"[yellow]{name}: {notes[name]}[/]")
+                continue
+            load = f"load {time.perf_counter() - t:.1f} s"
             if peer == "transformers":
-                wall, per = run_transformers(m, prompts[:n], c, max_tokens, pad_id=0)
+                notes[name] = f"dtype={dtype}, {load}"
+                runners[name] = functools.partial(run_transformers, m, pad_id=0)
             else:
-                wall, per = run_llama_cpp(m, prompts[:n], c, max_tokens, tok.eos_token_ids)
-            rows.append(summarize(name, c, wall, per))
-            console.print(f"{name} c={c}: {rows[-1]['tok_s']:.1f} tok/s")
-        del m
-
+                notes[name] = f"its own GGUF kernels, {load}"
+                runners[name] = functools.partial(run_llama_cpp, m, eos_ids=tok.eos_token_ids)
+    if int(b.warmup) > 0:
+        for run_one in runners.values():
+            run_one(prompts[:1], 1, 2)
+    repeats = max(1, int(b.repeats))
+    rows = measure(runners, prompts, levels, int(b.num_prompts), max_tokens, repeats, console.print)
     ratios = speed_ratios(rows, engines)
-    table = Table(title=f"e2e: {cfg.model.name}, {max_tokens} greedy tokens per request")
+    table = Table(title=f"e2e: {cfg.model.name}, {max_tokens} greedy tokens per request, median of {repeats} "
+                        f"interleaved repeats (×: median of paired ratios)")
     for col in ("engine", "c", "reqs", "tok/s", "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms", "TPOT p95 ms",
                 *(f"{e.replace('inferhal-', '')} ×" for e in engines)):
         table.add_column(col, justify="right" if col != "engine" else "left", no_wrap=col == "engine")
     for r in rows:
         cells = []
         for engine in engines:
-            ours = next(x["tok_s"] for x in rows if x["engine"] == engine and x["concurrency"] == r["concurrency"])
-            cells.append("" if r["engine"] in engines else f"{ours / r['tok_s']:.2f}" if r["tok_s"] else "-")
+            key = ("" if engine == "inferhal" else f"{engine}_") + f"vs_{r['engine']}@{r['concurrency']}"
+            cells.append("" if r["engine"] in engines else f"{ratios[key]:.2f}" if key in ratios else "-")
         table.add_row(r["engine"], str(r["concurrency"]), str(r["requests"]), f"{r['tok_s']:.1f}",
                       f"{r['ttft_p50_ms']:.0f}", f"{r['ttft_p95_ms']:.0f}", f"{r['tpot_p50_ms']:.0f}",
                       f"{r['tpot_p95_ms']:.0f}", *cells)
@@ -288,7 +317,7 @@ def run(cfg) -> int:
     out = str(cfg.output) if cfg.output else os.path.join(str(b.output_dir), "e2e.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     result = {"model": str(cfg.model.name), "max_tokens": max_tokens, "levels": levels, "rows": rows,
-              "ratios": ratios, "notes": notes, "torch_threads": torch.get_num_threads(),
+              "ratios": ratios, "notes": notes, "repeats": repeats, "torch_threads": torch.get_num_threads(),
               "cpu_count": os.cpu_count(), "load_seconds": info.get("load_seconds")}
     with open(out, "w") as f:
         json.dump(result, f, indent=2, default=str)

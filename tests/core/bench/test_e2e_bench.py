@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferhal.core.bench.e2e import _pct, inferhal_variants, speed_ratios, summarize
+from inferhal.core.bench.e2e import _pct, inferhal_variants, measure, speed_ratios, summarize
 
 
 def test_summary_counts_tokens_over_wall_time_and_takes_percentiles_per_request():
@@ -28,3 +28,30 @@ def test_every_inferhal_engine_is_compared_with_every_peer_row_at_its_own_concur
 def test_bf16_runs_beside_fp32_only():
     assert inferhal_variants("float32") == [("inferhal", "float32"), ("inferhal-bf16", "bfloat16")]
     assert inferhal_variants("bfloat16") == [("inferhal", "bfloat16")]
+
+
+def test_paired_repeats_give_the_median_of_their_ratios():
+    ours = {**summarize("inferhal", 8, 1.0, [(0.0, 0.0, 30)]), "tok_s_repeats": [30.0, 10.0, 40.0]}
+    peer = {**summarize("transformers", 8, 1.0, [(0.0, 0.0, 10)]), "tok_s_repeats": [10.0, 5.0, 40.0]}
+    assert speed_ratios([ours, peer], ["inferhal"]) == {"vs_transformers@8": 2.0}  # ratios 3, 2, 1
+
+
+def test_measure_interleaves_engines_and_keeps_the_median_repeat():
+    calls = []
+
+    def engine(name, speeds):
+        it = iter(speeds)
+
+        def run(prompts, c, max_tokens):
+            calls.append((name, c, len(prompts)))
+            return 1.0, [(0.01, 0.001, next(it))] * len(prompts)
+        return run
+
+    runners = {"inferhal": engine("inferhal", [4, 6, 5]), "transformers": engine("transformers", [2, 3, 1])}
+    rows = measure(runners, [[1]] * 8, [2], num_prompts=8, max_tokens=4, repeats=3, log=lambda _: None)
+    assert [c[0] for c in calls] == ["inferhal", "transformers", "transformers", "inferhal", "inferhal", "transformers"]
+    assert all(n == 8 for _, _, n in calls)  # min(num_prompts, 4c) requests at c=2
+    by = {r["engine"]: r for r in rows}
+    assert by["inferhal"]["tok_s_repeats"] == [32.0, 48.0, 40.0] and by["inferhal"]["tok_s"] == 40.0
+    assert by["transformers"]["tok_s"] == 16.0
+    assert speed_ratios(rows, ["inferhal"])["vs_transformers@2"] == 2.0  # 32/16, 48/24, 40/8 -> median 2
