@@ -290,7 +290,8 @@ def run(cfg) -> int:
     bench = getattr(cfg, "bench", None)
     out_dir = str(getattr(bench, "output_dir", None) or "bench-results")
     repeats = max(1, int(getattr(bench, "repeats", 3) or 3))
-    os.makedirs(out_dir, exist_ok=True)
+    path = str(cfg.output) if getattr(cfg, "output", None) else os.path.join(out_dir, "eplb.json")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)  # before the work, not after it
     seed = int(getattr(cfg, "seed", 0) or 0)
     t0 = time.perf_counter()
     peer = peer_for(cfg)
@@ -304,10 +305,9 @@ def run(cfg) -> int:
     summary.update(deepseek_source=peer.source or peer.reason, repeats=repeats,
                    min_loop_ratio=min(d["ratio"] for d in speeds), total_seconds=time.perf_counter() - t0,
                    load_average=os.getloadavg()[0], host=f"CPU, {os.cpu_count()} cores; every policy at one thread")
-    path = str(cfg.output) if getattr(cfg, "output", None) else os.path.join(out_dir, "eplb.json")
     with open(path, "w") as f:
         json.dump(dict(summary=summary, rows=[asdict(r) for r in rows], speed=speeds), f, indent=1)
-    png = os.path.join(out_dir, "eplb.png")
+    png = os.path.splitext(path)[0] + ".png"
     _plot(rows, png)
     print(json.dumps(summary, indent=1))
     print(f"wrote {path} and {png}")

@@ -105,21 +105,23 @@ def test_invalid_peer_plan_is_flagged():
     assert rows[0].invalid == "" and "spans nodes" in rows[1].invalid
 
 
-def test_run_small_without_a_peer_writes_table_json_and_plot(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("output", [None, "new/dir/run.json"])
+def test_run_small_without_a_peer_writes_table_json_and_plot(tmp_path, monkeypatch, capsys, output):
     monkeypatch.setattr(eplb, "KINDS", ("zipf",))
     monkeypatch.setattr(eplb, "LAYOUTS", ((288, 1, 8),))
     monkeypatch.setattr(eplb, "SPEED_LAYOUTS", ((288, 1, 8),))
     monkeypatch.setattr(eplb, "LAYERS", 2)
     monkeypatch.setattr(eplb, "load_deepseek", lambda: Peer("deepseek", reason="not run: offline (test)"))
     cfg = types.SimpleNamespace(bench=types.SimpleNamespace(output_dir=str(tmp_path), repeats=1, peers=[]),
-                                seed=0, output=None)
+                                seed=0, output=output and str(tmp_path / output))
     assert eplb.run(cfg) == 0
     out = capsys.readouterr().out
     assert "not run: offline (test)" in out
-    data = json.loads((tmp_path / "eplb.json").read_text())
+    json_path = tmp_path / (output or "eplb.json")  # output= may name a folder that does not exist yet
+    data = json.loads(json_path.read_text())
     assert data["summary"]["deepseek_source"] == "not run: offline (test)"
     assert {r["policy"] for r in data["rows"]} == {"inferhal", "greedy"}
-    assert (tmp_path / "eplb.png").stat().st_size > 0
+    assert json_path.with_suffix(".png").stat().st_size > 0
 
 
 def test_bench_peers_without_deepseek_skips_it():
