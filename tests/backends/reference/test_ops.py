@@ -59,11 +59,13 @@ def test_paged_attention_equals_dense_masked_attention(window, shared, sinks):
     bs, h, hk, d = 4, 4, 2 if not shared else 1, 8
     slot = (hk, d) if shared else (2, hk, d)
     spec = KVGroupSpec("g", "full", (0,), slot, torch.float32)
-    lens = [(0, 11), (6, 1), (3, 5)]  # (cached, new) per sequence
-    blocks = [[7, 2, 5], [1, 4], [0, 3]]
+    # (cached, new) per sequence: prefill chunks and decode rows (one new token) of different spans, so the
+    # per-sequence path and the padded decode gather (window-clipped per row) run in one call
+    lens = [(0, 11), (6, 1), (3, 5), (9, 1), (0, 1)]
+    blocks = [[7, 2, 5], [1, 4], [0, 3], [8, 10, 9], [11]]
     seqs = [SeqSlice(c, n, {"g": b}) for (c, n), b in zip(lens, blocks)]
     _, _, ab = build_attn_batches([spec], bs, seqs)
-    cache = torch.zeros(8, bs, *slot)
+    cache = torch.zeros(12, bs, *slot)
     full_kv = [torch.randn(c + n, *slot, generator=g) for c, n in lens]
     for (c, n), b, kv in zip(lens, blocks, full_kv):  # write the whole context (cached + new) into the pages
         _, _, one = build_attn_batches([spec], bs, [SeqSlice(0, c + n, {"g": b})])
