@@ -28,6 +28,20 @@ def dot_operand(x, INTERP: tl.constexpr):
 
 
 @triton.jit
+def query_span(seq_ptr, pos_ptr, len_ptr, t, window):
+    """Flat query row ``t`` → (its sequence ``b``, its position, and the causal, window-clipped key span
+    ``[first, last)`` of that sequence's paged KV). ``window`` 0 = no window."""
+    b = tl.load(seq_ptr + t).to(tl.int64)
+    qpos = tl.load(pos_ptr + t).to(tl.int32)
+    ctx = tl.load(len_ptr + b).to(tl.int32)
+    last = tl.minimum(qpos + 1, ctx)  # exclusive
+    first = 0
+    if window > 0:
+        first = tl.maximum(qpos - window + 1, 0)
+    return b, qpos, first, last
+
+
+@triton.jit
 def round_to(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
     """fp32 ``x`` cast to ``DTYPE`` with round-to-nearest-even also in the interpreter."""
     if INTERP:

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from inferhal.core.ops.params import AttnBatch, AttnParams
-from inferhal.kernels.common import dot_operand, interp, round_to, tl_dtype
+from inferhal.kernels.common import dot_operand, interp, query_span, round_to, tl_dtype
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
 
@@ -50,13 +50,7 @@ def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, c
                        HAS_COMP: tl.constexpr, HAS_SINKS: tl.constexpr, DTYPE: tl.constexpr, PREC: tl.constexpr,
                        BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INTERP: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
-    b = tl.load(seq_ptr + t).to(tl.int64)
-    qpos = tl.load(pos_ptr + t).to(tl.int32)
-    ctx = tl.load(len_ptr + b).to(tl.int32)
-    last = tl.minimum(qpos + 1, ctx)  # exclusive
-    first = 0
-    if window > 0:
-        first = tl.maximum(qpos - window + 1, 0)
+    b, qpos, first, last = query_span(seq_ptr, pos_ptr, len_ptr, t, window)
     h = tl.arange(0, BLOCK_H)
     hm = h < H
     d = tl.arange(0, BLOCK_D)
