@@ -34,3 +34,15 @@ def test_logits_land_in_the_callers_buffer_and_a_wrong_buffer_is_named():
         lm_head(OPS, x, w, torch.empty(3, 29))
     with pytest.raises(ValueError, match="bfloat16"):
         lm_head(OPS, x, w, torch.empty(3, 30, dtype=torch.bfloat16))
+
+
+def test_a_quantised_head_runs_as_one_product_into_the_buffer():
+    from inferhal.backends.reference.quant import dequantize, quantize_fp8_block
+
+    g = torch.Generator().manual_seed(5)
+    q = quantize_fp8_block(torch.randn(256, 128, generator=g))
+    x = torch.randn(3, 128, generator=g).bfloat16()
+    buf = torch.empty(3, 256)
+    out = lm_head(OPS, x, q, buf)
+    assert out.data_ptr() == buf.data_ptr()
+    torch.testing.assert_close(out, OPS["linear"](x, dequantize(q, torch.bfloat16)).float(), rtol=0, atol=0)
