@@ -72,7 +72,8 @@ class CausalLM(Protocol):
         """The paged KV layer groups this model reads and writes."""
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        """Write this step's KV into ``kv`` and return fp32 logits ``[len(batch.logits_indices), vocab]``."""
+        """Write this step's KV into ``kv`` and return fp32 logits ``[len(batch.logits_indices), vocab]``
+        (in ``batch.logits_out`` when the caller lends a buffer; :func:`lm_head` does both)."""
 
 
 @runtime_checkable
