@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from inferhal.core.ops.params import AttnBatch, AttnParams
-from inferhal.kernels.common import dot_operand, interp, query_span, round_to, tl_dtype
+from inferhal.kernels.common import dot_operand, interp, query_span, round_to, softmax_out, tl_dtype
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
 
@@ -65,13 +65,7 @@ def attn_paged_kernel(q_ptr, kv_ptr, o_ptr, sink_ptr, bt_ptr, seq_ptr, pos_ptr, 
         pv = dot_operand(p.to(v.dtype), INTERP)
         acc = acc * alpha[:, None] + tl.dot(pv, dot_operand(v, INTERP), input_precision=PREC)
         m_i = m_new
-    if HAS_SINKS:
-        sink = tl.load(sink_ptr + heads, mask=hm, other=0.0).to(tl.float32)
-        m_f = tl.maximum(m_i, sink)
-        corr = tl.exp(m_i - m_f)
-        l_i = l_i * corr + tl.exp(sink - m_f)
-        acc = acc * corr[:, None]
-    out = acc / tl.maximum(l_i, 1e-30)[:, None]
+    out = softmax_out(m_i, l_i, acc, sink_ptr, heads, hm, HAS_SINKS)
     tl.store(o_ptr + t * stride_ot + heads[:, None] * stride_oh + d[None, :], round_to(out, DTYPE, INTERP),
              mask=hm[:, None] & dm[None, :])
 

@@ -42,6 +42,19 @@ def query_span(seq_ptr, pos_ptr, len_ptr, t, window):
 
 
 @triton.jit
+def softmax_out(m_i, l_i, acc, sink_ptr, heads, hm, HAS_SINKS: tl.constexpr):
+    """Close an online softmax: ``acc / l`` per head row, with each head's learned sink logit (``HAS_SINKS``)
+    joining the denominator only. ``m_i, l_i``: [BLOCK_H] running max and sum; ``acc``: [BLOCK_H, BLOCK_D]."""
+    if HAS_SINKS:
+        sink = tl.load(sink_ptr + heads, mask=hm, other=0.0).to(tl.float32)
+        m_f = tl.maximum(m_i, sink)
+        corr = tl.exp(m_i - m_f)
+        l_i = l_i * corr + tl.exp(sink - m_f)
+        acc = acc * corr[:, None]
+    return acc / tl.maximum(l_i, 1e-30)[:, None]
+
+
+@triton.jit
 def round_to(x, DTYPE: tl.constexpr, INTERP: tl.constexpr):
     """fp32 ``x`` cast to ``DTYPE`` with round-to-nearest-even also in the interpreter."""
     if INTERP:

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from inferhal.core.ops.params import AttnBatch, AttnParams
-from inferhal.kernels.common import dot_operand, interp, query_span, round_to, tl_dtype
+from inferhal.kernels.common import dot_operand, interp, query_span, round_to, softmax_out, tl_dtype
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
 
@@ -77,13 +77,7 @@ def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, c
             k = tl.load(c_ptr + blk[:, None] * stride_cb + (e % CBS)[:, None] * stride_cs + d[None, :],
                         mask=ok[:, None] & dm[None, :], other=0.0)
             m_i, l_i, acc = _online_block(q, k, ok, m_i, l_i, acc, scale, PREC, INTERP)
-    if HAS_SINKS:
-        sink = tl.load(sink_ptr + h, mask=hm, other=0.0).to(tl.float32)
-        m_f = tl.maximum(m_i, sink)
-        corr = tl.exp(m_i - m_f)
-        l_i = l_i * corr + tl.exp(sink - m_f)
-        acc = acc * corr[:, None]
-    out = acc / tl.maximum(l_i, 1e-30)[:, None]
+    out = softmax_out(m_i, l_i, acc, sink_ptr, h, hm, HAS_SINKS)
     tl.store(o_ptr + t * stride_ot + h[:, None] * stride_oh + d[None, :], round_to(out, DTYPE, INTERP),
              mask=hm[:, None] & dm[None, :])
 
