@@ -3,14 +3,16 @@
 Loads (61 layers x 256 experts, 8 groups): Zipf, lognormal, hot experts, hot groups. Layouts: 288/320/384
 physical slots on 1/4/8 nodes and 8/32/64 GPUs. Per case and policy: balancedness (mean over layers of
 max/mean per-GPU load) on the window the plan was made from and, averaged over ``DRIFTS`` drifted next
-windows (one alone is too noisy to rank policies by), the lower
+windows (the same windows for every policy, so policies are compared window by window, with the standard
+error of that paired difference; one window alone is too noisy to rank policies by), the lower
 bound, whether the plan is valid, and the runtime: the median of ``bench.repeats`` calls after one warm-up,
 the policies interleaved call by call so that they share the host's noise; compare the ratios.
 
 Policies, all called with the same arguments and scored by the same metric code
 (:mod:`inferhal.core.eplb.metrics`):
 
-- ``inferhal``: :func:`~inferhal.core.eplb.rebalance_experts`.
+- ``inferhal``: :func:`~inferhal.core.eplb.rebalance_experts` (plans for the next window, ``drift=0.35``).
+- ``inferhal-drift0``: the same policy planning for the current window alone (``drift=0``).
 - ``deepseek``: DeepSeek's public EPLB (deepseek-ai/EPLB ``eplb.py``), run from the copy that the pinned
   sglang wheel publishes (:mod:`._eplb_peer`); "not run" with the reason when the wheel cannot be had.
   ``bench.peers`` without ``deepseek`` (and not empty) skips it.
@@ -29,7 +31,8 @@ import math
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Callable
 
 import torch
@@ -45,7 +48,7 @@ LAYERS, EXPERTS, GROUPS = 61, 256, 8
 LAYOUTS = ((288, 1, 8), (320, 4, 32), (384, 8, 64), (320, 1, 32), (384, 1, 64))  # (slots, nodes, gpus)
 SPEED_LAYOUTS = ((288, 1, 8), (384, 1, 64))
 KINDS = ("zipf", "lognormal", "hot_experts", "hot_groups")
-DRIFTS = 8  # drifted next windows per case
+DRIFTS = 64  # drifted next windows per case
 
 
 def synthetic_load(kind: str, seed: int, layers: int = LAYERS, experts: int = EXPERTS,
@@ -93,6 +96,7 @@ class Row:
     lower_bound: float
     seconds: float  # median of the timed calls
     invalid: str = ""  # why the plan breaks an invariant; empty when it is valid
+    drifted_windows: list = field(default_factory=list)  # balancedness on each drifted window
 
 
 def policies(peer: Peer) -> dict[str, Callable]:
@@ -101,6 +105,7 @@ def policies(peer: Peer) -> dict[str, Callable]:
     if peer.fn is not None:
         out[peer.name] = peer.fn
     out["greedy"] = rebalance_greedy
+    out["inferhal-drift0"] = partial(rebalance_experts, drift=0.0)
     return out
 
 
@@ -142,9 +147,9 @@ def measure(kinds=KINDS, layouts=LAYOUTS, seed: int = 0, repeats: int = 3,
             for name, (p2l, _, cnt) in plans.items():
                 p2l, cnt = p2l.long(), cnt.long()
                 sec = statistics.median(times[name]) if times[name] else float("nan")
-                drift = statistics.fmean(balancedness(w, p2l, cnt, gpus) for w in nxt)
-                rows.append(Row(kind, slots, nodes, gpus, name, balancedness(load, p2l, cnt, gpus), drift, lb, sec,
-                                _invalid(p2l, cnt, gpus, nodes)))
+                windows = [balancedness(w, p2l, cnt, gpus) for w in nxt]
+                rows.append(Row(kind, slots, nodes, gpus, name, balancedness(load, p2l, cnt, gpus),
+                                statistics.fmean(windows), lb, sec, _invalid(p2l, cnt, gpus, nodes), windows))
     return rows
 
 
@@ -174,9 +179,19 @@ def _cases(rows: list[Row]) -> dict[tuple, dict[str, Row]]:
     return by
 
 
+def paired_drift(a: Row, b: Row) -> tuple[float, float]:
+    """Mean and standard error over the drifted windows of ``a``'s balancedness minus ``b``'s (the same
+    windows for both; 0 s.e. when there are fewer than two)."""
+    d = [x - y for x, y in zip(a.drifted_windows, b.drifted_windows)]
+    if len(d) < 2:
+        return a.drifted - b.drifted, 0.0
+    return statistics.fmean(d), statistics.stdev(d) / math.sqrt(len(d))
+
+
 def summarize(rows: list[Row], ours: str = "inferhal", tol: float = 1e-6) -> dict:
     """Means per policy and, against each other policy, in how many cases ours is better / worse (same
-    window, drifted) and the time ratio ``theirs / ours`` (> 1: ours is faster) over the cases."""
+    window, drifted, and drifted by more than 2 standard errors of the paired difference) and the time
+    ratio ``theirs / ours`` (> 1: ours is faster) over the cases."""
     cases = list(_cases(rows).values())
     names = list(cases[0]) if cases else []
     out: dict = {"cases": len(cases)}
@@ -193,11 +208,15 @@ def summarize(rows: list[Row], ours: str = "inferhal", tol: float = 1e-6) -> dic
         if name == ours:
             continue
         ratio = [c[name].seconds / c[ours].seconds for c in cases]
+        paired = [paired_drift(c[ours], c[name]) for c in cases]
         out[f"{ours}_vs_{name}"] = dict(
             better=sum(c[ours].balancedness < c[name].balancedness - tol for c in cases),
             worse=sum(c[ours].balancedness > c[name].balancedness + tol for c in cases),
             drifted_better=sum(c[ours].drifted < c[name].drifted - tol for c in cases),
             drifted_worse=sum(c[ours].drifted > c[name].drifted + tol for c in cases),
+            drifted_better_2se=sum(d < -2 * se for d, se in paired),
+            drifted_worse_2se=sum(d > 2 * se for d, se in paired),
+            drifted_mean_difference=statistics.fmean(d for d, _ in paired),
             time_ratio_min=min(ratio), time_ratio_median=statistics.median(ratio), time_ratio_max=max(ratio),
             slower_cases=sum(x < 1 for x in ratio))
     return out
@@ -209,7 +228,7 @@ def _print(rows: list[Row], speeds: list[dict], peer: Peer, repeats: int) -> Non
 
     cases = _cases(rows)
     names = list(next(iter(cases.values()))) if cases else []
-    short = {"inferhal": "ours", "deepseek": "DeepSeek", "greedy": "greedy"}
+    short = {"inferhal": "ours", "deepseek": "DeepSeek", "greedy": "greedy", "inferhal-drift0": "ours drift=0"}
     t = Table(title=f"EPLB balancedness (max/mean GPU load, mean over {LAYERS} layers; 1.0 = perfect; drifted: mean "
                     f"over {DRIFTS} next windows) and runtime (median of {repeats} calls, ms)")
     t.add_column("load")
@@ -221,12 +240,17 @@ def _print(rows: list[Row], speeds: list[dict], peer: Peer, repeats: int) -> Non
     others = [n for n in names if n != "inferhal"]
     for n in others:
         t.add_column(f"{short.get(n, n)}/ours time", justify="right")
+    for n in others:
+        t.add_column(f"ours-{short.get(n, n)} drifted (2 s.e.)", justify="right")
     for (load, slots, nodes, gpus), c in cases.items():
         cells = [load, f"{slots}/{nodes}/{gpus}", f"{c['inferhal'].lower_bound:.4f}"]
         cells += [f"{c[n].balancedness:.4f}" + (" INVALID" if c[n].invalid else "") for n in names]
         cells += [f"{c[n].drifted:.4f}" for n in names]
         cells += [f"{c[n].seconds * 1e3:.1f}" for n in names]
         cells += [f"{c[n].seconds / c['inferhal'].seconds:.2f}x" for n in others]
+        for n in others:
+            d, se = paired_drift(c["inferhal"], c[n])
+            cells.append(f"{d:+.4f} ({2 * se:.4f})")
         t.add_row(*cells)
     console = Console(width=max(Console().width, 200))
     console.print(t)
@@ -258,21 +282,37 @@ def _plot(rows: list[Row], path: str) -> None:
     x = list(range(len(cases)))
     width = 0.8 / len(names)
     fig, axes = plt.subplots(3, 1, figsize=(max(10, len(cases) * 0.8), 11), sharex=True)
-    panels = (("balancedness", "balancedness - 1", "EPLB imbalance, same window"),
-              ("drifted", "balancedness - 1", f"EPLB imbalance, drifted next windows (mean of {DRIFTS})"),
-              ("seconds", "ms per call (median)", "policy runtime"))
-    for ax, (field, ylabel, title) in zip(axes, panels):
-        for k, name in enumerate(names):
-            v = [getattr(c[name], field) for c in cases.values()]
-            v = [s * 1e3 for s in v] if field == "seconds" else [b - 1 for b in v]
-            ax.bar([i - 0.4 + width * (k + 0.5) for i in x], v, width, label=name)
-        if field != "seconds":
-            ax.scatter(x, [c["inferhal"].lower_bound - 1 for c in cases.values()], marker="_", s=200, color="k",
-                       label="lower bound", zorder=3)
-            ax.set_yscale("symlog", linthresh=1e-3)
-        ax.set_ylabel(ylabel)
-        ax.set_title(f"{title}; slots/nodes/GPUs")
-        ax.legend()
+    ax = axes[0]
+    for k, name in enumerate(names):
+        ax.bar([i - 0.4 + width * (k + 0.5) for i in x], [c[name].balancedness - 1 for c in cases.values()], width,
+               label=name)
+    ax.scatter(x, [c["inferhal"].lower_bound - 1 for c in cases.values()], marker="_", s=200, color="k",
+               label="lower bound", zorder=3)
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.set_ylabel("balancedness - 1")
+    ax.set_title("EPLB imbalance, same window; slots/nodes/GPUs")
+    ax.legend()
+    # Drifted: every policy against one reference, window by window (the absolute values hide the gaps).
+    ref = "deepseek" if "deepseek" in names else "greedy"
+    others = [n for n in names if n != ref]
+    w2 = 0.8 / max(1, len(others))
+    ax = axes[1]
+    for k, name in enumerate(others):
+        d = [paired_drift(c[name], c[ref]) for c in cases.values()]
+        ax.bar([i - 0.4 + w2 * (k + 0.5) for i in x], [m for m, _ in d], w2, yerr=[2 * se for _, se in d],
+               capsize=2, label=name, color=f"C{names.index(name)}")
+    ax.axhline(0, color="k", lw=0.8)
+    ax.set_ylabel(f"balancedness - {ref}'s")
+    ax.set_title(f"drifted next windows: minus {ref}'s, window by window (mean of {DRIFTS}, bars 2 s.e.; "
+                 f"below 0 = better)")
+    ax.legend()
+    ax = axes[2]
+    for k, name in enumerate(names):
+        ax.bar([i - 0.4 + width * (k + 0.5) for i in x], [c[name].seconds * 1e3 for c in cases.values()], width,
+               label=name)
+    ax.set_ylabel("ms per call (median)")
+    ax.set_title("policy runtime; slots/nodes/GPUs")
+    ax.legend()
     axes[-1].set_xticks(x, labels, rotation=90, fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

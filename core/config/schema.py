@@ -79,6 +79,7 @@ class EplbConfig:
     num_groups: int = 0  # 0 = from the model
     num_nodes: int = 1
     policy: str = "inferhal"  # inferhal | greedy
+    drift: float = 0.35  # inferhal policy: expected relative drift of an expert's load by the next window
 
 
 @dataclass

@@ -2,7 +2,7 @@
 heaviest pack is as light as possible. Every function works on a batch of rows ``[X, n]`` at once (one row
 per layer, or per layer and node) with a fixed number of tensor ops per step, never a loop over rows.
 
-- :func:`lpt_pack`: capacity-constrained longest-processing-time greedy (heaviest item to the lightest
+- :func:`lpt_pack` (:func:`lpt_sorted`): capacity-constrained longest-processing-time greedy (heaviest item to the lightest
   pack that still has room): the baseline; ``n`` steps.
 - :func:`round_pack`: LPT in rounds of ``m`` items; ``n/m`` steps.
 - :func:`kk_pack`: balanced largest differencing (Karmarkar-Karp for equal-cardinality packs): ``n/m``
@@ -41,21 +41,31 @@ def ranks_in_pack(pack_index: torch.Tensor, num_packs: int) -> torch.Tensor:
     return torch.empty_like(pos).scatter_(1, order, pos)
 
 
+def lpt_sorted(sorted_w: torch.Tensor, num_packs: int) -> torch.Tensor:
+    """Greedy LPT on items sorted by descending weight: each to the lightest pack with a free position
+    (the first ``m`` one to each empty pack at once); returns the pack of each sorted position. ``n - m``
+    steps of a few in-place ``[X, m]`` ops."""
+    x, n, cap = _check(sorted_w, num_packs)
+    pack = torch.empty(x, n, dtype=torch.long)
+    pack[:, :num_packs] = torch.arange(num_packs)
+    if cap == 1:
+        return pack
+    load = sorted_w[:, :num_packs].clone()
+    count = torch.ones(x, num_packs, dtype=torch.int32)
+    one, full = torch.ones(x, 1, dtype=torch.int32), torch.tensor(float("inf"), dtype=sorted_w.dtype)
+    open_load = load.clone()  # load, inf where the pack is full
+    for k in range(num_packs, n):
+        p = pack[:, k : k + 1]
+        torch.argmin(open_load, dim=1, keepdim=True, out=p)
+        load.scatter_add_(1, p, sorted_w[:, k : k + 1])
+        count.scatter_add_(1, p, one)
+        torch.where(count >= cap, full, load, out=open_load)
+    return pack
+
+
 def lpt_pack(weight: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy: items by descending weight, each to the lightest pack with a free position."""
-    x, n, cap = _check(weight, num_packs)
-    rows = torch.arange(x)
-    order = weight.argsort(dim=1, descending=True, stable=True)
-    loads = torch.zeros(x, num_packs, dtype=weight.dtype)
-    counts = torch.zeros(x, num_packs, dtype=torch.long)
-    pack = torch.empty(x, n, dtype=torch.long)
-    for k in range(n):
-        item = order[:, k]
-        p = loads.masked_fill(counts >= cap, float("inf")).argmin(dim=1)
-        pack[rows, item] = p
-        loads[rows, p] += weight[rows, item]
-        counts[rows, p] += 1
-    return pack, ranks_in_pack(pack, num_packs)
+    return _unsorted(weight, num_packs, lpt_sorted)
 
 
 def lpt_max_sorted(sorted_w: torch.Tensor, num_packs: int) -> torch.Tensor:

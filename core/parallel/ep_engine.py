@@ -17,11 +17,13 @@ down[E, D, I])``), ``use_expert_runner(runner)`` and ``experts_p``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Optional
 
 from inferhal.core.eplb.controller import EplbController, EplbLayout
 from inferhal.core.eplb.placement import Placement
 from inferhal.core.eplb.baseline import POLICIES
+from inferhal.core.eplb.drift import DRIFT
 from inferhal.core.errors import UserError
 from inferhal.core.parallel.ep_moe import EPExperts
 from inferhal.core.parallel.sync import StepSync
@@ -73,10 +75,17 @@ def eplb_controller(eplb: Any, num_layers: int, num_experts: int, ep: int) -> Op
     policy = str(eplb.policy)
     if policy not in POLICIES:
         raise UserError(f"eplb.policy={policy!r} is unknown; choose one of {', '.join(sorted(POLICIES))}")
+    fn = POLICIES[policy]
+    if policy == "inferhal":
+        drift = getattr(eplb, "drift", DRIFT)
+        if isinstance(drift, bool) or not isinstance(drift, (int, float)) or not 0 <= drift < 10:
+            raise UserError(f"eplb.drift={drift!r} must be a number in [0, 10) (relative drift of an expert's "
+                            f"load by the next window; 0 = pack the recorded window as tightly as possible)")
+        fn = partial(fn, drift=float(drift))
     physical = num_experts + int(eplb.num_redundant_experts)
     groups = int(eplb.num_groups) or 1
     lay = EplbLayout(num_layers, num_experts, physical, groups, int(eplb.num_nodes), ep)
-    return EplbController(lay, int(eplb.window_size), int(eplb.step_interval), POLICIES[policy])
+    return EplbController(lay, int(eplb.window_size), int(eplb.step_interval), fn)
 
 
 def attach_ep(engine: Any, comm: Any, eplb: Any) -> EPRank:

@@ -120,7 +120,7 @@ def test_run_small_without_a_peer_writes_table_json_and_plot(tmp_path, monkeypat
     json_path = tmp_path / (output or "eplb.json")  # output= may name a folder that does not exist yet
     data = json.loads(json_path.read_text())
     assert data["summary"]["deepseek_source"] == "not run: offline (test)"
-    assert {r["policy"] for r in data["rows"]} == {"inferhal", "greedy"}
+    assert {r["policy"] for r in data["rows"]} == {"inferhal", "greedy", "inferhal-drift0"}
     assert json_path.with_suffix(".png").stat().st_size > 0
 
 
@@ -142,3 +142,16 @@ def test_ours_balances_at_least_as_well_as_deepseeks_public_eplb(slots, nodes, g
         b_ours = balancedness_per_layer(w, ours[0], ours[2], gpus)
         b_theirs = balancedness_per_layer(w, theirs[0], theirs[2].long(), gpus)
         assert float(b_ours.mean()) <= float(b_theirs.mean()) + 1e-6
+
+
+def test_drifted_is_compared_window_by_window_with_its_standard_error():
+    a = eplb.Row("zipf", 8, 1, 2, "a", 1.0, 1.2, 1.0, 0.1, drifted_windows=[1.1, 1.3, 1.2])
+    b = eplb.Row("zipf", 8, 1, 2, "b", 1.0, 1.25, 1.0, 0.1, drifted_windows=[1.2, 1.35, 1.2])
+    d, se = eplb.paired_drift(a, b)
+    assert d == pytest.approx(-0.05) and se == pytest.approx(0.05 / 3 ** 0.5)  # differences -0.1, -0.05, 0
+    s = eplb.summarize([a, b], ours="a")
+    assert s["a_vs_b"]["drifted_better"] == 1 and s["a_vs_b"]["drifted_better_2se"] == 0  # noisy: not 2 s.e.
+    rows = eplb.measure(("lognormal",), ((288, 1, 8),), repeats=1,
+                        pols={"inferhal": rebalance_experts, "greedy": rebalance_greedy}, layers=2)
+    assert all(len(r.drifted_windows) == eplb.DRIFTS for r in rows)
+    assert rows[0].drifted == pytest.approx(sum(rows[0].drifted_windows) / eplb.DRIFTS)

@@ -130,7 +130,7 @@ def test_nodes_below_the_layer_floor_skip_work_without_changing_any_layer_maximu
     from inferhal.core.eplb.policy import ours_pack, rebalance_with
 
     w = skewed(7, 64, seed=R + nodes, sigma=1.6)
-    a = rebalance_experts(w, R, groups, nodes, gpus)
+    a = rebalance_experts(w, R, groups, nodes, gpus, drift=0.0)  # the current-window packing
     b = rebalance_with(w, R, groups, nodes, gpus, lambda x, m, floor: ours_pack(x, m, None))  # no floor
     validate_placement(*a, num_logical=64, num_gpus=gpus, num_groups=groups, num_nodes=nodes)
     torch.testing.assert_close(balancedness_per_layer(w, a[0], a[2], gpus), balancedness_per_layer(w, b[0], b[2], gpus))

@@ -190,3 +190,19 @@ def test_torchrun_launcher_without_torchrun_environment_is_a_user_error(monkeypa
     cfg = load_workers().tiny_cfg(["parallel=ep2", "parallel.launcher=torchrun", "prompt_ids=[1,2]"])
     with pytest.raises(UserError, match="parallel.launcher=torchrun but RANK/WORLD_SIZE are not set"):
         generate_parallel(cfg)
+
+
+def test_eplb_drift_reaches_the_policy_and_a_bad_value_is_named():
+    from types import SimpleNamespace
+
+    from inferhal.core.errors import UserError
+    from inferhal.core.parallel.ep_engine import eplb_controller
+
+    eplb = SimpleNamespace(enabled=True, policy="inferhal", drift=0.0, num_redundant_experts=4, num_groups=2,
+                           num_nodes=1, window_size=4, step_interval=4)
+    assert eplb_controller(eplb, 2, 8, 4).policy.keywords == {"drift": 0.0}
+    eplb.drift = -1
+    with pytest.raises(UserError, match=r"eplb.drift=-1 must be a number in \[0, 10\)"):
+        eplb_controller(eplb, 2, 8, 4)
+    eplb.policy = "greedy"  # the baseline has no drift knob
+    assert eplb_controller(eplb, 2, 8, 4).policy.__name__ == "rebalance_greedy"
