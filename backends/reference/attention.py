@@ -23,22 +23,53 @@ def token_seqs(query_start_loc: torch.Tensor, num_tokens: int) -> torch.Tensor:
     return torch.searchsorted(qsl[1:], torch.arange(num_tokens, device=qsl.device), right=True)
 
 
-def gather_slots(cache: torch.Tensor, block_table: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor,
-                 valid: torch.Tensor) -> torch.Tensor:
-    """Batched :func:`gather_pages`: entry ``pos`` of sequence ``seq`` (broadcast together, e.g. ``[T, S]``)
-    through the padded ``block_table [B, M]``; zero where not ``valid`` → ``[*pos.shape, *slot]``.
-    A valid position on a block that is not allocated (-1 or past the table) raises IndexError."""
-    bs, width = cache.shape[1], block_table.shape[1]
+def slot_index(block_size: int, block_table: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor,
+               valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, ...]]:
+    """Where :func:`gather_slots` reads: ``(flat, keep, shape)``, ``flat`` the row of each entry in the
+    cache flattened to ``[blocks * block_size, *slot]``, ``keep`` the valid entries (None: all), ``shape``
+    the broadcast shape of ``seq``/``pos``/``valid``. A valid position on a block that is not allocated
+    (-1 or past the table) raises IndexError."""
+    width = block_table.shape[1]
     seq, pos, valid = torch.broadcast_tensors(seq.long(), pos.long(), valid)
-    logical = pos.div(bs, rounding_mode="floor")
+    logical = pos.div(block_size, rounding_mode="floor")
     phys = block_table[seq, logical.clamp(0, max(width - 1, 0))].long()
     missing = valid & ((logical >= width) | (phys < 0))
     if bool(missing.any()):
         i = tuple(int(j) for j in torch.nonzero(missing)[0])
         raise IndexError(f"KV position {int(pos[i])} of sequence {int(seq[i])} reaches a block that is not allocated "
                          f"(-1 in the block table)")
-    vals = cache[torch.where(valid, phys, 0), torch.where(valid, pos % bs, 0)]  # [*pos.shape, *slot]
-    return vals.masked_fill(~valid.view(*valid.shape, *(1,) * (vals.dim() - valid.dim())), 0)
+    flat = (phys * block_size + pos % block_size).reshape(-1)
+    if bool(valid.all()):
+        return flat, None, tuple(pos.shape)
+    keep = valid.reshape(-1).nonzero().flatten()
+    return flat[keep], keep, tuple(pos.shape)
+
+
+def gather_rows(cache: torch.Tensor, flat: torch.Tensor, keep: torch.Tensor | None,
+                shape: tuple[int, ...]) -> torch.Tensor:
+    """The entries :func:`slot_index` located, zero where not valid: ``[*shape, *slot]``.
+
+    Row gathers over the flattened cache (``index_select``, ``index_copy_``) run ~10x faster on the CPU
+    than 2-D advanced indexing plus a ``masked_fill`` (0.1 vs 1.0 ms per layer for 32 decode rows of
+    Gemma 3); invalid entries are zero whatever the cache holds there."""
+    slot = cache.shape[2:]
+    rows = cache.reshape(-1, *slot)
+    if keep is None:
+        return rows.index_select(0, flat).view(*shape, *slot)
+    n = 1
+    for d in shape:
+        n *= d
+    out = rows.new_zeros(n, *slot)
+    out.index_copy_(0, keep, rows.index_select(0, flat))
+    return out.view(*shape, *slot)
+
+
+def gather_slots(cache: torch.Tensor, block_table: torch.Tensor, seq: torch.Tensor, pos: torch.Tensor,
+                 valid: torch.Tensor) -> torch.Tensor:
+    """Batched :func:`gather_pages`: entry ``pos`` of sequence ``seq`` (broadcast together, e.g. ``[T, S]``)
+    through the padded ``block_table [B, M]``; zero where not ``valid`` → ``[*pos.shape, *slot]``.
+    A valid position on a block that is not allocated (-1 or past the table) raises IndexError."""
+    return gather_rows(cache, *slot_index(cache.shape[1], block_table, seq, pos, valid))
 
 
 def _sink_softmax(logits: torch.Tensor, mask: torch.Tensor, sink: torch.Tensor | None) -> torch.Tensor:
@@ -68,16 +99,24 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 
 def attend_gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, p: AttnParams,
-                    sinks: torch.Tensor | None) -> torch.Tensor:
+                    sinks: torch.Tensor | None, bias: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`attend` with keys of each query's own: q: [T, H, D], k: [T, S, Hk, D], v: [T, S, Hk, Dv],
-    mask: [T, S] bool (True = visible) -> [T, H, Dv]. Query head ``h`` reads KV head ``h // (H // Hk)``."""
+    mask: [T, S] bool (True = visible) -> [T, H, Dv]. Query head ``h`` reads KV head ``h // (H // Hk)``.
+    ``bias [T, 1, S]`` (0 where visible, -inf where not), when the caller has it and every row sees at
+    least one key, replaces ``mask`` and the softmax runs as one fused op."""
     t, h, d = q.shape
     s, hk, dv = k.shape[1], k.shape[2], v.shape[3]
     qg = q.float().view(t, hk, h // hk, d)  # [T, Hk, rep, D]
     logits = torch.einsum("tgrd,tsgd->tgrs", qg, k.float()).reshape(t, h, s) * p.scale  # [T, H, S]
     if p.softcap > 0:
         logits = p.softcap * torch.tanh(logits / p.softcap)
-    probs = _sink_softmax(logits, mask[:, None], None if sinks is None else sinks.float().view(1, h, 1))
+    sink = None if sinks is None else sinks.float().view(1, h, 1)
+    if bias is None:
+        probs = _sink_softmax(logits, mask[:, None], sink)
+    elif sink is None:
+        probs = torch.softmax(logits + bias, dim=-1)
+    else:
+        probs = torch.softmax(torch.cat((logits + bias, sink.expand(t, h, 1)), dim=-1), dim=-1)[..., :-1]
     out = torch.einsum("tgrs,tsgd->tgrd", probs.view(t, hk, h // hk, s), v.float())  # [T, Hk, rep, Dv]
     return out.reshape(t, h, dv).to(q.dtype)
 
@@ -88,17 +127,14 @@ def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: Att
     # Sequences with one new token (decode) are attended together over one padded gather; the others
     # (prefill chunks) one sequence at a time, so no [T, S] key tensor of a long prompt is ever built.
     t = q.shape[0]
-    qsl = batch.query_start_loc.long()
-    qlen = qsl[1:] - qsl[:-1]
+    plan = _plan(batch, p.window, kv_cache)
     dv = q.shape[2] if p.shared_kv else kv_cache.shape[-1]
     out = q.new_empty(t, q.shape[1], dv)
-    one = torch.nonzero(qlen == 1).flatten()
-    if one.numel():
-        rows = qsl[one]
-        out[rows] = _attend_decode(q[rows], kv_cache, batch, one, batch.positions[rows].long(), p, sinks)
-    lens = batch.seq_lens.tolist()
-    for b in torch.nonzero(qlen > 1).flatten().tolist():
-        s, e, ctx = int(qsl[b]), int(qsl[b + 1]), lens[b]
+    if plan.rows.numel():
+        kv = plan.gather(kv_cache)  # [N, S, *slot]
+        k, v = (kv, kv) if p.shared_kv else (kv[:, :, 0], kv[:, :, 1])
+        out[plan.rows] = attend_gathered(q[plan.rows], k, v, plan.mask, p, sinks, plan.bias)
+    for b, s, e, ctx in plan.chunks:
         qpos = batch.positions[s:e].long()
         first = 0 if p.window == 0 else max(0, int(qpos.min()) - p.window + 1)
         kv = gather_pages(kv_cache, batch.block_table[b], first, ctx)
@@ -111,18 +147,55 @@ def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: Att
     return out
 
 
-def _attend_decode(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, seqs: torch.Tensor,
-                   qpos: torch.Tensor, p: AttnParams, sinks: torch.Tensor | None) -> torch.Tensor:
-    """One query per sequence ``seqs`` (q: [N, H, D], at ``qpos [N]``) over its visible keys, gathered
-    into ``[N, S, ...]`` with S the longest visible span (window-clipped) and masked past each one's."""
-    ctx = batch.seq_lens.long()[seqs]
-    first = torch.zeros_like(qpos) if p.window == 0 else (qpos - p.window + 1).clamp(min=0)
-    span = int((ctx - first).max())
-    pos = first[:, None] + torch.arange(span, device=q.device)[None, :]  # [N, S]
-    mask = (pos < ctx[:, None]) & (pos <= qpos[:, None])
-    kv = gather_slots(kv_cache, batch.block_table, seqs[:, None], pos, mask)  # [N, S, *slot]
-    k, v = (kv, kv) if p.shared_kv else (kv[:, :, 0], kv[:, :, 1])
-    return attend_gathered(q, k, v, mask, p, sinks)
+class _DecodePlan:
+    """Which rows of a batch are single-token (decode) rows and where their visible keys sit, worked out
+    once per batch, window and cache geometry and reused by every layer of the step (it was a third of
+    the decode attention time, repeated for each of Gemma 3's 18 layers)."""
+
+    def __init__(self, batch: AttnBatch, window: int, kv_cache: torch.Tensor) -> None:
+        qsl = batch.query_start_loc.long()
+        qlen = qsl[1:] - qsl[:-1]
+        lens = batch.seq_lens.tolist()
+        self.chunks = [(b, int(qsl[b]), int(qsl[b + 1]), lens[b]) for b in torch.nonzero(qlen > 1).flatten().tolist()]
+        seqs = torch.nonzero(qlen == 1).flatten()
+        self.rows = qsl[seqs]
+        if not seqs.numel():
+            return
+        qpos = batch.positions[self.rows].long()
+        ctx = batch.seq_lens.long()[seqs]
+        first = torch.zeros_like(qpos) if window == 0 else (qpos - window + 1).clamp(min=0)
+        span = int((ctx - first).max())
+        pos = first[:, None] + torch.arange(span, device=qpos.device)[None, :]  # [N, S]
+        self.mask = (pos < ctx[:, None]) & (pos <= qpos[:, None])
+        self.bias = None  # the additive form of the mask, for the fused softmax: only when no row is empty
+        if bool(self.mask.any(dim=1).all()):
+            self.bias = torch.zeros(self.mask.shape, device=pos.device).masked_fill_(~self.mask, float("-inf"))[:, None]
+        self.index = slot_index(kv_cache.shape[1], batch.block_table, seqs[:, None], pos, self.mask)
+
+    def gather(self, kv_cache: torch.Tensor) -> torch.Tensor:
+        return gather_rows(kv_cache, *self.index)
+
+
+_PLANS: dict = {}  # key -> (batch, plan): the latest step's batches (one per KV layer group)
+_MAX_PLANS = 8
+
+
+def _plan(batch: AttnBatch, window: int, kv_cache: torch.Tensor) -> _DecodePlan:
+    # Keyed by the batch object (held, so its id is not reused while cached) and its tensors' version
+    # counters, so a batch whose tensors were changed in place is planned afresh.
+    tensors = (batch.query_start_loc, batch.seq_lens, batch.positions, batch.block_table)
+    try:
+        key = (id(batch), window, kv_cache.shape[1], *(t._version for t in tensors))
+    except RuntimeError:  # inference-mode tensors keep no version counter: plan every call
+        return _DecodePlan(batch, window, kv_cache)
+    hit = _PLANS.get(key)
+    if hit is not None and hit[0] is batch:
+        return hit[1]
+    if len(_PLANS) >= _MAX_PLANS:  # a new step: the previous step's batches are done with
+        _PLANS.clear()
+    plan = _DecodePlan(batch, window, kv_cache)
+    _PLANS[key] = (batch, plan)
+    return plan
 
 
 OPS = {

@@ -107,6 +107,35 @@ def test_paged_attention_without_sinks_matches_sdpa():
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_paged_attention_decode_plan_follows_batches_changed_in_place_and_garbage_in_masked_slots():
+    # The decode gather plan is shared by the layers of one batch; a batch whose tensors change in place
+    # (a caller reusing its buffers) must be planned afresh, and under inference mode (no version counters)
+    # every call plans for itself. NaN in slots no row may see must not reach the output.
+    g = torch.Generator().manual_seed(3)
+    spec = KVGroupSpec("g", "full", (0,), (2, 1, 8), torch.float32)
+    seqs = [SeqSlice(5, 1, {"g": [0, 1]}), SeqSlice(2, 1, {"g": [2]})]
+    _, _, ab = build_attn_batches([spec], 4, seqs)
+    cache = torch.randn(4, 4, 2, 1, 8, generator=g)
+    cache[2, 3:] = float("nan")  # past sequence 1's 3 entries, inside the padded span of the batch
+    q = torch.randn(2, 2, 8, generator=g)
+    p = AttnParams(scale=0.3, num_kv_heads=1)
+
+    def fresh():
+        _, _, again = build_attn_batches([spec], 4, [SeqSlice(5, 1, {"g": list(b)}) if i == 0 else s
+                                                     for i, (s, b) in enumerate(zip(seqs, ([3, 1], None)))])
+        return attn_paged(q, cache, again["g"], p)
+
+    first = attn_paged(q, cache, ab["g"], p)
+    assert torch.isfinite(first).all()
+    ab["g"].block_table[0, 0] = 3  # in place: sequence 0's first block is now block 3
+    moved = attn_paged(q, cache, ab["g"], p)
+    assert not torch.equal(moved, first)
+    torch.testing.assert_close(moved, fresh(), rtol=0, atol=0)
+    with torch.inference_mode():
+        _, _, inf = build_attn_batches([spec], 4, seqs)
+        torch.testing.assert_close(attn_paged(q, cache, inf["g"], p), first, rtol=0, atol=0)
+
+
 def test_paged_attention_refuses_a_released_block_it_needs():
     spec = KVGroupSpec("g", "full", (0,), (1, 4), torch.float32)
     _, _, ab = build_attn_batches([spec], 4, [SeqSlice(8, 1, {"g": [-1, -1, 0]})])
@@ -168,6 +197,22 @@ def test_sample_is_greedy_at_zero_temperature_and_seeded_rows_ignore_the_batch()
     alone = draw([1])
     in_batch = draw([0, 1, 2])
     assert alone[0] == in_batch[1]
+
+
+@pytest.mark.parametrize("v", [10, R.ARGMAX_CHUNK, 3 * R.ARGMAX_CHUNK, 3 * R.ARGMAX_CHUNK + 17])
+def test_argmax_rows_equals_torch_argmax_with_ties_tails_and_nan(v):
+    g = torch.Generator().manual_seed(v)
+    x = torch.randn(9, v, generator=g)
+    x[1] = 0.0  # all tied: index 0
+    x[2, [3, v - 1]] = 50.0  # tie across chunks (and the tail): the first
+    x[3, v - 1] = 60.0  # the max in the last element (the tail when there is one)
+    x[4, [v // 2, v - 2]] = float("nan")  # NaN wins, the first one
+    x[5, -1] = float("nan")
+    x[6, 0] = float("inf")
+    x[7, [v - 1, v // 3]] = float("inf")
+    x[8] = float("-inf")
+    torch.testing.assert_close(R.argmax_rows(x), torch.argmax(x, dim=-1), rtol=0, atol=0)
+    torch.testing.assert_close(R.argmax_rows(x[:, : v - 1]), torch.argmax(x[:, : v - 1], dim=-1), rtol=0, atol=0)
 
 
 def test_sample_top_k_and_top_p_only_draw_allowed_tokens():
