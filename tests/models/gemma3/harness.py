@@ -59,3 +59,25 @@ def greedy(model, prompts: Sequence[Sequence[int]], max_new: int, block_size: in
         for o, t in zip(out, logits.argmax(-1).tolist()):
             o.append(int(t))
     return out, all_logits
+
+
+def transformers_greedy(gemma_path: str, prompts: Sequence[Sequence[int]], max_new: int, dtype: torch.dtype):
+    """transformers loading the same GGUF (``gguf_file=``) in ``dtype``: per prompt, its greedy tokens and
+    each step's logits ``[steps, vocab]`` (fp32), one prompt at a time. Skips when transformers or
+    accelerate (which it needs to load a GGUF) is missing."""
+    import os
+
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    m = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(gemma_path),
+                                                          gguf_file=os.path.basename(gemma_path), dtype=dtype).eval()
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            o = m.generate(torch.tensor([list(ids)]), max_new_tokens=max_new, do_sample=False, output_logits=True,
+                           return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+            out.append((o.sequences[0, len(ids):].tolist(), torch.stack([lg[0] for lg in o.logits]).float()))
+    del m
+    return out

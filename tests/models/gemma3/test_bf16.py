@@ -14,12 +14,10 @@ average (measured 14.7, min 11), and our bf16 prefill logits are within :data:`L
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-from harness import greedy
+from harness import greedy, transformers_greedy
 from prompts import PROMPTS
 
 pytestmark = pytest.mark.slow
@@ -50,19 +48,10 @@ def prompt_ids(gemma_bf16):
 @pytest.fixture(scope="module")
 def hf_bf16(gemma_path, prompt_ids):
     """transformers-bf16 greedy tokens and each step's top-2 logit margin, per prompt."""
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
-    m = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(gemma_path),
-                                                          gguf_file=os.path.basename(gemma_path),
-                                                          dtype=torch.bfloat16).eval()
     out = []
-    with torch.no_grad():
-        for ids in prompt_ids:
-            o = m.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False, output_logits=True,
-                           return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
-            top2 = torch.stack([lg[0].float().topk(2).values for lg in o.logits])  # [steps, 2]
-            out.append((o.sequences[0, len(ids):].tolist(), (top2[:, 0] - top2[:, 1]).tolist()))
-    del m
+    for toks, logits in transformers_greedy(gemma_path, prompt_ids, MAX_NEW, torch.bfloat16):
+        top2 = logits.topk(2, dim=-1).values  # [steps, 2]
+        out.append((toks, (top2[:, 0] - top2[:, 1]).tolist()))
     return out
 
 

@@ -15,12 +15,10 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-from harness import greedy
+from harness import greedy, transformers_greedy
 from prompts import PROMPTS, long_prompt
 
 pytestmark = pytest.mark.slow
@@ -40,19 +38,7 @@ def prompt_ids(gemma):
 @pytest.fixture(scope="module")
 def oracle(gemma_path, prompt_ids):
     """transformers' greedy tokens and per-step logits, computed once per session (~2 min)."""
-    transformers = pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")  # transformers needs it to load a GGUF
-    m = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(gemma_path),
-                                                          gguf_file=os.path.basename(gemma_path),
-                                                          dtype=torch.float32).eval()
-    out = []
-    with torch.no_grad():
-        for ids in prompt_ids:
-            o = m.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False, output_logits=True,
-                           return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
-            out.append((o.sequences[0, len(ids):].tolist(), torch.stack([lg[0] for lg in o.logits]).float()))
-    del m
-    return out
+    return transformers_greedy(gemma_path, prompt_ids, MAX_NEW, torch.float32)
 
 
 def test_greedy_tokens_equal_transformers_through_llm(gemma, prompt_ids, oracle):
