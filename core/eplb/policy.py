@@ -34,7 +34,7 @@ from inferhal.core.eplb import drift as drift_model
 from inferhal.core.eplb.packing import (kk_sorted, lpt_sorted, pack_loads, refine_sorted, round_sorted, sort_items,
                                         unsort)
 from inferhal.core.eplb.placement import build_log2phy
-from inferhal.core.eplb.validate import EplbInputError, check_layout, check_load
+from inferhal.core.eplb.validate import check_drift, check_layout, check_load
 
 LPT_ITEMS = 128
 """Rows (one node's replicas) of at most this many items also get the greedy LPT as a drift candidate; it
@@ -152,14 +152,12 @@ def rebalance_with(weight: torch.Tensor, num_replicas: int, num_groups: int, num
                    pack: PackFn, drift: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The policy with packer ``pack``; ``drift > 0``: pack the GPUs for the next window (:func:`drift_pack`)."""
     w = check_load(weight)
-    if not isinstance(drift, (int, float)) or isinstance(drift, bool) or not 0 <= drift < 10:
-        raise EplbInputError(f"drift must be a number in [0, 10) (relative drift per expert; 0 = plan for the "
-                             f"current window alone), got {drift!r}")
+    drift = check_drift(drift)
     hierarchical = check_layout(w.shape[1], num_replicas, num_groups, num_nodes, num_gpus)
     if not hierarchical:
         num_groups = num_nodes = 1
     with one_thread():
-        phy2log = hierarchical_phy2log(w, num_replicas, num_groups, num_nodes, num_gpus, pack, float(drift))
+        phy2log = hierarchical_phy2log(w, num_replicas, num_groups, num_nodes, num_gpus, pack, drift)
     E = w.shape[1]
     logcnt = torch.zeros(w.shape[0], E, dtype=torch.long).scatter_add_(1, phy2log, torch.ones_like(phy2log))
     return phy2log, build_log2phy(phy2log, E, num_replicas - E + 1), logcnt

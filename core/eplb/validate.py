@@ -36,6 +36,14 @@ def check_layout(num_logical: int, num_replicas: int, num_groups: int, num_nodes
     return hierarchical
 
 
+def check_drift(drift) -> float:
+    """The policy's ``drift`` (relative drift of an expert's load by the next window) as a float."""
+    if isinstance(drift, bool) or not isinstance(drift, (int, float)) or not 0 <= drift < 10:
+        raise EplbInputError(f"drift must be a number in [0, 10) (relative drift per expert; 0 = plan for the "
+                             f"current window alone), got {drift!r}")
+    return float(drift)
+
+
 def check_load(weight: torch.Tensor, name: str = "weight", num_logical: int | None = None) -> torch.Tensor:
     """Return ``weight`` as a float32 CPU ``[L, E]`` tensor, or raise naming the first bad entry."""
     if not isinstance(weight, torch.Tensor):

@@ -24,6 +24,7 @@ from inferhal.core.eplb.controller import EplbController, EplbLayout
 from inferhal.core.eplb.placement import Placement
 from inferhal.core.eplb.baseline import POLICIES
 from inferhal.core.eplb.drift import DRIFT
+from inferhal.core.eplb.validate import EplbInputError, check_drift
 from inferhal.core.errors import UserError
 from inferhal.core.parallel.ep_moe import EPExperts
 from inferhal.core.parallel.sync import StepSync
@@ -78,10 +79,10 @@ def eplb_controller(eplb: Any, num_layers: int, num_experts: int, ep: int) -> Op
     fn = POLICIES[policy]
     if policy == "inferhal":
         drift = getattr(eplb, "drift", DRIFT)
-        if isinstance(drift, bool) or not isinstance(drift, (int, float)) or not 0 <= drift < 10:
-            raise UserError(f"eplb.drift={drift!r} must be a number in [0, 10) (relative drift of an expert's "
-                            f"load by the next window; 0 = pack the recorded window as tightly as possible)")
-        fn = partial(fn, drift=float(drift))
+        try:
+            fn = partial(fn, drift=check_drift(drift))
+        except EplbInputError as exc:
+            raise UserError(f"eplb.drift={drift!r}: {exc}") from None
     physical = num_experts + int(eplb.num_redundant_experts)
     groups = int(eplb.num_groups) or 1
     lay = EplbLayout(num_layers, num_experts, physical, groups, int(eplb.num_nodes), ep)

@@ -202,7 +202,7 @@ def test_eplb_drift_reaches_the_policy_and_a_bad_value_is_named():
                            num_nodes=1, window_size=4, step_interval=4)
     assert eplb_controller(eplb, 2, 8, 4).policy.keywords == {"drift": 0.0}
     eplb.drift = -1
-    with pytest.raises(UserError, match=r"eplb.drift=-1 must be a number in \[0, 10\)"):
+    with pytest.raises(UserError, match=r"eplb.drift=-1: drift must be a number in \[0, 10\)"):
         eplb_controller(eplb, 2, 8, 4)
     eplb.policy = "greedy"  # the baseline has no drift knob
     assert eplb_controller(eplb, 2, 8, 4).policy.__name__ == "rebalance_greedy"
