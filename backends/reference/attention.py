@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from inferhal.core.ops.params import AttnBatch, AttnParams
@@ -56,10 +58,7 @@ def gather_rows(cache: torch.Tensor, flat: torch.Tensor, keep: torch.Tensor | No
     rows = cache.reshape(-1, *slot)
     if keep is None:
         return rows.index_select(0, flat).view(*shape, *slot)
-    n = 1
-    for d in shape:
-        n *= d
-    out = rows.new_zeros(n, *slot)
+    out = rows.new_zeros(math.prod(shape), *slot)
     out.index_copy_(0, keep, rows.index_select(0, flat))
     return out.view(*shape, *slot)
 
