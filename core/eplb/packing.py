@@ -68,24 +68,6 @@ def lpt_pack(weight: torch.Tensor, num_packs: int) -> tuple[torch.Tensor, torch.
     return _unsorted(weight, num_packs, lpt_sorted)
 
 
-def lpt_max_sorted(sorted_w: torch.Tensor, num_packs: int) -> torch.Tensor:
-    """The heaviest pack's load under :func:`lpt_pack` (``[X]``), from items sorted by descending weight:
-    the same greedy on loads and counts only (no plan, no ranks), the first round placed at once."""
-    x, n, cap = _check(sorted_w, num_packs)
-    load = sorted_w[:, :num_packs].clone()  # the m heaviest items go one to each empty pack
-    if cap == 1:
-        return load.amax(dim=1)
-    count = torch.ones(x, num_packs, dtype=torch.int32)
-    one, full = torch.ones(x, 1, dtype=torch.int32), torch.tensor(float("inf"), dtype=sorted_w.dtype)
-    open_load = load.clone()  # load, inf where the pack is full
-    for k in range(num_packs, n):
-        p = open_load.argmin(dim=1, keepdim=True)
-        load.scatter_add_(1, p, sorted_w[:, k : k + 1])
-        count.scatter_add_(1, p, one)
-        torch.where(count >= cap, full, load, out=open_load)
-    return load.amax(dim=1)
-
-
 def round_sorted(sorted_w: torch.Tensor, num_packs: int) -> torch.Tensor:
     """LPT in rounds: each round gives the ``m`` heaviest remaining items, heaviest first, to the packs in
     ascending order of load, one each (so counts stay equal by construction); ``n/m`` steps."""
