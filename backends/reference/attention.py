@@ -102,35 +102,41 @@ def attend_gathered(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: tor
     """:func:`attend` with keys of each query's own: q: [T, H, D], k: [T, S, Hk, D], v: [T, S, Hk, Dv],
     mask: [T, S] bool (True = visible) -> [T, H, Dv]. Query head ``h`` reads KV head ``h // (H // Hk)``.
     ``bias [T, 1, S]`` (0 where visible, -inf where not), when the caller has it and every row sees at
-    least one key, replaces ``mask`` and the softmax runs as one fused op."""
+    least one key, replaces ``mask`` and the softmax runs as one fused op. Products run as batched
+    matmuls over strided views (no copies of the keys), the scaling and masking in place."""
     t, h, d = q.shape
     s, hk, dv = k.shape[1], k.shape[2], v.shape[3]
     qg = q.float().view(t, hk, h // hk, d)  # [T, Hk, rep, D]
-    logits = torch.einsum("tgrd,tsgd->tgrs", qg, k.float()).reshape(t, h, s) * p.scale  # [T, H, S]
+    logits = torch.matmul(qg, k.float().permute(0, 2, 3, 1)).view(t, h, s).mul_(p.scale)  # [T, H, S]
     if p.softcap > 0:
-        logits = p.softcap * torch.tanh(logits / p.softcap)
+        logits = logits.div_(p.softcap).tanh_().mul_(p.softcap)
     sink = None if sinks is None else sinks.float().view(1, h, 1)
     if bias is None:
         probs = _sink_softmax(logits, mask[:, None], sink)
     elif sink is None:
-        probs = torch.softmax(logits + bias, dim=-1)
+        probs = torch.softmax(logits.add_(bias), dim=-1)
     else:
-        probs = torch.softmax(torch.cat((logits + bias, sink.expand(t, h, 1)), dim=-1), dim=-1)[..., :-1]
-    out = torch.einsum("tgrs,tsgd->tgrd", probs.view(t, hk, h // hk, s), v.float())  # [T, Hk, rep, Dv]
+        probs = torch.softmax(torch.cat((logits.add_(bias), sink.expand(t, h, 1)), dim=-1), dim=-1)[..., :-1]
+    out = torch.matmul(probs.reshape(t, hk, h // hk, s), v.float().permute(0, 2, 1, 3))  # [T, Hk, rep, Dv]
     return out.reshape(t, h, dv).to(q.dtype)
 
 
 def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: AttnParams,
                sinks: torch.Tensor | None = None) -> torch.Tensor:
     # q: [T, H, D]; kv_cache: [NB, BS, 2, Hk, D] or [NB, BS, Hk, D] when p.shared_kv
-    # Sequences with one new token (decode) are attended together over one padded gather; the others
-    # (prefill chunks) one sequence at a time, so no [T, S] key tensor of a long prompt is ever built.
+    # Rows are attended together over one padded gather of their visible keys (every row of the batch when
+    # that gather is small, else the decode rows); the other rows (long prefill chunks) one sequence at a
+    # time, so no [T, S] key tensor of a long prompt is ever built.
     t = q.shape[0]
     plan = _plan(batch, p.window, kv_cache)
     dv = q.shape[2] if p.shared_kv else kv_cache.shape[-1]
+    if plan.all_rows:
+        kv = plan.gather(kv_cache)  # [T, S, *slot] fp32
+        k, v = (kv, kv) if p.shared_kv else (kv[:, :, 0], kv[:, :, 1])
+        return attend_gathered(q, k, v, plan.mask, p, sinks, plan.bias)
     out = q.new_empty(t, q.shape[1], dv)
     if plan.rows.numel():
-        kv = plan.gather(kv_cache)  # [N, S, *slot]
+        kv = plan.gather(kv_cache)  # [N, S, *slot] fp32
         k, v = (kv, kv) if p.shared_kv else (kv[:, :, 0], kv[:, :, 1])
         out[plan.rows] = attend_gathered(q[plan.rows], k, v, plan.mask, p, sinks, plan.bias)
     for b, s, e, ctx in plan.chunks:
@@ -146,33 +152,67 @@ def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: Att
     return out
 
 
+GATHER_BYTES = 64 << 20  # every row of a batch goes into the padded gather when its fp32 keys fit in this
+
+
 class _DecodePlan:
-    """Which rows of a batch are single-token (decode) rows and where their visible keys sit, worked out
-    once per batch, window and cache geometry and reused by every layer of the step (it was a third of
-    the decode attention time, repeated for each of Gemma 3's 18 layers)."""
+    """Which rows of a batch are attended over one padded gather and where their visible keys sit, worked
+    out once per batch, window and cache geometry and reused by every layer of the step (it was a third of
+    the decode attention time, repeated for each of Gemma 3's 18 layers).
+
+    A row at position ``qpos`` sees the keys ``[first, qpos]`` (``first`` clipped by the window), padded to
+    the batch's longest span. The padding points at the row's own key (written before attention runs), so
+    the gather reads no slot the row may not see, needs no zero fill, and the additive ``bias`` (-inf on
+    padding) gives those entries exactly zero weight. The gather lands in buffers kept by the plan, so the
+    layers of a step reuse the same pages. Every row goes in when the gathered fp32 keys fit in
+    :data:`GATHER_BYTES` (decode steps, and prefill of short prompts); otherwise only the single-token rows,
+    and each longer chunk runs on its own."""
 
     def __init__(self, batch: AttnBatch, window: int, kv_cache: torch.Tensor) -> None:
         qsl = batch.query_start_loc.long()
+        t = int(qsl[-1])
         qlen = qsl[1:] - qsl[:-1]
-        lens = batch.seq_lens.tolist()
-        self.chunks = [(b, int(qsl[b]), int(qsl[b + 1]), lens[b]) for b in torch.nonzero(qlen > 1).flatten().tolist()]
-        seqs = torch.nonzero(qlen == 1).flatten()
-        self.rows = qsl[seqs]
-        if not seqs.numel():
-            return
-        qpos = batch.positions[self.rows].long()
-        ctx = batch.seq_lens.long()[seqs]
+        seq_of = torch.repeat_interleave(torch.arange(qlen.numel(), device=qsl.device), qlen)  # [T]
+        qpos = batch.positions[:t].long()
         first = torch.zeros_like(qpos) if window == 0 else (qpos - window + 1).clamp(min=0)
-        span = int((ctx - first).max())
+        span = int((qpos - first).max()) + 1 if t else 0
+        entry = 4 * math.prod(kv_cache.shape[2:])
+        self.all_rows = t > 0 and t * span * entry <= GATHER_BYTES
+        if self.all_rows:
+            self.chunks = []
+            self.rows = torch.arange(t, device=qsl.device)
+        else:
+            lens = batch.seq_lens.tolist()
+            self.chunks = [(b, int(qsl[b]), int(qsl[b + 1]), lens[b])
+                           for b in torch.nonzero(qlen > 1).flatten().tolist()]
+            self.rows = qsl[torch.nonzero(qlen == 1).flatten()]
+        self._buf: dict = {}
+        if not self.rows.numel():
+            return
+        qpos, first = qpos[self.rows], first[self.rows]
+        span = int((qpos - first).max()) + 1
         pos = first[:, None] + torch.arange(span, device=qpos.device)[None, :]  # [N, S]
-        self.mask = (pos < ctx[:, None]) & (pos <= qpos[:, None])
-        self.bias = None  # the additive form of the mask, for the fused softmax: only when no row is empty
-        if bool(self.mask.any(dim=1).all()):
-            self.bias = torch.zeros(self.mask.shape, device=pos.device).masked_fill_(~self.mask, float("-inf"))[:, None]
-        self.index = slot_index(kv_cache.shape[1], batch.block_table, seqs[:, None], pos, self.mask)
+        self.mask = pos <= qpos[:, None]
+        self.bias = torch.zeros(self.mask.shape, device=pos.device).masked_fill_(~self.mask, float("-inf"))[:, None]
+        seqs = seq_of[self.rows][:, None]
+        self.index = slot_index(kv_cache.shape[1], batch.block_table, seqs, torch.minimum(pos, qpos[:, None]),
+                                torch.ones_like(self.mask))
 
     def gather(self, kv_cache: torch.Tensor) -> torch.Tensor:
-        return gather_rows(kv_cache, *self.index)
+        """The rows' keys (and values) in fp32: ``[N, S, *slot]``, in a buffer the next layer reuses."""
+        flat, _, shape = self.index
+        slot = tuple(kv_cache.shape[2:])
+        rows = kv_cache.reshape(-1, *slot)
+        key = (kv_cache.dtype, kv_cache.device, slot)
+        if key not in self._buf:
+            raw = None if kv_cache.dtype == torch.float32 else rows.new_empty(flat.numel(), *slot)
+            self._buf[key] = (raw, torch.empty(flat.numel(), *slot, device=kv_cache.device))
+        raw, f32 = self._buf[key]
+        if raw is None:
+            torch.index_select(rows, 0, flat, out=f32)
+        else:
+            f32.copy_(torch.index_select(rows, 0, flat, out=raw))
+        return f32.view(*shape, *slot)
 
 
 _PLANS: dict = {}  # key -> (batch, plan): the latest step's batches (one per KV layer group)
