@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from inferhal.backends.reference import matmul as M
 from inferhal.backends.reference.matmul import TILE_ROWS, product, tiled_linear
 
 
@@ -39,3 +40,40 @@ def test_tiled_rows_do_not_depend_on_the_batch():
     x, w = torch.randn(2 * TILE_ROWS + 3, 64, generator=g), torch.randn(40, 64, generator=g)
     full = tiled_linear(x, w)
     assert torch.equal(full[:5], tiled_linear(x[:5], w)) and torch.equal(full[-1:], tiled_linear(x[-1:], w))
+
+
+needs_onednn = pytest.mark.skipif(M._ONEDNN is None or M._REORDER is None,
+                                  reason="this torch build has no oneDNN linear (nothing is packed)")
+
+
+@needs_onednn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weights_are_reused_follow_in_place_writes_and_leave_with_their_weight(dtype):
+    g = torch.Generator().manual_seed(4)
+    M.clear_packed()
+    table = torch.randn(96, 64, generator=g).to(dtype)
+    x = torch.randn(5, 64, generator=g).to(dtype)
+    first = product(x, table[:48])
+    assert len(M._PACKED) == 1 and M._packed_bytes == 48 * 64 * table.element_size()
+    assert M.packed(table[:48]) is M.packed(table[:48])  # a fresh slice object finds the same packed copy
+    tol = {"rtol": 0, "atol": 0} if dtype == torch.bfloat16 else {"rtol": 1e-6, "atol": 1e-5}
+    torch.testing.assert_close(first, F.linear(x, table[:48]), **tol)
+    torch.testing.assert_close(product(x, table[48:]), F.linear(x, table[48:]), **tol)  # another slice, its own copy
+    table[:48].mul_(-2)  # written in place: the stale packed copy must not be used
+    torch.testing.assert_close(product(x, table[:48]), F.linear(x, table[:48]), **tol)
+    assert not torch.equal(product(x, table[:48]), first)
+    del table
+    import gc
+
+    gc.collect()
+    assert not M._PACKED and M._packed_bytes == 0  # gone with the weight, before its memory is reused
+
+
+@needs_onednn
+def test_products_run_unpacked_past_the_packing_budget(monkeypatch):
+    M.clear_packed()
+    monkeypatch.setattr(M, "PACK_BYTES", 100)
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(3, 64, generator=g), torch.randn(32, 64, generator=g)
+    assert M.packed(w) is w and not M._PACKED
+    torch.testing.assert_close(product(x, w), F.linear(x, w), rtol=1e-6, atol=1e-5)
