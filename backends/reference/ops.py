@@ -50,10 +50,31 @@ def norm_rms(
     return y if residual is None else (y, h)
 
 
+_ROPE_ROWS: dict = {}
+
+
+def _rope_rows(cos_sin: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``cos_sin[positions]`` in fp32 ``[T, R]``, kept per table and positions tensor (and their version
+    counters): every layer of a step rotates q and k at the same positions (36 gathers a step for Gemma 3)."""
+    try:
+        key = (id(cos_sin), cos_sin._version, id(positions), positions._version)
+    except RuntimeError:  # inference-mode tensors keep no version counter
+        key = None
+    hit = _ROPE_ROWS.get(key) if key is not None else None
+    if hit is not None and hit[0] is cos_sin and hit[1] is positions:
+        return hit[2]
+    cs = cos_sin[positions.long()].float()
+    if key is not None:
+        if len(_ROPE_ROWS) >= 8:  # a new step: the previous step's positions are done with
+            _ROPE_ROWS.clear()
+        _ROPE_ROWS[key] = (cos_sin, positions, cs)
+    return cs
+
+
 def rope_apply(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, p: RopeParams) -> torch.Tensor:
     # x: [T, H, D]; cos_sin: [P, R] = [cos(R/2) | sin(R/2)]
     r = p.rotary_dim
-    cs = cos_sin[positions.long()].float()  # [T, R]
+    cs = _rope_rows(cos_sin, positions)  # [T, R]
     cos, sin = cs[:, None, : r // 2], cs[:, None, r // 2 :]
     if p.inverse:
         sin = -sin

@@ -29,6 +29,24 @@ def test_rms_norm_with_residual_and_unit_offset(dtype):
     torch.testing.assert_close(y.float(), ref, atol=tol, rtol=tol)
 
 
+def test_rope_rows_kept_for_a_step_follow_positions_and_tables_changed_in_place():
+    # every layer of a step rotates at the same positions, so their cos/sin rows are gathered once and kept;
+    # a positions tensor or table written in place (a caller reusing buffers) must be gathered afresh
+    ang = torch.arange(32).float()[:, None] * torch.tensor([1.0, 0.1])[None]
+    cos_sin = torch.cat((ang.cos(), ang.sin()), dim=-1)
+    x = torch.randn(4, 2, 4)
+    p = RopeParams(rotary_dim=4)
+    pos = torch.tensor([0, 5, 9, 17])
+    first = R.rope_apply(x, pos, cos_sin, p)
+    assert torch.equal(R.rope_apply(x, pos, cos_sin, p), first)
+    pos += 3
+    torch.testing.assert_close(R.rope_apply(x, pos, cos_sin, p), R.rope_apply(x, pos.clone(), cos_sin, p), rtol=0, atol=0)
+    assert not torch.equal(R.rope_apply(x, pos, cos_sin, p), first)
+    cos_sin[:, :2] = 1.0
+    cos_sin[:, 2:] = 0.0  # the identity rotation
+    torch.testing.assert_close(R.rope_apply(x, pos, cos_sin, p), x, rtol=0, atol=0)
+
+
 def test_rope_neox_matches_complex_rotation_and_inverse_undoes_it():
     t, h, d, r = 7, 3, 16, 8
     pos = torch.arange(t) * 3
