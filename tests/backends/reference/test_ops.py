@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from inferhal.backends.reference import ops as R
+from inferhal.backends.reference import attention
 from inferhal.backends.reference.attention import attn_paged
 from inferhal.backends.reference.quant import dequantize, quantize_fp4_group, quantize_fp8_block
 from inferhal.backends.reference.spec import spec_verify
@@ -71,8 +72,13 @@ def test_rope_neox_matches_complex_rotation_and_inverse_undoes_it():
             torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("gather", ["every row", "decode rows"])
 @pytest.mark.parametrize("window,shared,sinks", [(0, False, False), (5, False, True), (0, True, True), (3, True, False)])
-def test_paged_attention_equals_dense_masked_attention(window, shared, sinks):
+def test_paged_attention_equals_dense_masked_attention(window, shared, sinks, gather, monkeypatch):
+    # "every row": the whole batch in one padded gather (small batches); "decode rows": a gather budget so
+    # small that only single-token rows are gathered together and each prefill chunk runs on its own
+    if gather == "decode rows":
+        monkeypatch.setattr(attention, "GATHER_BYTES", 4 * 64 * 4)
     g = torch.Generator().manual_seed(1)
     bs, h, hk, d = 4, 4, 2 if not shared else 1, 8
     slot = (hk, d) if shared else (2, hk, d)
@@ -93,6 +99,7 @@ def test_paged_attention_equals_dense_masked_attention(window, shared, sinks):
     sink = torch.randn(h, generator=g) if sinks else None
     p = AttnParams(scale=d ** -0.5, num_kv_heads=hk, window=window, shared_kv=shared)
     out = attn_paged(q, cache, ab["g"], p, sink)
+    assert attention._plan(ab["g"], window, cache).all_rows == (gather == "every row")
     start = 0
     for (c, n), kv in zip(lens, full_kv):
         k, v = (kv, kv) if shared else (kv[:, 0], kv[:, 1])
