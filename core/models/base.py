@@ -33,7 +33,7 @@ class ForwardBatch:
 
 
 #: vocabulary rows per LM-head product in :func:`lm_head`
-LM_HEAD_CHUNK = 8192
+LM_HEAD_CHUNK = 32768
 
 
 def lm_head(ops: Any, x: torch.Tensor, weight: Any, out: torch.Tensor | None = None) -> torch.Tensor:
