@@ -2,12 +2,12 @@
 
 Per layer (``x`` is the residual stream)::
 
-    h = rms(x) (1+w)              -> q, k, v = linear(h)   q: [T, H, D], k, v: [T, Hk, D]
+    h = rms(x) (1+w)              -> q, k, v = linear(h, q|k|v)   q: [T, H, D], k, v: [T, Hk, D]
     q, k = rms(q) (1+w), rms(k) (1+w)   (QK-norm, per head)
-    q, k = rope(q), rope(k)       base 10k on sliding layers, 1e6 (times any linear scaling) on global ones
+    q|k = rope(q|k)               base 10k on sliding layers, 1e6 (times any linear scaling) on global ones
     kv.write (k, v) -> attn.paged (window 512 on sliding layers; scale query_pre_attn_scalar**-0.5; GQA)
     x += rms(linear(o)) (1+w)
-    x += rms(linear(gelu_tanh(linear_gate(h')) * linear_up(h'))) (1+w),  h' = rms(x) (1+w)
+    x += rms(linear(gelu_tanh(gate) * up)) (1+w),  gate, up = linear(h', gate|up),  h' = rms(x) (1+w)
 
 The embedding is scaled by sqrt(hidden) in the table dtype and tied to the LM head. KV lives in two
 paged groups: ``sliding`` (window blocks are released as they fall out) and ``full``.
@@ -19,7 +19,7 @@ Norm weights are stored as GGUF/llama.cpp write them minus one, so ``norm.rms`` 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import torch
@@ -79,7 +79,17 @@ class Gemma3ForCausalLM:
         self.cfg = cfg
         self.ops = ops
         self.embed_table = embed  # [V, hidden], also the LM head
-        self.layers = list(layers)
+        # q|k|v and gate|up run as one GEMM each (fewer, wider products; every output column is the same dot
+        # product, so the result is bit-identical). The separate fields stay, as views into the fused ones.
+        self._qkv, self._gate_up, self.layers = [], [], []
+        hq, hkv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        for w in layers:
+            qkv, gate_up = torch.cat((w.q, w.k, w.v)), torch.cat((w.gate, w.up))
+            q, k, v = qkv.split((hq, hkv, hkv))
+            gate, up = gate_up.chunk(2)
+            self._qkv.append(qkv)
+            self._gate_up.append(gate_up)
+            self.layers.append(replace(w, q=q, k=k, v=v, gate=gate, up=up))
         self.final_norm = final_norm
         self.vocab_size = cfg.vocab_size
         self.max_model_len = max_model_len
@@ -116,20 +126,21 @@ class Gemma3ForCausalLM:
             kind = cfg.layer_types[i]
             group = GROUP_OF[kind]
             h = ops["norm.rms"](x, w.attn_norm, self._norm)
-            q = ops["norm.rms"](ops["linear"](h, w.q).view(t * h_, d), w.q_norm, self._norm).view(t, h_, d)
-            k = ops["norm.rms"](ops["linear"](h, w.k).view(t * hk, d), w.k_norm, self._norm).view(t, hk, d)
-            v = ops["linear"](h, w.v).view(t, hk, d)
-            q = ops["rope.apply"](q, positions, self._rope[kind], self._rope_p)
-            k = ops["rope.apply"](k, positions, self._rope[kind], self._rope_p)
+            q, k, v = ops["linear"](h, self._qkv[i]).split((h_ * d, hk * d, hk * d), dim=-1)
+            q = ops["norm.rms"](q.reshape(t * h_, d), w.q_norm, self._norm).view(t, h_, d)
+            k = ops["norm.rms"](k.reshape(t * hk, d), w.k_norm, self._norm).view(t, hk, d)
+            qk = ops["rope.apply"](torch.cat((q, k), dim=1), positions, self._rope[kind], self._rope_p)
+            q, k = qk[:, :h_], qk[:, h_:]
             cache = kv.layer_cache(group, i)
             ab = batch.attn[group]
-            ops["kv.write"](torch.stack((k, v), dim=1), cache, ab.slot_mapping, self._kvw)  # [T, 2, Hk, D]
+            ops["kv.write"](torch.stack((k, v.view(t, hk, d)), dim=1), cache, ab.slot_mapping, self._kvw)  # [T, 2, Hk, D]
             o = ops["attn.paged"](q, cache, ab, self._attn[kind])  # [T, H, D]
             o = ops["linear"](o.reshape(t, h_ * d), w.o)
             x = x + ops["norm.rms"](o, w.post_attn_norm, self._norm)
             h = ops["norm.rms"](x, w.ffn_norm, self._norm)
-            a = ops["act.gated"](ops["linear"](h, w.gate), ops["linear"](h, w.up), self._act)
-            x = x + ops["norm.rms"](ops["linear"](a, w.down), w.post_ffn_norm, self._norm)
+            gate, up = ops["linear"](h, self._gate_up[i]).chunk(2, dim=-1)
+            x = x + ops["norm.rms"](ops["linear"](ops["act.gated"](gate, up, self._act), w.down), w.post_ffn_norm,
+                                    self._norm)
         x = ops["norm.rms"](x[batch.logits_indices.long()], self.final_norm, self._norm)  # [B', hidden]
         logits = lm_head(ops, x, self.embed_table, batch.logits_out)  # [B', V] fp32
         if cfg.final_softcap > 0:
