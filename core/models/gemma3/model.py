@@ -133,7 +133,8 @@ class Gemma3ForCausalLM:
             q, k = qk[:, :h_], qk[:, h_:]
             cache = kv.layer_cache(group, i)
             ab = batch.attn[group]
-            ops["kv.write"](torch.stack((k, v.view(t, hk, d)), dim=1), cache, ab.slot_mapping, self._kvw)  # [T, 2, Hk, D]
+            kv_rows = torch.stack((k, v.view(t, hk, d)), dim=1)  # [T, 2, Hk, D]
+            ops["kv.write"](kv_rows, cache, ab.slot_mapping, self._kvw)
             o = ops["attn.paged"](q, cache, ab, self._attn[kind])  # [T, H, D]
             o = ops["linear"](o.reshape(t, h_ * d), w.o)
             x = x + ops["norm.rms"](o, w.post_attn_norm, self._norm)
