@@ -82,10 +82,11 @@ class Gemma3ForCausalLM:
         # q|k|v and gate|up run as one GEMM each (fewer, wider products; every output column is the same dot
         # product, so the result is bit-identical). The separate fields stay, as views into the fused ones.
         self._qkv, self._gate_up, self.layers = [], [], []
-        hq, hkv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        hkv = cfg.num_kv_heads * cfg.head_dim
+        self._qkv_rows = (cfg.num_heads * cfg.head_dim, hkv, hkv)  # q, k, v widths of the fused product
         for w in layers:
             qkv, gate_up = torch.cat((w.q, w.k, w.v)), torch.cat((w.gate, w.up))
-            q, k, v = qkv.split((hq, hkv, hkv))
+            q, k, v = qkv.split(self._qkv_rows)
             gate, up = gate_up.chunk(2)
             self._qkv.append(qkv)
             self._gate_up.append(gate_up)
@@ -126,7 +127,7 @@ class Gemma3ForCausalLM:
             kind = cfg.layer_types[i]
             group = GROUP_OF[kind]
             h = ops["norm.rms"](x, w.attn_norm, self._norm)
-            q, k, v = ops["linear"](h, self._qkv[i]).split((h_ * d, hk * d, hk * d), dim=-1)
+            q, k, v = ops["linear"](h, self._qkv[i]).split(self._qkv_rows, dim=-1)
             q = ops["norm.rms"](q.reshape(t * h_, d), w.q_norm, self._norm).view(t, h_, d)
             k = ops["norm.rms"](k.reshape(t * hk, d), w.k_norm, self._norm).view(t, hk, d)
             qk = ops["rope.apply"](torch.cat((q, k), dim=1), positions, self._rope[kind], self._rope_p)
