@@ -176,34 +176,39 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     return idx
 
 
+def filtered_probs(row: torch.Tensor, p: SampleBatch, i: int) -> torch.Tensor:
+    """Row ``i``'s sampling distribution over ``row [V]`` (temperature > 0): temperature, then top-k, top-p
+    and min-p filtering, normalised. ``sample`` draws from it and ``spec.verify`` accepts drafts against
+    it, so both sample the same distribution."""
+    row = row.float() / p.temperature[i]
+    k = p.top_k[i]
+    if 0 < k < row.numel():
+        kth = torch.topk(row, k).values[-1]
+        row = row.masked_fill(row < kth, float("-inf"))
+    probs = torch.softmax(row, dim=-1)
+    top_p = p.top_p[i]
+    if top_p < 1.0:
+        sp, si = torch.sort(probs, descending=True, stable=True)
+        cum = torch.cumsum(sp, dim=-1)
+        drop = (cum - sp) > top_p  # keep the smallest prefix whose mass reaches top_p
+        sp = sp.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(0, si, sp)
+    if p.min_p and p.min_p[i] > 0:
+        probs = probs.masked_fill(probs < p.min_p[i] * probs.max(), 0.0)
+    return probs / probs.sum()
+
+
 def sample(logits: torch.Tensor, p: SampleBatch) -> torch.Tensor:
     # logits: [B, V] -> tokens [B]; each row uses only its own settings and generator.
     if all(t <= 0.0 for t in p.temperature):  # all greedy: one argmax (first index on ties, as per row)
         return argmax_rows(logits.float())
     out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
     for i in range(logits.shape[0]):
-        row = logits[i].float()
-        temp = p.temperature[i]
-        if temp <= 0.0:
-            out[i] = torch.argmax(row)
+        if p.temperature[i] <= 0.0:
+            out[i] = torch.argmax(logits[i].float())
             continue
-        row = row / temp
-        k = p.top_k[i]
-        if 0 < k < row.numel():
-            kth = torch.topk(row, k).values[-1]
-            row = row.masked_fill(row < kth, float("-inf"))
-        probs = torch.softmax(row, dim=-1)
-        top_p = p.top_p[i]
-        if top_p < 1.0:
-            sp, si = torch.sort(probs, descending=True, stable=True)
-            cum = torch.cumsum(sp, dim=-1)
-            drop = (cum - sp) > top_p  # keep the smallest prefix whose mass reaches top_p
-            sp = sp.masked_fill(drop, 0.0)
-            probs = torch.zeros_like(probs).scatter(0, si, sp)
-        if p.min_p and p.min_p[i] > 0:
-            probs = probs.masked_fill(probs < p.min_p[i] * probs.max(), 0.0)
         gen = p.generators[i] if p.generators else None
-        out[i] = torch.multinomial(probs / probs.sum(), 1, generator=gen)[0]
+        out[i] = torch.multinomial(filtered_probs(logits[i], p, i), 1, generator=gen)[0]
     return out
 
 

@@ -269,6 +269,8 @@ def run(cfg) -> int:
                                   + ("" if i < len(PROMPTS) else f" (take {i // len(PROMPTS) + 1})"))
                        for i in range(n_max)]
         notes[engine] = f"backend={cfg.backend.name}, dtype={dtype}, load {time.perf_counter() - t:.1f} s"
+        if cfg.spec.method != "none":
+            notes[engine] += f", spec={cfg.spec.method} ({cfg.spec.num_speculative_tokens} drafts per step)"
         runners[engine] = functools.partial(run_inferhal, llm)
     engines = [e for e, _ in variants]
     cfg.model.dtype = variants[0][1]

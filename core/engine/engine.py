@@ -18,7 +18,7 @@ from typing import Any, Hashable, Iterable, Optional, Sequence, Union
 
 import torch
 
-from inferhal.core.config.schema import CacheConfig, SchedulerConfig
+from inferhal.core.config.schema import CacheConfig, SchedulerConfig, SpecConfig
 from inferhal.core.engine.outputs import CompletionOutput, RequestOutput
 from inferhal.core.engine.runner import ModelRunner
 from inferhal.core.errors import UserError
@@ -28,6 +28,7 @@ from inferhal.core.paging.kv_manager import KVCacheManager
 from inferhal.core.sampling.params import SamplingParams, SamplingParamsError
 from inferhal.core.scheduler.request import Request
 from inferhal.core.scheduler.scheduler import RequestError, Scheduler
+from inferhal.core.spec.ngram import NgramProposer
 
 Prompt = Union[str, Sequence[int]]
 
@@ -53,9 +54,11 @@ def plan_num_blocks(specs, block_size: int, cache: CacheConfig, device: Any, max
 
 class Engine:
     def __init__(self, loaded: LoadedModel, backend: Any, scheduler: SchedulerConfig | None = None,
-                 cache: CacheConfig | None = None, max_model_len: Optional[int] = None, seed: int = 0) -> None:
+                 cache: CacheConfig | None = None, max_model_len: Optional[int] = None, seed: int = 0,
+                 spec: SpecConfig | None = None) -> None:
         scheduler = scheduler or SchedulerConfig()
         cache = cache or CacheConfig()
+        self.proposer = NgramProposer.from_config(spec or SpecConfig())  # None: no drafts
         self.loaded, self.backend = loaded, backend
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.max_model_len = int(max_model_len or self.model.max_model_len)
@@ -85,7 +88,7 @@ class Engine:
         self._sent: dict[str, int] = {}  # tokens already reported (streaming deltas)
         self._text: dict[str, str] = {}
         self.stats = {"steps": 0, "schedule_s": 0.0, "prepare_s": 0.0, "model_s": 0.0, "sample_s": 0.0,
-                      "update_s": 0.0, "tokens": 0}
+                      "update_s": 0.0, "tokens": 0, "draft_tokens": 0, "accepted_tokens": 0}
 
     # ------------------------------------------------------------------ requests
 
@@ -151,8 +154,12 @@ class Engine:
         t2 = time.perf_counter()
         changed = self.scheduler.update(out, res.tokens)
         for rid, lp in res.logprobs.items():
-            self._logprobs[rid].append(lp)
+            (self._logprobs[rid].extend if isinstance(lp, list) else self._logprobs[rid].append)(lp)
+        for r in changed:  # a stop among accepted drafts drops the tokens after it, and their logprobs
+            lps = self._logprobs[r.request_id]
+            del lps[r.num_output_tokens:]
         stopped = self._check_stop_strings(changed)
+        self._draft(changed)
         outputs = [self._output(r) for r in changed]
         t3 = time.perf_counter()
         s = self.stats
@@ -163,12 +170,25 @@ class Engine:
         s["sample_s"] += res.sample_s
         s["update_s"] += t3 - t2
         s["tokens"] += out.num_scheduled_tokens
+        s["draft_tokens"] += sum(len(q.spec_token_ids) for q in out.seqs)
+        s["accepted_tokens"] += sum(len(t) - 1 for t in res.tokens.values() if isinstance(t, list))
         self.last_step = {"schedule_s": t1 - t0, "execute_s": t2 - t1, "prepare_s": res.prepare_s,
                           "model_s": res.model_s, "sample_s": res.sample_s, "update_s": t3 - t2,
                           "num_seqs": len(out.seqs), "num_tokens": out.num_scheduled_tokens, "stopped": stopped}
         for hook in self.step_hooks:
             hook(self)
         return outputs
+
+    def _draft(self, changed: Sequence[Request]) -> None:
+        """Drafts for the next step of every request that got tokens and decodes on; capped so no draft
+        lies past ``max_tokens`` or ``max_model_len`` (the verifier's own token always comes on top)."""
+        if self.proposer is None:
+            return
+        for r in changed:
+            if r.is_finished or r.num_tokens - r.num_computed_tokens != 1:
+                continue
+            left = min(r.params.max_tokens - r.num_output_tokens, self.max_model_len - r.num_tokens)
+            r.spec_token_ids = self.proposer.propose(r.all_token_ids, left - 1)
 
     def _check_stop_strings(self, changed: Sequence[Request]) -> int:
         ids = []

@@ -117,6 +117,9 @@ class LLM:
         return self
 
     def _build(self, cfg, loaded_model, active_backend, len_override: bool) -> None:
+        from inferhal.core.spec.ngram import check_spec_config
+
+        check_spec_config(_to(schema.SpecConfig, cfg.spec))  # a bad spec config fails before anything loads
         injected = loaded_model
         self.config = cfg
         if active_backend is None:
@@ -135,7 +138,8 @@ class LLM:
         if injected is None or len_override:  # the config's limit applies to a config model
             max_len = min(max_len, int(cfg.model.max_model_len))
         self.engine = Engine(loaded_model, active_backend, _to(schema.SchedulerConfig, cfg.scheduler),
-                             _to(schema.CacheConfig, cfg.cache), max_model_len=max_len, seed=int(cfg.seed))
+                             _to(schema.CacheConfig, cfg.cache), max_model_len=max_len, seed=int(cfg.seed),
+                             spec=_to(schema.SpecConfig, cfg.spec))
         self.tokenizer = loaded_model.tokenizer
 
     @classmethod

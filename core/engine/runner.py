@@ -3,7 +3,9 @@
 It builds the :class:`~inferhal.core.models.base.ForwardBatch` (block tables → slots through
 :func:`~inferhal.core.paging.batch.build_attn_batches`, the one place that maps positions to slots),
 calls ``model.forward`` with the backend's KV storage, then the backend's ``sample`` op with each
-row's own settings and generator.
+row's own settings and generator. A sequence with draft tokens gets logits at its last known token and at
+every draft, and the backend's ``spec.verify`` op decides how many drafts stand (exact for greedy and
+sampled rows alike).
 """
 
 from __future__ import annotations
@@ -18,14 +20,14 @@ from inferhal.core.models.base import CausalLM, ForwardBatch
 from inferhal.core.ops.params import SampleBatch
 from inferhal.core.paging.batch import SeqSlice, build_attn_batches
 from inferhal.core.paging.spec import KVGroupSpec
-from inferhal.core.scheduler.output import SchedulerOutput
+from inferhal.core.scheduler.output import ScheduledSeq, SchedulerOutput
 from inferhal.core.scheduler.request import Request
 
 
 @dataclass
 class StepResult:
-    tokens: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, dict[int, float]] = field(default_factory=dict)
+    tokens: dict[str, int | list[int]] = field(default_factory=dict)  # a list: accepted drafts plus one
+    logprobs: dict[str, dict[int, float] | list[dict[int, float]]] = field(default_factory=dict)  # likewise
     prepare_s: float = 0.0
     model_s: float = 0.0
     sample_s: float = 0.0
@@ -54,12 +56,21 @@ class ModelRunner:
         seqs = [SeqSlice(s.num_computed, s.num_new, s.block_ids) for s in out.seqs]
         positions, qsl, attn = build_attn_batches(self.specs, self.block_size, seqs, self.device)
         ids: list[int] = []
-        rows, sample_reqs = [], []
+        plain_rows, plain_reqs = [], []
+        spec: dict[int, list[tuple[int, ScheduledSeq]]] = {}  # drafts per row -> (first logits row, seq)
         for s in out.seqs:
             ids.extend(s.token_ids)
-            if s.sample:
-                rows.append(len(ids) - 1)
-                sample_reqs.append(requests[s.request_id])
+            if not s.sample:
+                continue
+            if s.spec_token_ids:  # the last known token and every draft: S + 1 rows verified together
+                spec.setdefault(len(s.spec_token_ids), []).append((len(ids) - len(s.spec_token_ids) - 1, s))
+            else:
+                plain_rows.append(len(ids) - 1)
+                plain_reqs.append(requests[s.request_id])
+        rows = list(plain_rows)  # logits rows: plain ones first, then each draft length's rows contiguous
+        for n_draft, group in spec.items():
+            for first, _ in group:
+                rows.extend(range(first, first + n_draft + 1))
         batch = ForwardBatch(
             input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),  # [T]
             positions=positions,
@@ -72,30 +83,68 @@ class ModelRunner:
         logits = self.model.forward(batch, self.kv)  # [B', V] fp32
         t2 = time.perf_counter()
         res.prepare_s, res.model_s = t1 - t0, t2 - t1
-        if sample_reqs:
-            self._sample(logits, sample_reqs, res)
+        if plain_reqs:
+            self._sample(logits[: len(plain_rows)], plain_reqs, res)
+        at = len(plain_rows)
+        for n_draft, group in spec.items():
+            span = len(group) * (n_draft + 1)
+            self._verify(logits[at : at + span].view(len(group), n_draft + 1, -1),
+                         [s for _, s in group], requests, res)
+            at += span
         res.sample_s = time.perf_counter() - t2
         return res
 
-    def _sample(self, logits: torch.Tensor, reqs: Sequence[Request], res: StepResult) -> None:
+    @staticmethod
+    def _sample_batch(reqs: Sequence[Request]) -> SampleBatch:
         ps = [r.params for r in reqs]
-        sb = SampleBatch(
+        return SampleBatch(
             temperature=tuple(float(p.temperature) for p in ps),
             top_k=tuple(int(p.top_k) for p in ps),
             top_p=tuple(float(p.top_p) for p in ps),
             generators=tuple(r.generator for r in reqs) if any(r.generator is not None for r in reqs) else (),
             min_p=tuple(float(p.min_p) for p in ps) if any(p.min_p for p in ps) else (),
         )
-        toks = self.ops["sample"](logits, sb).tolist()  # [B']
-        want = [i for i, p in enumerate(ps) if p.logprobs]
+
+    def _sample(self, logits: torch.Tensor, reqs: Sequence[Request], res: StepResult) -> None:
+        toks = self.ops["sample"](logits, self._sample_batch(reqs)).tolist()  # [B']
+        for i, r in enumerate(reqs):
+            res.tokens[r.request_id] = int(toks[i])
+        want = [i for i, r in enumerate(reqs) if r.params.logprobs]
         if want:
-            lp = torch.log_softmax(logits[want].float(), dim=-1)  # [W, V]
-            k = max(ps[i].logprobs for i in want)
-            top_v, top_i = torch.topk(lp, min(k, lp.shape[-1]), dim=-1)
-            for j, i in enumerate(want):
-                kk = ps[i].logprobs
-                d = {int(t): float(v) for t, v in zip(top_i[j, :kk].tolist(), top_v[j, :kk].tolist())}
-                d.setdefault(int(toks[i]), float(lp[j, toks[i]]))
+            for i, d in zip(want, self._top_logprobs(logits[want], [[toks[i]] for i in want],
+                                                     [reqs[i].params.logprobs for i in want])):
+                res.logprobs[reqs[i].request_id] = d[0]
+
+    def _verify(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq], requests: Mapping[str, Request],
+                res: StepResult) -> None:
+        """logits [B, S+1, V]: each row's drafts checked by the backend's ``spec.verify``; → the accepted
+        drafts plus one token per request (a list in ``res.tokens``)."""
+        reqs = [requests[s.request_id] for s in seqs]
+        drafts = torch.tensor([list(s.spec_token_ids) for s in seqs], dtype=torch.long, device=self.device)  # [B, S]
+        toks, n = self.ops["spec.verify"](drafts, None, logits, self._sample_batch(reqs))  # [B, S+1], [B]
+        emitted = [t[:k] for t, k in zip(toks.tolist(), n.tolist())]
+        for r, e in zip(reqs, emitted):
+            res.tokens[r.request_id] = [int(t) for t in e]
+        want = [i for i, r in enumerate(reqs) if r.params.logprobs]
+        if want:
+            per = self._top_logprobs(torch.cat([logits[i, : len(emitted[i])] for i in want]),
+                                     [emitted[i] for i in want], [reqs[i].params.logprobs for i in want])
+            for i, d in zip(want, per):
                 res.logprobs[reqs[i].request_id] = d
-        for r, t in zip(reqs, toks):
-            res.tokens[r.request_id] = int(t)
+
+    @staticmethod
+    def _top_logprobs(logits: torch.Tensor, tokens: Sequence[Sequence[int]], ks: Sequence[int]) -> list[list[dict]]:
+        """logits [sum(len(t)), V], one row per emitted token (requests in order) → per request, per token:
+        the top ``k`` logprobs plus the emitted token's own."""
+        lp = torch.log_softmax(logits.float(), dim=-1)  # [R, V]
+        top_v, top_i = torch.topk(lp, min(max(ks), lp.shape[-1]), dim=-1)
+        out, row = [], 0
+        for toks, k in zip(tokens, ks):
+            per = []
+            for t in toks:
+                d = {int(a): float(b) for a, b in zip(top_i[row, :k].tolist(), top_v[row, :k].tolist())}
+                d.setdefault(int(t), float(lp[row, t]))
+                per.append(d)
+                row += 1
+            out.append(per)
+        return out

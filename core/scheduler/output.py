@@ -10,7 +10,10 @@ from typing import Mapping, Sequence
 class ScheduledSeq:
     """Compute ``num_new`` tokens of ``request_id`` after ``num_computed``; ``sample`` when this step
     reaches the end of its known tokens (so a next token is drawn). ``block_ids[group]`` is the block
-    table (-1 for released blocks), valid until the next :meth:`Scheduler.schedule`."""
+    table (-1 for released blocks), valid until the next :meth:`Scheduler.schedule`.
+
+    A decode step with drafts feeds the last known token then ``spec_token_ids`` (``num_new = 1 + len``);
+    every one of those positions is verified, and the step yields 1 to ``len + 1`` tokens."""
 
     request_id: str
     num_computed: int
@@ -18,6 +21,7 @@ class ScheduledSeq:
     token_ids: Sequence[int]  # the num_new token ids to feed
     block_ids: Mapping[str, Sequence[int]]
     sample: bool
+    spec_token_ids: Sequence[int] = ()
 
 
 @dataclass(frozen=True)

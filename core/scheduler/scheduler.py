@@ -10,6 +10,12 @@ Each :meth:`Scheduler.schedule` builds one step under ``max_num_batched_tokens``
    preemption. Each first takes its longest prefix-cache hit (those tokens are not computed) or, when
    resuming a sliding-only model, starts at its bounded replay point (:mod:`inferhal.core.paging.replay`).
 
+A decoding request may carry draft tokens (``Request.spec_token_ids``, set by the engine's drafter): they
+are scheduled after its decode token when the budget allows, and dropped before anyone is preempted for
+room. :meth:`Scheduler.update` takes the accepted drafts plus one token, rolls ``num_computed_tokens``
+back over the rejected ones (their KV slots are simply written again), and stops at the first stopping
+token among them.
+
 :meth:`Scheduler.update` applies sampled tokens, stops requests (EOS unless ``ignore_eos``, stop token,
 ``max_tokens``, ``max_model_len``) and registers newly full blocks in the prefix cache.
 """
@@ -19,7 +25,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from typing import Iterable, Mapping, Optional
+from typing import Iterable, Mapping, Optional, Sequence
 
 from inferhal.core.config.schema import SchedulerConfig
 from inferhal.core.errors import UserError
@@ -138,6 +144,7 @@ class Scheduler:
 
     def _preempt(self, req: Request) -> None:
         self.running.remove(req)
+        req.spec_token_ids = []
         self.kv.reset_blocks(req.request_id)
         req.preempted_at = req.num_computed_tokens
         req.num_computed_tokens = 0
@@ -158,6 +165,7 @@ class Scheduler:
         preempted: list[str] = []
         decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
         prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        decode_set = set(decodes)
         for req in decodes + prefills:
             if budget <= 0:
                 break
@@ -166,7 +174,15 @@ class Scheduler:
             n = min(req.num_tokens - req.num_computed_tokens, budget)
             if cap > 0:
                 n = min(n, cap)
+            # drafts ride along with a decode token while the budget (and the long-prefill cap) allow
+            room = min(budget, cap) if cap > 0 else budget
+            req.spec_token_ids = req.spec_token_ids[:room - 1] if req in decode_set else []
+            n += len(req.spec_token_ids)
             while not self.kv.allocate(req.request_id, req.num_computed_tokens, n):
+                if req.spec_token_ids:  # drafts are given up before anyone is preempted
+                    n -= len(req.spec_token_ids)
+                    req.spec_token_ids = []
+                    continue
                 victim = self._victim()
                 if victim.request_id in planned:
                     budget += planned.pop(victim.request_id)
@@ -191,8 +207,10 @@ class Scheduler:
         for rid, n in planned.items():
             req = self.requests[rid]
             c = req.num_computed_tokens
-            seqs.append(ScheduledSeq(rid, c, n, req.all_token_ids[c:c + n], self.kv.block_ids(rid),
-                                     c + n == req.num_tokens))
+            drafts = tuple(req.spec_token_ids)
+            known = n - len(drafts)
+            seqs.append(ScheduledSeq(rid, c, n, req.all_token_ids[c:c + known] + list(drafts), self.kv.block_ids(rid),
+                                     c + known == req.num_tokens, drafts))
             total += n
         return SchedulerOutput(tuple(seqs), total, tuple(preempted), len(self.running), len(self.waiting),
                                {"schedule_s": time.perf_counter() - t0})
@@ -223,25 +241,40 @@ class Scheduler:
         planned[req.request_id] = n
         return True
 
-    def update(self, out: SchedulerOutput, sampled: Mapping[str, int]) -> list[Request]:
-        """Apply one executed step; → the requests that received a token, finished ones included."""
+    def update(self, out: SchedulerOutput, sampled: Mapping[str, int | Sequence[int]]) -> list[Request]:
+        """Apply one executed step (``sampled``: a token per sampled request, or for one with drafts its accepted
+        drafts plus one); → the requests that received tokens, finished ones included."""
         changed = []
         finished = False
         for seq in out.seqs:
             req = self.requests.get(seq.request_id)
             if req is None or req.status is not Status.RUNNING:
                 continue  # aborted while the step ran
-            req.num_computed_tokens += seq.num_new
+            req.spec_token_ids = []
             if seq.sample:
-                tok = int(sampled[seq.request_id])
-                req.all_token_ids.append(tok)
-                reason = self._stop_reason(req, tok)
+                got = sampled[seq.request_id]
+                toks = [int(t) for t in got] if isinstance(got, (list, tuple)) else [int(got)]
+                accepted = len(toks) - 1  # drafts that matched; the last token is the verifier's own
+                if accepted > len(seq.spec_token_ids) or list(seq.spec_token_ids[:accepted]) != toks[:accepted]:
+                    raise ValueError(f"request {seq.request_id!r}: tokens {toks} are not an accepted prefix of the "
+                                     f"drafts {list(seq.spec_token_ids)} plus one")
+                req.num_computed_tokens += seq.num_new - len(seq.spec_token_ids) + accepted
+                req.num_draft_tokens += len(seq.spec_token_ids)
+                req.num_accepted_tokens += accepted
                 changed.append(req)
+                reason = None
+                for tok in toks:
+                    req.all_token_ids.append(tok)
+                    reason = self._stop_reason(req, tok)
+                    if reason:
+                        break
                 if reason:
                     self.requests.pop(req.request_id)
                     self._finish(req, reason)
                     finished = True
                     continue
+            else:
+                req.num_computed_tokens += seq.num_new
             self.kv.cache_blocks(req.request_id, req.all_token_ids, req.num_computed_tokens)
         if finished:
             self.running = [r for r in self.running if r.status is Status.RUNNING]

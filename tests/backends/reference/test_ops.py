@@ -289,3 +289,20 @@ def test_spec_verify_sampling_preserves_the_target_distribution():
         counts[out[0, 0]] += 1
     freq = counts / counts.sum()
     assert torch.allclose(freq, p_target, atol=0.03), freq  # 3000 draws: 3 sigma ~ 0.027
+
+
+@pytest.mark.parametrize("draft, top_k, top_p", [(0, 0, 1.0), (3, 2, 1.0), (1, 0, 0.7)])
+def test_spec_verify_one_hot_drafts_keep_the_filtered_distribution(draft, top_k, top_p):
+    # an n-gram draft is deterministic (q = one-hot); what comes out must be what `sample` would draw with
+    # the same temperature, top-k and top-p, whether the draft is likely, filtered out or cut by top-p
+    logits = torch.tensor([1.2, 0.9, 0.1, -0.4]) * 2.0
+    p = SampleBatch((0.7,), (top_k,), (top_p,), (torch.Generator().manual_seed(3),))
+    want = R.filtered_probs(logits, p, 0)
+    counts = torch.zeros(4)
+    for _ in range(3000):
+        out, n = spec_verify(torch.tensor([[draft]]), None, logits.expand(1, 2, 4), p)
+        counts[out[0, 0]] += 1
+        assert (out[0, 0] == draft) == (n[0] == 2)
+    freq = counts / counts.sum()
+    assert torch.allclose(freq, want, atol=0.03), (freq, want)  # 3000 draws: 3 sigma <= 0.027
+    assert all(freq[i] == 0 for i in range(4) if want[i] == 0)  # filtered tokens never appear, drafted or not

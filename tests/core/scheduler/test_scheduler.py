@@ -109,3 +109,78 @@ def test_length_limit_by_max_model_len():
         fake_step(s)
     assert r.finish_reason == "length" and r.num_tokens == 64 and r.num_output_tokens == 4  # 60 + 4 = max_model_len
     assert not s.kv.reqs
+
+
+# -- speculative (draft) tokens ---------------------------------------------------------------------------
+
+def decoding(s: Scheduler, rid="a", n=4, max_tokens=8, **params):
+    r = Request(rid, list(range(3, 3 + n)), SamplingParams(max_tokens=max_tokens, temperature=0.0, **params))
+    s.add_request(r)
+    fake_step(s)  # prefill; now decoding
+    return r
+
+
+def test_drafts_ride_after_the_decode_token_and_rejected_ones_roll_back():
+    s = make()
+    r = decoding(s)
+    r.spec_token_ids = [20, 21, 22]
+    out = s.schedule()
+    q = out.seqs[0]
+    assert (q.num_computed, q.num_new, list(q.token_ids), tuple(q.spec_token_ids), q.sample) == (4, 4, [7, 20, 21, 22], (20, 21, 22), True)
+    s.update(out, {"a": [20, 21, 9]})  # two drafts accepted, the third replaced by the verifier's 9
+    assert r.output_token_ids == [7, 20, 21, 9] and r.num_computed_tokens == 7 and r.spec_token_ids == []
+    assert (r.num_draft_tokens, r.num_accepted_tokens) == (3, 2)
+    s.kv.check()
+    out = s.schedule()  # next step starts at the first position not verified: the last accepted token's KV stands
+    assert (out.seqs[0].num_computed, out.seqs[0].num_new, list(out.seqs[0].token_ids)) == (7, 1, [9])
+
+
+def test_a_stop_among_accepted_drafts_ends_the_request_there():
+    s = make()
+    r = decoding(s, stop_token_ids=[21])
+    r.spec_token_ids = [20, 21, 22]
+    out = s.schedule()
+    done = s.update(out, {"a": [20, 21, 22, 5]})
+    assert done == [r] and r.is_finished and r.finish_reason == "stop" and r.output_token_ids == [7, 20, 21]
+    assert "a" not in s.kv.reqs
+
+
+def test_max_tokens_cuts_accepted_drafts():
+    s = make()
+    r = decoding(s, max_tokens=3, ignore_eos=True)
+    r.spec_token_ids = [20, 21, 22]
+    s.update(s.schedule(), {"a": [20, 21, 22, 5]})
+    assert r.output_token_ids == [7, 20, 21] and r.finish_reason == "length"
+
+
+def test_tokens_that_are_not_an_accepted_prefix_are_refused():
+    s = make()
+    r = decoding(s)
+    r.spec_token_ids = [20, 21]
+    out = s.schedule()
+    with pytest.raises(ValueError, match="not an accepted prefix"):
+        s.update(out, {"a": [20, 99, 5]})
+
+
+def test_drafts_are_cut_to_the_budget_and_dropped_before_preempting():
+    s = make(max_num_batched_tokens=3)
+    r = decoding(s, n=2)
+    r.spec_token_ids = [20, 21, 22, 23]
+    q = s.schedule().seqs[0]
+    assert (q.num_new, tuple(q.spec_token_ids)) == (3, (20, 21))
+    # a pool with no block beyond the request's own: its drafts (which need a new block) go, nobody is preempted
+    s = Scheduler(SchedulerConfig(), KVCacheManager([FULL], 4, 3), max_model_len=64)
+    a = decoding(s, "a", n=3)  # block 0 holds positions 0-3, so the decode token needs no new block
+    b = decoding(s, "b", n=2, max_tokens=2)  # one block; one left free
+    a.spec_token_ids = [20, 21, 22, 23, 24]  # positions 4-8: blocks 1 and 2 of a, one more than is free
+    out = s.schedule()
+    assert {q.request_id: (q.num_new, tuple(q.spec_token_ids)) for q in out.seqs} == {"a": (1, ()), "b": (1, ())}
+    assert out.preempted == () and s.num_preemptions == 0
+
+
+def test_preemption_forgets_drafts():
+    s = make()
+    r = decoding(s)
+    r.spec_token_ids = [20]
+    s._preempt(r)
+    assert r.spec_token_ids == [] and r.status is Status.PREEMPTED

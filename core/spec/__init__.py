@@ -1,0 +1,1 @@
+"""Speculative decoding drafters (device-agnostic: token ids in, draft token ids out)."""
