@@ -88,6 +88,7 @@ class SpecConfig:
     num_speculative_tokens: int = 0
     ngram_min: int = 1
     ngram_max: int = 4
+    disable_by_batch_size: int = 0  # no drafts while this many requests or more run (0: always draft)
 
 
 @dataclass

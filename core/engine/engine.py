@@ -58,7 +58,9 @@ class Engine:
                  spec: SpecConfig | None = None) -> None:
         scheduler = scheduler or SchedulerConfig()
         cache = cache or CacheConfig()
-        self.proposer = NgramProposer.from_config(spec or SpecConfig())  # None: no drafts
+        spec = spec or SpecConfig()
+        self.proposer = NgramProposer.from_config(spec)  # None: no drafts
+        self.spec_off_at = spec.disable_by_batch_size or None  # running requests at which drafting pauses
         self.loaded, self.backend = loaded, backend
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.max_model_len = int(max_model_len or self.model.max_model_len)
@@ -181,8 +183,10 @@ class Engine:
 
     def _draft(self, changed: Sequence[Request]) -> None:
         """Drafts for the next step of every request that got tokens and decodes on; capped so no draft
-        lies past ``max_tokens`` or ``max_model_len`` (the verifier's own token always comes on top)."""
-        if self.proposer is None:
+        lies past ``max_tokens`` or ``max_model_len`` (the verifier's own token always comes on top). None
+        while ``spec.disable_by_batch_size`` or more requests run: verifying drafts costs rows, and on a
+        busy batch (compute-bound products) more than the accepted tokens give back."""
+        if self.proposer is None or (self.spec_off_at and len(self.scheduler.running) >= self.spec_off_at):
             return
         for r in changed:
             if r.is_finished or r.num_tokens - r.num_computed_tokens != 1:

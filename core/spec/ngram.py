@@ -33,6 +33,8 @@ def check_spec_config(cfg: SpecConfig) -> None:
     if cfg.num_speculative_tokens < 1:
         raise UserError(f"spec.method={cfg.method} needs spec.num_speculative_tokens >= 1, "
                         f"got {cfg.num_speculative_tokens}")
+    if cfg.disable_by_batch_size < 0:
+        raise UserError(f"spec.disable_by_batch_size must be >= 0 (0: always draft), got {cfg.disable_by_batch_size}")
     if not 1 <= cfg.ngram_min <= cfg.ngram_max:
         raise UserError(f"spec.ngram_min and spec.ngram_max need 1 <= ngram_min <= ngram_max, "
                         f"got {cfg.ngram_min} and {cfg.ngram_max}")

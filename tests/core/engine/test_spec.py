@@ -14,7 +14,8 @@ SPEC = ["spec.method=ngram", "spec.num_speculative_tokens=3"]
 
 
 def llm(*overrides):
-    return LLM.from_config(compose_config("deepseek_v4_tiny", "reference", overrides=["cache.num_blocks=64", *overrides]))
+    cfg = compose_config("deepseek_v4_tiny", "reference", overrides=["cache.num_blocks=64", *overrides])
+    return LLM.from_config(cfg)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,8 @@ def test_stop_tokens_and_max_tokens_land_where_they_would_without_drafts(pair):
                SamplingParams(max_tokens=7, temperature=0.0, ignore_eos=True)):
         a, b = plain.generate(PROMPTS, sp), spec.generate(PROMPTS, sp)
         for x, y in zip(a, b):
-            assert (y.outputs[0].token_ids, y.outputs[0].finish_reason) == (x.outputs[0].token_ids, x.outputs[0].finish_reason)
+            got, want = y.outputs[0], x.outputs[0]
+            assert (got.token_ids, got.finish_reason) == (want.token_ids, want.finish_reason)
 
 
 def test_sampled_requests_are_drafted_and_reproducible_by_seed(pair):
@@ -68,7 +70,20 @@ def test_max_model_len_is_never_passed_by_a_draft():
     (["spec.method=eagle"], "spec.method must be one of"),
     (["spec.method=ngram"], "num_speculative_tokens >= 1"),
     (["spec.num_speculative_tokens=2"], "no effect with spec.method=none"),
+    (SPEC + ["spec.disable_by_batch_size=-1"], "disable_by_batch_size must be >= 0"),
 ])
 def test_bad_spec_config_is_a_clear_error(overrides, words):
     with pytest.raises(UserError, match=words):
         llm(*overrides)
+
+
+def test_drafting_pauses_while_the_batch_is_at_disable_by_batch_size(pair):
+    plain, _ = pair
+    sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    busy = llm(*SPEC, "spec.disable_by_batch_size=2")
+    want = plain.generate(PROMPTS, sp)
+    got = busy.generate(PROMPTS, sp)  # 4 running: no drafts at all
+    assert busy.engine.stats["draft_tokens"] == 0
+    assert busy.generate(PROMPTS[:1], sp)[0].outputs[0].token_ids == want[0].outputs[0].token_ids
+    assert busy.engine.stats["draft_tokens"] > 0  # alone, it drafts
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]

@@ -126,7 +126,8 @@ def test_drafts_ride_after_the_decode_token_and_rejected_ones_roll_back():
     r.spec_token_ids = [20, 21, 22]
     out = s.schedule()
     q = out.seqs[0]
-    assert (q.num_computed, q.num_new, list(q.token_ids), tuple(q.spec_token_ids), q.sample) == (4, 4, [7, 20, 21, 22], (20, 21, 22), True)
+    got = (q.num_computed, q.num_new, list(q.token_ids), tuple(q.spec_token_ids), q.sample)
+    assert got == (4, 4, [7, 20, 21, 22], (20, 21, 22), True)
     s.update(out, {"a": [20, 21, 9]})  # two drafts accepted, the third replaced by the verifier's 9
     assert r.output_token_ids == [7, 20, 21, 9] and r.num_computed_tokens == 7 and r.spec_token_ids == []
     assert (r.num_draft_tokens, r.num_accepted_tokens) == (3, 2)

@@ -41,16 +41,25 @@ def oracle(gemma_path, prompt_ids):
     return transformers_greedy(gemma_path, prompt_ids, MAX_NEW, torch.float32)
 
 
-def test_greedy_tokens_equal_transformers_through_llm(gemma, prompt_ids, oracle):
+NGRAM = ("spec=ngram", "spec.num_speculative_tokens=3", "spec.disable_by_batch_size=0")
+
+
+@pytest.mark.parametrize("spec", [(), NGRAM], ids=["plain", "ngram"])
+def test_greedy_tokens_equal_transformers_through_llm(gemma, prompt_ids, oracle, spec):
+    # with n-gram drafts, the verified rows run through the multi-token (prefill) paths: still fp32, still
+    # transformers' tokens
     from inferhal.core.engine.llm import LLM
     from inferhal.core.sampling.params import SamplingParams
 
     lm, be = gemma
-    llm = LLM.from_loaded(lm, be, max_model_len=1024, block_size=16)
+    llm = LLM.from_loaded(lm, be, max_model_len=1024, block_size=16, overrides=list(spec))
     outs = llm.generate([list(i) for i in prompt_ids], SamplingParams(max_tokens=MAX_NEW, temperature=0.0,
                                                                       ignore_eos=True))
     for i, (o, (want, _)) in enumerate(zip(outs, oracle)):
         assert list(o.token_ids) == want, f"prompt {i} ({len(prompt_ids[i])} tokens)"
+    if spec:
+        st = llm.engine.stats
+        assert st["accepted_tokens"] > 0, st  # drafts were verified and some accepted
 
 
 def test_logits_close_to_transformers_at_every_step(gemma, prompt_ids, oracle):
