@@ -172,8 +172,7 @@ class Engine:
         s["sample_s"] += res.sample_s
         s["update_s"] += t3 - t2
         s["tokens"] += out.num_scheduled_tokens
-        s["draft_tokens"] += sum(len(q.spec_token_ids) for q in out.seqs)
-        s["accepted_tokens"] += sum(len(t) - 1 for t in res.tokens.values() if isinstance(t, list))
+        s["draft_tokens"], s["accepted_tokens"] = self.scheduler.num_draft_tokens, self.scheduler.num_accepted_tokens
         self.last_step = {"schedule_s": t1 - t0, "execute_s": t2 - t1, "prepare_s": res.prepare_s,
                           "model_s": res.model_s, "sample_s": res.sample_s, "update_s": t3 - t2,
                           "num_seqs": len(out.seqs), "num_tokens": out.num_scheduled_tokens, "stopped": stopped}

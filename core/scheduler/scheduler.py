@@ -57,6 +57,8 @@ class Scheduler:
         self._wkeys: list[tuple[int, int]] = []  # priority policy: sorted keys parallel to waiting
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_draft_tokens = 0  # drafts verified so far, all requests
+        self.num_accepted_tokens = 0  # of which accepted
         self._arrivals = 0
 
     # ------------------------------------------------------------------ requests in and out
@@ -259,8 +261,8 @@ class Scheduler:
                     raise ValueError(f"request {seq.request_id!r}: tokens {toks} are not an accepted prefix of the "
                                      f"drafts {list(seq.spec_token_ids)} plus one")
                 req.num_computed_tokens += seq.num_new - len(seq.spec_token_ids) + accepted
-                req.num_draft_tokens += len(seq.spec_token_ids)
-                req.num_accepted_tokens += accepted
+                self.num_draft_tokens += len(seq.spec_token_ids)
+                self.num_accepted_tokens += accepted
                 changed.append(req)
                 reason = None
                 for tok in toks:

@@ -130,7 +130,7 @@ def test_drafts_ride_after_the_decode_token_and_rejected_ones_roll_back():
     assert got == (4, 4, [7, 20, 21, 22], (20, 21, 22), True)
     s.update(out, {"a": [20, 21, 9]})  # two drafts accepted, the third replaced by the verifier's 9
     assert r.output_token_ids == [7, 20, 21, 9] and r.num_computed_tokens == 7 and r.spec_token_ids == []
-    assert (r.num_draft_tokens, r.num_accepted_tokens) == (3, 2)
+    assert (s.num_draft_tokens, s.num_accepted_tokens) == (3, 2)
     s.kv.check()
     out = s.schedule()  # next step starts at the first position not verified: the last accepted token's KV stands
     assert (out.seqs[0].num_computed, out.seqs[0].num_new, list(out.seqs[0].token_ids)) == (7, 1, [9])
