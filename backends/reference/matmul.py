@@ -18,7 +18,7 @@ reorder otherwise runs inside each call. For Gemma 3's decode products at 32 row
 layer's seven products by about a quarter (1.42 → 1.05 ms bf16, 3.66 → 2.74 ms fp32, this session's Intel
 host), with bf16 results bit-identical to ``F.linear``. Packed copies are kept per weight (data pointer,
 shape, strides, dtype, version counter: a weight written in place is packed again) up to
-:data:`PACK_BYTES` in all; past that, products run unpacked.
+:data:`PACK_BYTES` in all (:class:`PackCache`); past that, products run unpacked.
 """
 
 from __future__ import annotations
@@ -38,54 +38,79 @@ def _onednn_fp32():
 
 _ONEDNN = _onednn_fp32()
 _REORDER = getattr(getattr(torch.ops, "mkldnn", None), "_reorder_linear_weight", None)
-PACK_BYTES = 4 << 30  # most bytes of packed weight copies kept
+PACK_BYTES = 4 << 30  # most bytes of packed weight copies kept by each cache
 PACK_ROWS_HINT = 32  # the row count oneDNN picks the packed layout for (it serves any row count)
-_PACKED: dict = {}  # key -> (weakref to the weight's base tensor, packed copy, bytes)
-_packed_bytes = 0
 
 
-def _pack_key(w: torch.Tensor):
-    try:
-        return (w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, w._version)
-    except RuntimeError:  # an inference-mode tensor keeps no version counter: never cached
-        return None
+class PackCache:
+    """Packed copies of weights (``pack(w)``), kept per weight while the tensor it views (its base) lives.
+
+    A copy is found again from any view of the same storage, shape, strides and dtype, as long as the weight
+    was not written in place (its version counter); the entry is dropped when the base is collected, before
+    its memory can hold another weight. At most ``max_bytes`` of weights are kept; past that, and for
+    tensors with no version counter (inference mode), :meth:`get` returns None and the caller runs
+    unpacked. The reference keeps oneDNN copies in one (:data:`ONEDNN_PACKS`); other CPU backends keep
+    their own layouts the same way."""
+
+    def __init__(self, pack, max_bytes: int = PACK_BYTES) -> None:
+        self.pack = pack
+        self.max_bytes = max_bytes
+        self.entries: dict = {}  # key -> (weakref to the weight's base tensor, packed copy, bytes)
+        self.nbytes = 0
+
+    @staticmethod
+    def _key(w: torch.Tensor):
+        try:
+            return (w.data_ptr(), tuple(w.shape), tuple(w.stride()), w.dtype, w._version)
+        except RuntimeError:  # an inference-mode tensor keeps no version counter: never cached
+            return None
+
+    def _forget(self, key) -> None:
+        hit = self.entries.pop(key, None)
+        if hit is not None:
+            self.nbytes -= hit[2]
+
+    def get(self, w: torch.Tensor):
+        """The packed copy of ``w``, packed now if new; None when it cannot be kept."""
+        key = self._key(w)
+        if key is None:
+            return None
+        base = w if w._base is None else w._base
+        hit = self.entries.get(key)
+        if hit is not None and hit[0]() is base:
+            return hit[1]
+        size = w.numel() * w.element_size()
+        if self.nbytes + size > self.max_bytes:
+            return None
+        wp = self.pack(w)
+        self._forget(key)
+        self.entries[key] = (weakref.ref(base), wp, size)
+        self.nbytes += size
+        weakref.finalize(base, self._forget, key)
+        return wp
+
+    def clear(self) -> None:
+        """Drop every packed copy (they are packed again on next use)."""
+        self.entries.clear()
+        self.nbytes = 0
 
 
-def _forget(key) -> None:
-    global _packed_bytes
-    hit = _PACKED.pop(key, None)
-    if hit is not None:
-        _packed_bytes -= hit[2]
+#: the reference's oneDNN copies (fp32 and bf16 weights)
+ONEDNN_PACKS = PackCache(lambda w: _REORDER(w.contiguous(), PACK_ROWS_HINT))
 
 
 def packed(w: torch.Tensor) -> torch.Tensor:
-    """``w [N, K]`` in oneDNN's linear layout, packed on first use and kept while the tensor ``w`` views
-    (its base) lives: the entry is dropped when the base is collected, before its memory can hold another
-    weight. ``w`` itself when it cannot be kept (no version counter, or :data:`PACK_BYTES` used up)."""
-    global _packed_bytes
-    key = _pack_key(w)
-    if key is None or _REORDER is None:
+    """``w [N, K]`` in oneDNN's linear layout, packed on first use and kept (:class:`PackCache`); ``w``
+    itself when it cannot be kept."""
+    if _REORDER is None:
         return w
-    base = w if w._base is None else w._base
-    hit = _PACKED.get(key)
-    if hit is not None and hit[0]() is base:
-        return hit[1]
-    size = w.numel() * w.element_size()
-    if _packed_bytes + size > PACK_BYTES:
-        return w
-    wp = _REORDER(w.contiguous(), PACK_ROWS_HINT)
-    _forget(key)
-    _PACKED[key] = (weakref.ref(base), wp, size)
-    _packed_bytes += size
-    weakref.finalize(base, _forget, key)
-    return wp
+    wp = ONEDNN_PACKS.get(w)
+    return w if wp is None else wp
 
 
 def clear_packed() -> None:
-    """Drop every packed weight copy (they are packed again on next use)."""
-    global _packed_bytes
-    _PACKED.clear()
-    _packed_bytes = 0
+    """Drop every oneDNN copy (they are packed again on next use)."""
+    ONEDNN_PACKS.clear()
 
 
 def product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -54,7 +54,7 @@ def test_packed_weights_are_reused_follow_in_place_writes_and_leave_with_their_w
     table = torch.randn(96, 64, generator=g).to(dtype)
     x = torch.randn(5, 64, generator=g).to(dtype)
     first = product(x, table[:48])
-    assert len(M._PACKED) == 1 and M._packed_bytes == 48 * 64 * table.element_size()
+    assert len(M.ONEDNN_PACKS.entries) == 1 and M.ONEDNN_PACKS.nbytes == 48 * 64 * table.element_size()
     assert M.packed(table[:48]) is M.packed(table[:48])  # a fresh slice object finds the same packed copy
     tol = {"rtol": 0, "atol": 0} if dtype == torch.bfloat16 else {"rtol": 1e-6, "atol": 1e-5}
     torch.testing.assert_close(first, F.linear(x, table[:48]), **tol)
@@ -66,14 +66,14 @@ def test_packed_weights_are_reused_follow_in_place_writes_and_leave_with_their_w
     import gc
 
     gc.collect()
-    assert not M._PACKED and M._packed_bytes == 0  # gone with the weight, before its memory is reused
+    assert not M.ONEDNN_PACKS.entries and M.ONEDNN_PACKS.nbytes == 0  # gone with the weight, before its memory is reused
 
 
 @needs_onednn
 def test_products_run_unpacked_past_the_packing_budget(monkeypatch):
     M.clear_packed()
-    monkeypatch.setattr(M, "PACK_BYTES", 100)
+    monkeypatch.setattr(M.ONEDNN_PACKS, "max_bytes", 100)
     g = torch.Generator().manual_seed(5)
     x, w = torch.randn(3, 64, generator=g), torch.randn(32, 64, generator=g)
-    assert M.packed(w) is w and not M._PACKED
+    assert M.packed(w) is w and not M.ONEDNN_PACKS.entries
     torch.testing.assert_close(product(x, w), F.linear(x, w), rtol=1e-6, atol=1e-5)

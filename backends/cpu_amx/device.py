@@ -1,0 +1,47 @@
+"""The cpu_amx device: this process's CPU, when it has AMX bf16 and the kernel builds (see kernels/cpu/amx.py)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from inferhal.backends.reference import device as ref
+from inferhal.core.profile import DeviceProfile, ExecLevel, Probe
+from inferhal.kernels.cpu import amx
+
+#: ``backend.options`` cpu_amx reads (none yet)
+OPTIONS: dict[str, str] = {}
+
+
+def probe() -> Probe:
+    """Available when the AMX kernel builds and Linux lets this process use AMX tile data. The first probe
+    compiles the kernel (cached on disk); importing this module (or amx) does nothing."""
+    st = amx.status()
+    return Probe(st.available, st.reason)
+
+
+def check_config(config) -> None:
+    from inferhal.core.errors import UserError
+
+    unknown = sorted(set(config.options) - set(OPTIONS))
+    if unknown:
+        raise UserError(f"backend.options: unknown option(s) {unknown} for the cpu_amx backend; it reads none")
+    if config.batch_invariant:
+        raise UserError("backend.batch_invariant=true: cpu_amx does not offer it (the ops it takes from the "
+                        "reference run in their default, batch-dependent mode); use backend=reference")
+
+
+def profile() -> DeviceProfile:
+    return DeviceProfile(
+        backend="cpu_amx",
+        device_name=f"{amx.cpu_model()} (AMX), PyTorch {torch.__version__}",
+        torch_device="cpu",
+        exec_level=ExecLevel.DEVICE,  # the kernel runs on this very CPU: a hardware result for it
+        dtypes=ref.DTYPES,
+        features=frozenset({"deterministic", "paged_attention", "paged_sparse_attention", "fp8_block_linear",
+                            "fp4_grouped_gemm", "amx_bf16"}),
+        memory_bytes=ref.cpu_memory_bytes(),
+        compute_units=os.cpu_count() or 1,
+        sources={"memory_bytes": "os.sysconf", "peak_bandwidth": "not declared: no roofline for this CPU yet"},
+    )

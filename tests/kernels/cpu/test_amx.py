@@ -1,0 +1,120 @@
+"""The AMX bf16 linear (kernels/cpu/amx_linear.c) against float64 products, on this CPU.
+
+These run the kernel for real (execution level: device) where the CPU has AMX and a C compiler builds
+it; elsewhere they skip with the reason :func:`amx.status` gives. The status and build tests run
+everywhere.
+
+Tolerances: the kernel sums K bf16 products in fp32 (AMX tiles, fixed order); against a float64
+product of the same bf16 inputs the fp32 output differs by fp32 re-association only (rtol 1e-5 over
+K <= 1024 terms). The bf16 output is that fp32 result rounded to nearest even, so it must equal the
+fp32 output cast by torch bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferhal.kernels.cpu import amx
+
+ST = amx.status()
+needs_amx = pytest.mark.skipif(not ST.available, reason=f"AMX kernel unavailable here: {ST.reason}")
+
+
+def _rand(g, *shape, scale=1.0):
+    return (torch.randn(*shape, generator=g) * scale).bfloat16()
+
+
+@needs_amx
+@pytest.mark.parametrize("m,n,k", [(1, 1, 32), (1, 40, 64), (15, 17, 96), (16, 32, 640), (17, 100, 640),
+                                   (33, 640, 1024), (64, 48, 32), (130, 2050, 256)])
+def test_linear_matches_float64_product_and_rounds_to_nearest_even(m, n, k):
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x, w = _rand(g, m, k), _rand(g, n, k, scale=k ** -0.5)
+    wp = amx.pack(w)
+    want = x.double() @ w.double().T
+    got32 = amx.linear(x, wp, n, torch.float32)
+    torch.testing.assert_close(got32.double(), want, rtol=1e-5, atol=1e-5)
+    got16 = amx.linear(x, wp, n)
+    assert got16.dtype == torch.bfloat16 and got16.shape == (m, n)
+    assert torch.equal(got16, got32.bfloat16())
+
+
+@needs_amx
+def test_rows_are_batch_invariant_and_deterministic():
+    g = torch.Generator().manual_seed(1)
+    x, w = _rand(g, 70, 640), _rand(g, 300, 640, scale=0.04)
+    wp = amx.pack(w)
+    full = amx.linear(x, wp, 300)
+    assert torch.equal(full, amx.linear(x, wp, 300))
+    for lo, hi in [(0, 1), (3, 19), (40, 70), (5, 37)]:
+        assert torch.equal(amx.linear(x[lo:hi], wp, 300), full[lo:hi]), (lo, hi)
+
+
+@needs_amx
+def test_strided_inputs_leading_dims_and_empty_batches():
+    g = torch.Generator().manual_seed(2)
+    table = _rand(g, 90, 128, scale=0.1)
+    w = table[10:75, :64]  # rows with a stride of 128, as a slice of a wider table
+    x = _rand(g, 3, 5, 128)[..., 64:]  # non-contiguous activations with leading dims
+    got = amx.linear(x, amx.pack(w), 65, torch.float32)
+    assert got.shape == (3, 5, 65)
+    torch.testing.assert_close(got.double(), x.double() @ w.double().T, rtol=1e-5, atol=1e-5)
+    assert amx.linear(x[:0], amx.pack(w), 65).shape == (0, 5, 65)
+
+
+@needs_amx
+def test_bad_shapes_are_clear_errors():
+    w = torch.zeros(8, 48, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="K % 32 == 0"):
+        amx.pack(w)
+    with pytest.raises(ValueError, match="bf16 CPU weight"):
+        amx.pack(torch.zeros(8, 64))
+    wp = amx.pack(torch.zeros(8, 64, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="not a packed"):
+        amx.linear(torch.zeros(2, 64, dtype=torch.bfloat16), wp, 40)
+    with pytest.raises(ValueError, match="out_dtype"):
+        amx.linear(torch.zeros(2, 64, dtype=torch.bfloat16), wp, 8, torch.float16)
+
+
+def test_supports_only_bf16_dense_weights_with_whole_k_tiles():
+    x, w = torch.zeros(2, 64, dtype=torch.bfloat16), torch.zeros(8, 64, dtype=torch.bfloat16)
+    assert amx.supports(x, w)
+    assert not amx.supports(x.float(), w.float())
+    assert not amx.supports(x[:, :48], w[:, :48])
+    assert not amx.supports(x, w.t().contiguous().t())  # column-major weight
+
+
+def test_status_names_what_is_missing(monkeypatch):
+    amx._load.cache_clear()
+    try:
+        monkeypatch.setattr(amx, "cpu_flags", lambda: frozenset({"avx512f"}))
+        st = amx.status()
+        assert not st.available and "amx_tile" in st.reason and "amx_bf16" in st.reason
+        monkeypatch.setattr(amx, "cpu_flags", lambda: frozenset(amx.CPU_FLAGS))
+        monkeypatch.setattr(amx, "compiler", lambda: None)
+        amx._load.cache_clear()
+        st = amx.status()
+        assert not st.available and "no C compiler" in st.reason
+        with pytest.raises(RuntimeError, match="unavailable: no C compiler"):
+            amx.library()
+    finally:
+        monkeypatch.undo()
+        amx._load.cache_clear()
+
+
+def test_build_failure_is_reported_with_the_compilers_message(tmp_path):
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\necho 'cc: error: no AMX here' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(RuntimeError, match="could not build amx_linear.c: cc: error: no AMX here"):
+        amx.build(str(fake), tmp_path / "out")
+    assert not list((tmp_path / "out").glob("*.so*")) and not list((tmp_path / "out").glob("tmp*"))
+
+
+@pytest.mark.skipif(amx.compiler() is None, reason="no C compiler on PATH")
+def test_build_is_cached_by_source_flags_and_compiler(tmp_path):
+    cc = amx.compiler()
+    first = amx.build(cc, tmp_path)
+    mtime = first.stat().st_mtime_ns
+    assert amx.build(cc, tmp_path) == first and first.stat().st_mtime_ns == mtime  # not rebuilt
