@@ -8,7 +8,7 @@ import torch
 
 from inferhal.backends.reference import device as ref
 from inferhal.core.profile import DeviceProfile, ExecLevel, Probe
-from inferhal.kernels.cpu import amx
+from inferhal.kernels.cpu import lib
 
 #: ``backend.options`` cpu_amx reads (none yet)
 OPTIONS: dict[str, str] = {}
@@ -16,8 +16,8 @@ OPTIONS: dict[str, str] = {}
 
 def probe() -> Probe:
     """Available when the AMX kernel builds and Linux lets this process use AMX tile data. The first probe
-    compiles the kernel (cached on disk); importing this module (or amx) does nothing."""
-    st = amx.status()
+    compiles the kernels (cached on disk); importing this module (or lib) does nothing."""
+    st = lib.status()
     return Probe(st.available, st.reason)
 
 
@@ -35,7 +35,7 @@ def check_config(config) -> None:
 def profile() -> DeviceProfile:
     return DeviceProfile(
         backend="cpu_amx",
-        device_name=f"{amx.cpu_model()} (AMX), PyTorch {torch.__version__}",
+        device_name=f"{lib.cpu_model()} (AMX), PyTorch {torch.__version__}",
         torch_device="cpu",
         exec_level=ExecLevel.DEVICE,  # the kernel runs on this very CPU: a hardware result for it
         dtypes=ref.DTYPES,

@@ -1,11 +1,15 @@
-"""Ops of the cpu_amx backend: ``linear`` on AMX tiles for bf16 dense weights.
+"""Ops of the cpu_amx backend: ``linear`` on AMX tiles for bf16 dense weights, ``norm.rms`` and
+``act.gated`` in one AVX-512 pass per row for bf16, ``rope.apply`` (NeoX), ``attn.paged`` and ``kv.write``
+over the bf16 cache.
 
 ``linear`` runs :mod:`inferhal.kernels.cpu.amx` when the activations and the weight are bf16 on the CPU,
 the weight is a plain ``[N, K]`` tensor with K a multiple of 32 and there is no bias; it packs each
 weight once into the kernel's tile layout and keeps it (:class:`~inferhal.backends.reference.matmul.PackCache`,
 dropped with its weight). Every other call (fp32, quantised weights, a bias, other K) runs the
-reference's ``linear``, as the op's note says. The other ops are the reference's, visibly
-(``inferhal backends``).
+reference's ``linear``, as the op's note says. ``norm.rms`` and ``act.gated`` run
+:mod:`inferhal.kernels.cpu.elementwise` for bf16 (the reference's fp32 ops otherwise): at decode sizes
+the reference's chain of torch ops (widen, square, mean, rsqrt, two products, narrow) costs per-op
+overhead, not arithmetic. The other ops are the reference's, visibly (``inferhal backends``).
 
 Measured on a 2-core Sapphire Rapids VM (see docs/performance.md): 1.7-1.9x oneDNN's bf16 product at 32
 rows for Gemma 3 270M's shapes, 1.3-1.6x at 1-8 rows, about even at 256 rows.
@@ -16,8 +20,13 @@ from __future__ import annotations
 import torch
 
 from inferhal.backends.reference import matmul
-from inferhal.backends.reference.ops import linear as reference_linear
-from inferhal.kernels.cpu import amx
+from inferhal.backends.reference import ops as ref
+from inferhal.backends.reference.attention import attn_paged as reference_attn_paged
+from inferhal.core.ops.params import ActParams, AttnBatch, AttnParams, KVWriteParams, RmsNormParams, RopeParams
+from inferhal.kernels.cpu import amx, attention, elementwise
+
+#: the ops this backend provides (each falls back to the reference per call outside its kernel's cases)
+OP_IDS = ("linear", "norm.rms", "act.gated", "rope.apply", "attn.paged", "kv.write")
 
 #: packed bf16 weights in the AMX tile layout
 PACKS = matmul.PackCache(amx.pack)
@@ -28,7 +37,40 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
         wp = PACKS.get(w)
         if wp is not None:
             return amx.linear(x, wp, w.shape[0])
-    return reference_linear(x, w, bias)
+    return ref.linear(x, w, bias)
+
+
+def norm_rms(x: torch.Tensor, weight: torch.Tensor | None, p: RmsNormParams, residual: torch.Tensor | None = None):
+    scale = None if weight is None else ref.norm_scale(weight, p.unit_offset)  # fp32, kept per weight
+    if elementwise.supports_norm(x, scale, residual):
+        return elementwise.rms_norm(x, scale, p.eps, residual)
+    return ref.norm_rms(x, weight, p, residual)
+
+
+def act_gated(gate: torch.Tensor, up: torch.Tensor, p: ActParams) -> torch.Tensor:
+    if elementwise.supports_act(gate, up, p.kind):
+        return elementwise.act_gated(gate, up, p.kind)
+    return ref.act_gated(gate, up, p)
+
+
+def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: AttnParams,
+               sinks: torch.Tensor | None = None) -> torch.Tensor:
+    if attention.supports(q, kv_cache, batch, p, sinks):
+        return attention.attn_paged(q, kv_cache, batch, p)
+    return reference_attn_paged(q, kv_cache, batch, p, sinks)
+
+
+def rope_apply(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, p: RopeParams) -> torch.Tensor:
+    if elementwise.supports_rope(x, positions, cos_sin, p.rotary_dim, p.style):
+        return elementwise.rope_neox(x, positions, cos_sin, p.inverse)
+    return ref.rope_apply(x, positions, cos_sin, p)
+
+
+def kv_write(values: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor, p: KVWriteParams = KVWriteParams(),
+             scale_cache: torch.Tensor | None = None) -> None:
+    if scale_cache is None and attention.supports_write(values, cache, p.quant):
+        return attention.kv_write(values, cache, slot_mapping)
+    return ref.kv_write(values, cache, slot_mapping, p, scale_cache)
 
 
 def provide(level) -> dict:
@@ -36,4 +78,12 @@ def provide(level) -> dict:
 
     note = ("AMX bf16 kernel (kernels/cpu/amx_linear.c) for bf16 dense weights with K % 32 == 0 and no bias; "
             "other calls run the reference product")
-    return {"linear": OpImpl(linear, level, note)}
+    row = "one AVX-512 pass per row (kernels/cpu/elementwise.c) for bf16; other dtypes run the reference op"
+    return {"linear": OpImpl(linear, level, note), "norm.rms": OpImpl(norm_rms, level, row),
+            "act.gated": OpImpl(act_gated, level, row),
+            "attn.paged": OpImpl(attn_paged, level, "every row of a step in one AVX-512 pass (kernels/cpu/attention.c) for "
+                                 "bf16 K and V without sinks; shared-KV, sinks and other dtypes run the reference op"),
+            "rope.apply": OpImpl(rope_apply, level, "NeoX rotation of whole heads (kernels/cpu/elementwise.c) for bf16; "
+                                 "other styles, partial rotation and dtypes run the reference op"),
+            "kv.write": OpImpl(kv_write, level, "row copies into the bf16 cache (kernels/cpu/attention.c); fp8 and "
+                               "other dtypes run the reference op")}

@@ -34,7 +34,9 @@ def inferhal_device(profile):
 
 @hookimpl
 def inferhal_declared_ops():
-    return {"linear": "device"}
+    from inferhal.backends.cpu_amx.ops import OP_IDS
+
+    return dict.fromkeys(OP_IDS, "device")
 
 
 @hookimpl

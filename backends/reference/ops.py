@@ -19,7 +19,7 @@ from inferhal.core.ops.quant import QuantWeight
 _NORM_SCALES: dict = {}
 
 
-def _norm_scale(weight: torch.Tensor, unit_offset: bool) -> torch.Tensor:
+def norm_scale(weight: torch.Tensor, unit_offset: bool) -> torch.Tensor:
     """``weight`` in fp32 (plus one with ``unit_offset``), kept per weight tensor and version: a model
     calls its norms every step with the same weights, and widening them was a fifth of each call."""
     try:
@@ -45,7 +45,7 @@ def norm_rms(
     hf = h.float()
     y = hf * torch.rsqrt(hf.pow(2).mean(dim=-1, keepdim=True) + p.eps)
     if weight is not None:
-        y = y * _norm_scale(weight, p.unit_offset)
+        y = y * norm_scale(weight, p.unit_offset)
     y = y.to(x.dtype)
     return y if residual is None else (y, h)
 

@@ -1,15 +1,4 @@
-"""The AMX bf16 linear (``amx_linear.c``): compiled at run time with the system C compiler, called through ctypes.
-
-As the CUDA C sources are compiled at run time through NVRTC, this one is compiled on first use with
-``cc`` (``$CC``; gcc 11+ or clang 12+ know the AMX intrinsics) into
-``$INFERHAL_CACHE/kernels/cpu/amx_linear-<digest>.so`` (default ``~/.cache/inferhal``), keyed by the
-source, the flags and the compiler's version, so a changed source or compiler builds a new library and
-concurrent builders never see a half-written one (each builds to its own file, then renames).
-
-:func:`status` says whether this process can run it, and why not: an x86-64 Linux CPU with AMX-BF16,
-AMX-TILE and AVX512-BF16, a compiler that builds the source, and the kernel's permission to use AMX tile
-data (Linux grants it per process through ``arch_prctl``). Nothing is compiled or loaded before
-:func:`status` or :func:`library` is called.
+"""The AMX bf16 linear (``amx_linear.c``, built by :mod:`inferhal.kernels.cpu.lib`).
 
 Weights are packed once into the kernel's tile layout (:func:`pack`) and kept per weight tensor, as the
 reference keeps its oneDNN copies (:class:`inferhal.backends.reference.matmul.PackCache`).
@@ -17,140 +6,14 @@ reference keeps its oneDNN copies (:class:`inferhal.backends.reference.matmul.Pa
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
-SOURCE = Path(__file__).with_name("amx_linear.c")
-FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mamx-tile", "-mamx-bf16", "-mavx512f", "-mavx512bw",
-         "-mavx512vl", "-mavx512bf16")
-#: /proc/cpuinfo flags the kernel's instructions need
-CPU_FLAGS = ("amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512vl", "avx512_bf16")
+from inferhal.kernels.cpu.lib import library
+
 #: the reduction dimension runs in whole AMX tiles (32 bf16)
 K_MULTIPLE = 32
 ROW_TILE = 16
-
-
-@dataclass(frozen=True)
-class Status:
-    available: bool
-    reason: str
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("INFERHAL_CACHE", Path.home() / ".cache" / "inferhal")) / "kernels" / "cpu"
-
-
-def cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
-
-def compiler() -> str | None:
-    return shutil.which(os.environ.get("CC", "cc"))
-
-
-def _compiler_version(cc: str) -> str:
-    try:
-        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def build(cc: str, out_dir: Path | None = None) -> Path:
-    """The compiled library for this source, flags and compiler, built unless cached. Raises
-    RuntimeError with the compiler's message when it does not build."""
-    src = SOURCE.read_bytes()
-    digest = hashlib.sha256(src + " ".join(FLAGS).encode() + _compiler_version(cc).encode()).hexdigest()[:16]
-    out_dir = out_dir or cache_dir()
-    lib = out_dir / f"amx_linear-{digest}.so"
-    if lib.exists():
-        return lib
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    try:
-        r = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            raise RuntimeError(f"{cc} could not build {SOURCE.name}: {r.stderr.strip()[-2000:]}")
-        os.replace(tmp, lib)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return lib
-
-
-def _bind(path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(path))
-    P, I = ctypes.c_void_p, ctypes.c_int64
-    lib.ih_amx_init.restype = ctypes.c_int
-    lib.ih_amx_init.argtypes = []
-    lib.ih_amx_packed_elems.restype = I
-    lib.ih_amx_packed_elems.argtypes = [I, I]
-    lib.ih_amx_pack.restype = None
-    lib.ih_amx_pack.argtypes = [P, I, I, I, P]
-    lib.ih_amx_linear.restype = None
-    lib.ih_amx_linear.argtypes = [P, I, I, I, I, P, I, P, I, ctypes.c_int]
-    return lib
-
-
-@functools.lru_cache(maxsize=1)
-def _load() -> tuple[ctypes.CDLL | None, Status]:
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return None, Status(False, f"needs x86-64 Linux, this is {platform.system()} {platform.machine()}")
-    missing = [f for f in CPU_FLAGS if f not in cpu_flags()]
-    if missing:
-        return None, Status(False, f"this CPU lacks {', '.join(missing)} (AMX bf16 needs Sapphire Rapids or later)")
-    cc = compiler()
-    if cc is None:
-        return None, Status(False, f"no C compiler: {os.environ.get('CC', 'cc')} is not on PATH (set CC)")
-    try:
-        lib = _bind(build(cc))
-    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-        return None, Status(False, str(exc))
-    rc = lib.ih_amx_init()
-    if rc != 0:
-        return None, Status(False, f"Linux refused AMX tile data to this process (arch_prctl returned {rc})")
-    return lib, Status(True, f"AMX bf16 on {cpu_model()}; kernel built with {cc}")
-
-
-def status() -> Status:
-    """Whether this process can run the kernel (compiles it on first call), and why not."""
-    return _load()[1]
-
-
-def library() -> ctypes.CDLL:
-    lib, st = _load()
-    if lib is None:
-        raise RuntimeError(f"the AMX linear kernel is unavailable: {st.reason}")
-    return lib
 
 
 def supports(x: torch.Tensor, w: torch.Tensor) -> bool:

@@ -15,9 +15,9 @@ from inferhal.backends.cpu_amx import ops as amx_ops
 from inferhal.core.config.schema import BackendConfig
 from inferhal.core.errors import UserError
 from inferhal.core.registry import BackendRegistry
-from inferhal.kernels.cpu import amx
+from inferhal.kernels.cpu import amx, lib
 
-ST = amx.status()
+ST = lib.status()
 needs_amx = pytest.mark.skipif(not ST.available, reason=f"cpu_amx unavailable here: {ST.reason}")
 
 
@@ -36,12 +36,13 @@ def test_linear_is_native_and_everything_else_falls_back_visibly(reg):
     be = reg.select(BackendConfig(name="cpu_amx"))
     prov = be.ops.provenance()
     assert prov["linear"] == "device"
-    assert prov["norm.rms"] == "fallback" and prov["attn.paged"] == "fallback"
+    assert all(prov[op] == "device" for op in amx_ops.OP_IDS)
+    assert prov["embed"] == prov["sample"] == "fallback"
     assert be.profile.supports("amx_bf16") and be.profile.exec_level.value == "device"
     strict = reg.select(BackendConfig(name="cpu_amx", strict=True))
     assert strict.ops["linear"] is not None
     with pytest.raises(Exception, match="strict=true forbids the reference fallback"):
-        strict.ops["norm.rms"]
+        strict.ops["sample"]
 
 
 @needs_amx
@@ -72,12 +73,12 @@ def test_bad_backend_config_is_a_clear_error(reg, bad, match):
 
 
 def test_unavailable_backend_says_why(reg, monkeypatch):
-    amx._load.cache_clear()
+    lib._load.cache_clear()
     try:
-        monkeypatch.setattr(amx, "cpu_flags", lambda: frozenset())
+        monkeypatch.setattr(lib, "cpu_flags", lambda: frozenset())
         fresh = BackendRegistry.discover()
         with pytest.raises(Exception, match="cpu_amx.*unavailable.*lacks amx_tile"):
             fresh.select(BackendConfig(name="cpu_amx"))
     finally:
         monkeypatch.undo()
-        amx._load.cache_clear()
+        lib._load.cache_clear()

@@ -1,8 +1,8 @@
 """The AMX bf16 linear (kernels/cpu/amx_linear.c) against float64 products, on this CPU.
 
 These run the kernel for real (execution level: device) where the CPU has AMX and a C compiler builds
-it; elsewhere they skip with the reason :func:`amx.status` gives. The status and build tests run
-everywhere.
+it; elsewhere they skip with the reason :func:`lib.status` gives (tests/kernels/cpu/test_lib.py
+covers the build and the status everywhere).
 
 Tolerances: the kernel sums K bf16 products in fp32 (AMX tiles, fixed order); against a float64
 product of the same bf16 inputs the fp32 output differs by fp32 re-association only (rtol 1e-5 over
@@ -15,9 +15,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferhal.kernels.cpu import amx
+from inferhal.kernels.cpu import amx, lib
 
-ST = amx.status()
+ST = lib.status()
 needs_amx = pytest.mark.skipif(not ST.available, reason=f"AMX kernel unavailable here: {ST.reason}")
 
 
@@ -83,38 +83,3 @@ def test_supports_only_bf16_dense_weights_with_whole_k_tiles():
     assert not amx.supports(x.float(), w.float())
     assert not amx.supports(x[:, :48], w[:, :48])
     assert not amx.supports(x, w.t().contiguous().t())  # column-major weight
-
-
-def test_status_names_what_is_missing(monkeypatch):
-    amx._load.cache_clear()
-    try:
-        monkeypatch.setattr(amx, "cpu_flags", lambda: frozenset({"avx512f"}))
-        st = amx.status()
-        assert not st.available and "amx_tile" in st.reason and "amx_bf16" in st.reason
-        monkeypatch.setattr(amx, "cpu_flags", lambda: frozenset(amx.CPU_FLAGS))
-        monkeypatch.setattr(amx, "compiler", lambda: None)
-        amx._load.cache_clear()
-        st = amx.status()
-        assert not st.available and "no C compiler" in st.reason
-        with pytest.raises(RuntimeError, match="unavailable: no C compiler"):
-            amx.library()
-    finally:
-        monkeypatch.undo()
-        amx._load.cache_clear()
-
-
-def test_build_failure_is_reported_with_the_compilers_message(tmp_path):
-    fake = tmp_path / "cc"
-    fake.write_text("#!/bin/sh\necho 'cc: error: no AMX here' >&2\nexit 1\n")
-    fake.chmod(0o755)
-    with pytest.raises(RuntimeError, match="could not build amx_linear.c: cc: error: no AMX here"):
-        amx.build(str(fake), tmp_path / "out")
-    assert not list((tmp_path / "out").glob("*.so*")) and not list((tmp_path / "out").glob("tmp*"))
-
-
-@pytest.mark.skipif(amx.compiler() is None, reason="no C compiler on PATH")
-def test_build_is_cached_by_source_flags_and_compiler(tmp_path):
-    cc = amx.compiler()
-    first = amx.build(cc, tmp_path)
-    mtime = first.stat().st_mtime_ns
-    assert amx.build(cc, tmp_path) == first and first.stat().st_mtime_ns == mtime  # not rebuilt

@@ -1,0 +1,156 @@
+"""The CPU kernels' library: C sources compiled at run time with the system compiler, called through ctypes.
+
+As the CUDA C sources are compiled at run time through NVRTC, these (``amx_linear.c``, ``elementwise.c``, ``attention.c``, with ``simd.h``)
+are compiled on first use with ``cc`` (``$CC``; gcc 11+ or clang 12+ know the AMX intrinsics) into one
+library, ``$INFERHAL_CACHE/kernels/cpu/inferhal_cpu-<digest>.so`` (default ``~/.cache/inferhal``), keyed by
+the sources, the flags and the compiler's version: a changed source or compiler builds a new library, and
+concurrent builders never see a half-written one (each builds to its own file, then renames). Their
+OpenMP threads are the process's: torch's ``libgomp.so.1`` is already loaded, so its pool is shared.
+
+:func:`status` says whether this process can run them, and why not: an x86-64 Linux CPU with AMX-BF16,
+AMX-TILE and AVX512-BF16, a compiler that builds the sources, and the kernel's permission to use AMX tile
+data (Linux grants it per process through ``arch_prctl``). Nothing is compiled or loaded before
+:func:`status` or :func:`library` is called.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("amx_linear.c", "elementwise.c", "attention.c"))
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("simd.h",))
+FLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC", "-fopenmp", "-mamx-tile", "-mamx-bf16", "-mavx512f", "-mavx512bw",
+         "-mavx512vl", "-mavx512bf16")
+#: /proc/cpuinfo flags the kernel's instructions need
+CPU_FLAGS = ("amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512vl", "avx512_bf16")
+
+
+@dataclass(frozen=True)
+class Status:
+    available: bool
+    reason: str
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("INFERHAL_CACHE", Path.home() / ".cache" / "inferhal")) / "kernels" / "cpu"
+
+
+def cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
+def compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc"))
+
+
+def _compiler_version(cc: str) -> str:
+    try:
+        return subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def build(cc: str, out_dir: Path | None = None) -> Path:
+    """The compiled library for this source, flags and compiler, built unless cached. Raises
+    RuntimeError with the compiler's message when it does not build."""
+    src = b"".join(p.read_bytes() for p in SOURCES + HEADERS)
+    digest = hashlib.sha256(src + " ".join(FLAGS).encode() + _compiler_version(cc).encode()).hexdigest()[:16]
+    out_dir = out_dir or cache_dir()
+    lib = out_dir / f"inferhal_cpu-{digest}.so"
+    if lib.exists():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        r = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", tmp], capture_output=True, text=True, timeout=300)
+        if r.returncode != 0:
+            raise RuntimeError(f"{cc} could not build {' + '.join(p.name for p in SOURCES)}: {r.stderr.strip()[-2000:]}")
+        os.replace(tmp, lib)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+def _bind(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    P, I = ctypes.c_void_p, ctypes.c_int64
+    lib.ih_amx_init.restype = ctypes.c_int
+    lib.ih_amx_init.argtypes = []
+    lib.ih_amx_packed_elems.restype = I
+    lib.ih_amx_packed_elems.argtypes = [I, I]
+    lib.ih_amx_pack.restype = None
+    lib.ih_amx_pack.argtypes = [P, I, I, I, P]
+    lib.ih_amx_linear.restype = None
+    lib.ih_amx_linear.argtypes = [P, I, I, I, I, P, I, P, I, ctypes.c_int]
+    lib.ih_rms_norm_bf16.restype = None
+    lib.ih_rms_norm_bf16.argtypes = [P, I, P, I, P, I, I, ctypes.c_float, P, I, P, I]
+    lib.ih_act_gated_bf16.restype = None
+    lib.ih_act_gated_bf16.argtypes = [P, I, P, I, I, I, ctypes.c_int, P, I]
+    lib.ih_rope_neox_bf16.restype = None
+    lib.ih_rope_neox_bf16.argtypes = [P, I, I, I, I, I, P, P, ctypes.c_int, P]
+    lib.ih_kv_write_bf16.restype = None
+    lib.ih_kv_write_bf16.argtypes = [P, I, I, I, P, P, I, I]
+    lib.ih_attn_paged_bf16.restype = I
+    lib.ih_attn_paged_bf16.argtypes = [P, I, I, I, I, I, P, I, I, I, P, I, P, I, P, I, ctypes.c_float, ctypes.c_float, P]
+    return lib
+
+
+@functools.lru_cache(maxsize=1)
+def _load() -> tuple[ctypes.CDLL | None, Status]:
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return None, Status(False, f"needs x86-64 Linux, this is {platform.system()} {platform.machine()}")
+    missing = [f for f in CPU_FLAGS if f not in cpu_flags()]
+    if missing:
+        return None, Status(False, f"this CPU lacks {', '.join(missing)} (AMX bf16 needs Sapphire Rapids or later)")
+    cc = compiler()
+    if cc is None:
+        return None, Status(False, f"no C compiler: {os.environ.get('CC', 'cc')} is not on PATH (set CC)")
+    try:
+        lib = _bind(build(cc))
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        return None, Status(False, str(exc))
+    rc = lib.ih_amx_init()
+    if rc != 0:
+        return None, Status(False, f"Linux refused AMX tile data to this process (arch_prctl returned {rc})")
+    return lib, Status(True, f"AMX bf16 on {cpu_model()}; kernels built with {cc}")
+
+
+def status() -> Status:
+    """Whether this process can run the kernels (compiles them on first call), and why not."""
+    return _load()[1]
+
+
+def library() -> ctypes.CDLL:
+    lib, st = _load()
+    if lib is None:
+        raise RuntimeError(f"the CPU kernels are unavailable: {st.reason}")
+    return lib

@@ -1,0 +1,42 @@
+"""Building and loading the CPU kernels' library (kernels/cpu/lib.py): runs on any machine."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferhal.kernels.cpu import lib
+
+
+def test_status_names_what_is_missing(monkeypatch):
+    lib._load.cache_clear()
+    try:
+        monkeypatch.setattr(lib, "cpu_flags", lambda: frozenset({"avx512f"}))
+        st = lib.status()
+        assert not st.available and "amx_tile" in st.reason and "amx_bf16" in st.reason
+        monkeypatch.setattr(lib, "cpu_flags", lambda: frozenset(lib.CPU_FLAGS))
+        monkeypatch.setattr(lib, "compiler", lambda: None)
+        lib._load.cache_clear()
+        st = lib.status()
+        assert not st.available and "no C compiler" in st.reason
+        with pytest.raises(RuntimeError, match="unavailable: no C compiler"):
+            lib.library()
+    finally:
+        monkeypatch.undo()
+        lib._load.cache_clear()
+
+
+def test_build_failure_is_reported_with_the_compilers_message(tmp_path):
+    fake = tmp_path / "cc"
+    fake.write_text("#!/bin/sh\necho 'cc: error: no AMX here' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(RuntimeError, match="could not build amx_linear.c \\+ elementwise.c \\+ attention.c: cc: error: no AMX here"):
+        lib.build(str(fake), tmp_path / "out")
+    assert not list((tmp_path / "out").glob("*.so*")) and not list((tmp_path / "out").glob("tmp*"))
+
+
+@pytest.mark.skipif(lib.compiler() is None, reason="no C compiler on PATH")
+def test_build_is_cached_by_source_flags_and_compiler(tmp_path):
+    cc = lib.compiler()
+    first = lib.build(cc, tmp_path)
+    mtime = first.stat().st_mtime_ns
+    assert lib.build(cc, tmp_path) == first and first.stat().st_mtime_ns == mtime  # not rebuilt
