@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -26,10 +27,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger("inferhal.kernels.cpu")
+
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("amx_linear.c", "elementwise.c", "attention.c"))
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("simd.h",))
-FLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC", "-fopenmp", "-mamx-tile", "-mamx-bf16", "-mavx512f", "-mavx512bw",
-         "-mavx512vl", "-mavx512bf16")
+FLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC", "-fopenmp", "-mamx-tile", "-mamx-bf16", "-mavx512f",
+         "-mavx512bw", "-mavx512vl", "-mavx512bf16")
 #: /proc/cpuinfo flags the kernel's instructions need
 CPU_FLAGS = ("amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512vl", "avx512_bf16")
 
@@ -87,6 +90,7 @@ def build(cc: str, out_dir: Path | None = None) -> Path:
     if lib.exists():
         return lib
     out_dir.mkdir(parents=True, exist_ok=True)
+    log.info("compiling the CPU kernels with %s into %s (first use; cached after)", cc, lib)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
