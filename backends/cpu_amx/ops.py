@@ -43,13 +43,13 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
 def norm_rms(x: torch.Tensor, weight: torch.Tensor | None, p: RmsNormParams, residual: torch.Tensor | None = None):
     scale = None if weight is None else ref.norm_scale(weight, p.unit_offset)  # fp32, kept per weight
     if elementwise.supports_norm(x, scale, residual):
-        return elementwise.rms_norm(x, scale, p.eps, residual)
+        return elementwise.rms_norm(x, scale, p.eps, residual, checked=True)
     return ref.norm_rms(x, weight, p, residual)
 
 
 def act_gated(gate: torch.Tensor, up: torch.Tensor, p: ActParams) -> torch.Tensor:
     if elementwise.supports_act(gate, up, p.kind):
-        return elementwise.act_gated(gate, up, p.kind)
+        return elementwise.act_gated(gate, up, p.kind, checked=True)
     return ref.act_gated(gate, up, p)
 
 

@@ -12,10 +12,9 @@
 
 /* rows x d: h = x (+ res, rounded to bf16, written to h_out), y = bf16((h * rsqrt(mean(h^2) + eps)) * scale)
  * (scale: fp32 [d], or NULL for none). Row strides in elements. */
-void ih_rms_norm_bf16(const uint16_t *x, int64_t ldx, const uint16_t *res, int64_t ldr, const float *scale, int64_t rows,
-                      int64_t d, float eps, uint16_t *y, int64_t ldy, uint16_t *h_out, int64_t ldh) {
-#pragma omp parallel for schedule(static) if (rows * d >= (1 << 17))
-  for (int64_t r = 0; r < rows; r++) {
+static void norm_row(int64_t r, const uint16_t *x, int64_t ldx, const uint16_t *res, int64_t ldr, const float *scale,
+                     int64_t d, float eps, uint16_t *y, int64_t ldy, uint16_t *h_out, int64_t ldh) {
+  {
     const uint16_t *xr = x + r * ldx;
     const uint16_t *hr = xr;
     if (res) {
@@ -41,6 +40,16 @@ void ih_rms_norm_bf16(const uint16_t *x, int64_t ldx, const uint16_t *res, int64
       if (scale) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, scale + c));
       store_bf16(yr + c, v, m);
     }
+  }
+}
+
+void ih_rms_norm_bf16(const uint16_t *x, int64_t ldx, const uint16_t *res, int64_t ldr, const float *scale, int64_t rows,
+                      int64_t d, float eps, uint16_t *y, int64_t ldy, uint16_t *h_out, int64_t ldh) {
+  if (rows * d >= (1 << 17)) { /* threads only where they pay: a parallel region costs microseconds */
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) norm_row(r, x, ldx, res, ldr, scale, d, eps, y, ldy, h_out, ldh);
+  } else {
+    for (int64_t r = 0; r < rows; r++) norm_row(r, x, ldx, res, ldr, scale, d, eps, y, ldy, h_out, ldh);
   }
 }
 

@@ -22,24 +22,25 @@ def supports_norm(x: torch.Tensor, scale: torch.Tensor | None, residual: torch.T
             and (residual is None or (residual.dtype == x.dtype and residual.shape == x.shape)))
 
 
-def rms_norm(x: torch.Tensor, scale: torch.Tensor | None, eps: float, residual: torch.Tensor | None = None):
+def rms_norm(x: torch.Tensor, scale: torch.Tensor | None, eps: float, residual: torch.Tensor | None = None,
+             checked: bool = False):
     """``y = (h * rsqrt(mean(h^2) + eps)) * scale`` per row of ``h = x (+ residual)`` (bf16; ``scale``
-    fp32 ``[D]`` or None); returns ``y``, or ``(y, h)`` with a residual."""
-    if not supports_norm(x, scale, residual):
+    fp32 ``[D]`` or None); returns ``y``, or ``(y, h)`` with a residual. ``checked``: the caller already
+    asked :func:`supports_norm` (it runs at every norm of every step)."""
+    if not checked and not supports_norm(x, scale, residual):
         raise ValueError(f"rms_norm: needs bf16 CPU x with an fp32 [D] scale, got x {x.dtype} {tuple(x.shape)}, "
                          f"scale {None if scale is None else (scale.dtype, tuple(scale.shape))}")
     x2 = _rows(x)
     rows, d = x2.shape
     y = torch.empty(rows, d, dtype=x.dtype)
-    sc = None if scale is None else scale.contiguous()
+    sc = None if scale is None else scale.contiguous().data_ptr()
     if residual is None:
-        library().ih_rms_norm_bf16(x2.data_ptr(), x2.stride(0), None, 0, None if sc is None else sc.data_ptr(), rows,
-                                   d, eps, y.data_ptr(), d, None, 0)
+        library().ih_rms_norm_bf16(x2.data_ptr(), x2.stride(0), None, 0, sc, rows, d, eps, y.data_ptr(), d, None, 0)
         return y.view(x.shape)
     r2 = _rows(residual)
     h = torch.empty(rows, d, dtype=x.dtype)
-    library().ih_rms_norm_bf16(x2.data_ptr(), x2.stride(0), r2.data_ptr(), r2.stride(0),
-                               None if sc is None else sc.data_ptr(), rows, d, eps, y.data_ptr(), d, h.data_ptr(), d)
+    library().ih_rms_norm_bf16(x2.data_ptr(), x2.stride(0), r2.data_ptr(), r2.stride(0), sc, rows, d, eps,
+                               y.data_ptr(), d, h.data_ptr(), d)
     return y.view(x.shape), h.view(x.shape)
 
 
@@ -48,9 +49,9 @@ def supports_act(gate: torch.Tensor, up: torch.Tensor, kind: str) -> bool:
             and gate.device.type == "cpu" and up.device.type == "cpu" and gate.dim() >= 1 and kind in ACT_KINDS)
 
 
-def act_gated(gate: torch.Tensor, up: torch.Tensor, kind: str) -> torch.Tensor:
-    """``bf16(act(gate)) * up`` in bf16, act ``gelu_tanh`` or ``silu``."""
-    if not supports_act(gate, up, kind):
+def act_gated(gate: torch.Tensor, up: torch.Tensor, kind: str, checked: bool = False) -> torch.Tensor:
+    """``bf16(act(gate)) * up`` in bf16, act ``gelu_tanh`` or ``silu`` (``checked``: see :func:`rms_norm`)."""
+    if not checked and not supports_act(gate, up, kind):
         raise ValueError(f"act_gated: needs bf16 CPU gate and up of one shape and a kind in {sorted(ACT_KINDS)}, "
                          f"got {gate.dtype} {tuple(gate.shape)}, {up.dtype} {tuple(up.shape)}, {kind!r}")
     g2, u2 = _rows(gate), _rows(up)
