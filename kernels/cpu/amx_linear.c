@@ -20,7 +20,9 @@
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
+#ifndef PF_DIST
 #define PF_DIST 4 /* (nb, kb) steps of B prefetched ahead */
+#endif
 
 typedef struct {
   uint8_t palette_id, start_row, reserved[14];
