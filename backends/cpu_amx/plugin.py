@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# the reference's device (this CPU, no streams or graphs) and its KV storage, as they are
+from inferhal.backends.reference.plugin import inferhal_device, inferhal_graph_runner, inferhal_kv_storage  # noqa: F401
 from inferhal.core.hookspecs import API_VERSION, hookimpl
 
 
@@ -26,13 +28,6 @@ def inferhal_device_profile(config):
 
 
 @hookimpl
-def inferhal_device(profile):
-    from inferhal.backends.reference.device import ReferenceDevice
-
-    return ReferenceDevice(profile.torch_device)
-
-
-@hookimpl
 def inferhal_declared_ops():
     from inferhal.backends.cpu_amx.ops import OP_IDS
 
@@ -47,19 +42,7 @@ def inferhal_provide_ops(profile):
 
 
 @hookimpl
-def inferhal_kv_storage(request, profile):
-    from inferhal.backends.reference.device import TorchKVStorage
-
-    return TorchKVStorage(request, profile.torch_device)
-
-
-@hookimpl
 def inferhal_communicator(layout):
     from inferhal.backends.cpu_amx.comm import make_communicator
 
     return make_communicator(layout, backend="gloo")
-
-
-@hookimpl
-def inferhal_graph_runner():
-    return None
