@@ -47,26 +47,24 @@ def cache_dir() -> Path:
     return Path(os.environ.get("INFERHAL_CACHE", Path.home() / ".cache" / "inferhal")) / "kernels" / "cpu"
 
 
-def cpu_flags() -> frozenset[str]:
+def _cpuinfo(field: str) -> str | None:
+    """The first ``field : value`` line's value in /proc/cpuinfo (None where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.machine()
+    return None
+
+
+def cpu_flags() -> frozenset[str]:
+    return frozenset((_cpuinfo("flags") or "").split())
+
+
+def cpu_model() -> str:
+    return _cpuinfo("model name") or platform.machine()
 
 
 def compiler() -> str | None:
