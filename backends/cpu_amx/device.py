@@ -1,4 +1,4 @@
-"""The cpu_amx device: this process's CPU, when it has AMX bf16 and the kernel builds (see kernels/cpu/amx.py)."""
+"""The cpu_amx device: this process's CPU, when it has AMX bf16 and the kernel builds (see kernels/cpu/lib.py)."""
 
 from __future__ import annotations
 

@@ -6,13 +6,15 @@ over the bf16 cache.
 the weight is a plain ``[N, K]`` tensor with K a multiple of 32 and there is no bias; it packs each
 weight once into the kernel's tile layout and keeps it (:class:`~inferhal.backends.reference.matmul.PackCache`,
 dropped with its weight). Every other call (fp32, quantised weights, a bias, other K) runs the
-reference's ``linear``, as the op's note says. ``norm.rms`` and ``act.gated`` run
-:mod:`inferhal.kernels.cpu.elementwise` for bf16 (the reference's fp32 ops otherwise): at decode sizes
-the reference's chain of torch ops (widen, square, mean, rsqrt, two products, narrow) costs per-op
-overhead, not arithmetic. The other ops are the reference's, visibly (``inferhal backends``).
+reference's ``linear``, as the op's note says. ``norm.rms``, ``act.gated`` and ``rope.apply`` run
+:mod:`inferhal.kernels.cpu.elementwise`, ``attn.paged`` and ``kv.write`` :mod:`inferhal.kernels.cpu.attention`,
+for bf16 (the reference's ops otherwise, and for the cases each op's note names): at decode sizes the
+reference's chains of torch ops cost per-op overhead, not arithmetic. The ops not in :data:`OP_IDS` are
+the reference's, visibly (``inferhal backends``).
 
-Measured on a 2-core Sapphire Rapids VM (see docs/performance.md): 1.7-1.9x oneDNN's bf16 product at 32
-rows for Gemma 3 270M's shapes, 1.3-1.6x at 1-8 rows, about even at 256 rows.
+Measured on a 2-core Intel Xeon VM with AMX (see docs/performance.md): 1.7-1.9x oneDNN's bf16 product at 32
+rows for Gemma 3 270M's shapes, 1.3-1.6x at 1-8 rows, 0.8-1.4x at 256 rows; the whole backend 1.95x the
+reference's bf16 engine at 32 running requests.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """CPU kernels in C, compiled at run time with the system compiler and called through ctypes.
 
-``amx`` (``amx_linear.c``): the bf16 linear on Intel AMX tiles, used by the cpu_amx backend. Its oracle
-is the reference ``linear``; its tests are in ``tests/kernels/cpu/``.
+``lib`` builds and loads them (one library); ``amx`` (``amx_linear.c``): the bf16 linear on Intel AMX
+tiles; ``elementwise`` (``elementwise.c``): RMSNorm, gated activations and NeoX rotary embedding;
+``attention`` (``attention.c``): paged attention and KV writes. All bf16, used by the cpu_amx backend;
+their oracles are the reference ops, their tests are in ``tests/kernels/cpu/``.
 """

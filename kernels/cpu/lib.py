@@ -1,8 +1,8 @@
 """The CPU kernels' library: C sources compiled at run time with the system compiler, called through ctypes.
 
-As the CUDA C sources are compiled at run time through NVRTC, these (``amx_linear.c``, ``elementwise.c``, ``attention.c``, with ``simd.h``)
-are compiled on first use with ``cc`` (``$CC``; gcc 11+ or clang 12+ know the AMX intrinsics) into one
-library, ``$INFERHAL_CACHE/kernels/cpu/inferhal_cpu-<digest>.so`` (default ``~/.cache/inferhal``), keyed by
+As the CUDA C sources are compiled at run time through NVRTC, these (``amx_linear.c``, ``elementwise.c``,
+``attention.c``, with ``simd.h``) are compiled on first use with ``cc`` (``$CC``; gcc 11+ or clang 12+
+know the AMX intrinsics) into one library, ``$INFERHAL_CACHE/kernels/cpu/inferhal_cpu-<digest>.so`` (default ``~/.cache/inferhal``), keyed by
 the sources, the flags and the compiler's version: a changed source or compiler builds a new library, and
 concurrent builders never see a half-written one (each builds to its own file, then renames). Their
 OpenMP threads are the process's: torch's ``libgomp.so.1`` is already loaded, so its pool is shared.
