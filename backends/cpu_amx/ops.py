@@ -2,11 +2,12 @@
 ``act.gated`` in one AVX-512 pass per row for bf16, ``rope.apply`` (NeoX), ``attn.paged`` and ``kv.write``
 over the bf16 cache.
 
-``linear`` runs :mod:`inferhal.kernels.cpu.amx` when the activations and the weight are bf16 on the CPU,
-the weight is a plain ``[N, K]`` tensor with K a multiple of 32 and there is no bias; it packs each
-weight once into the kernel's tile layout and keeps it (:class:`~inferhal.backends.reference.matmul.PackCache`,
-dropped with its weight). Every other call (fp32, quantised weights, a bias, other K) runs the
-reference's ``linear``, as the op's note says. ``norm.rms``, ``act.gated`` and ``rope.apply`` run
+``linear`` and ``lm_head`` run :mod:`inferhal.kernels.cpu.amx` when the activations and the weight are
+bf16 on the CPU, the weight is a plain ``[N, K]`` tensor with K a multiple of 32 and there is no bias; they
+pack each weight once into the kernel's tile layout and keep it
+(:class:`~inferhal.backends.reference.matmul.PackCache`, dropped with its weight), and ``lm_head`` writes the
+bf16-rounded logits straight into the fp32 buffer. Every other call (fp32, quantised weights, a bias, other
+K) runs the reference's ``linear``, as the op's note says. ``norm.rms``, ``act.gated`` and ``rope.apply`` run
 :mod:`inferhal.kernels.cpu.elementwise`, ``attn.paged`` and ``kv.write`` :mod:`inferhal.kernels.cpu.attention`,
 for bf16 (the reference's ops otherwise, and for the cases each op's note names): at decode sizes the
 reference's chains of torch ops cost per-op overhead, not arithmetic. The ops not in :data:`OP_IDS` are
@@ -28,7 +29,7 @@ from inferhal.core.ops.params import ActParams, AttnBatch, AttnParams, KVWritePa
 from inferhal.kernels.cpu import amx, attention, elementwise
 
 #: the ops this backend provides (each falls back to the reference per call outside its kernel's cases)
-OP_IDS = ("linear", "norm.rms", "act.gated", "rope.apply", "attn.paged", "kv.write")
+OP_IDS = ("linear", "lm_head", "norm.rms", "act.gated", "rope.apply", "attn.paged", "kv.write")
 
 #: packed bf16 weights in the AMX tile layout
 PACKS = matmul.PackCache(amx.pack)
@@ -40,6 +41,16 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
         if wp is not None:
             return amx.linear(x, wp, w.shape[0])
     return ref.linear(x, w, bias)
+
+
+def lm_head(x: torch.Tensor, w, out: torch.Tensor | None = None) -> torch.Tensor:
+    if isinstance(w, torch.Tensor) and amx.supports(x, w) and x.dim() == 2:
+        if out is not None and (out.dtype != torch.float32 or tuple(out.shape) != (x.shape[0], w.shape[0])):
+            return ref.lm_head(x, w, out)  # it names the wrong buffer
+        wp = PACKS.get(w)
+        if wp is not None:  # the bf16 sums, rounded as linear rounds them, written widened in one pass
+            return amx.linear(x, wp, w.shape[0], torch.float32, out=out, bf16_values=True)
+    return ref.lm_head(x, w, out)
 
 
 def norm_rms(x: torch.Tensor, weight: torch.Tensor | None, p: RmsNormParams, residual: torch.Tensor | None = None):
@@ -81,7 +92,10 @@ def provide(level) -> dict:
     note = ("AMX bf16 kernel (kernels/cpu/amx_linear.c) for bf16 dense weights with K % 32 == 0 and no bias; "
             "other calls run the reference product")
     row = "one AVX-512 pass per row (kernels/cpu/elementwise.c) for bf16; other dtypes run the reference op"
-    return {"linear": OpImpl(linear, level, note), "norm.rms": OpImpl(norm_rms, level, row),
+    return {"linear": OpImpl(linear, level, note),
+            "lm_head": OpImpl(lm_head, level, "the AMX kernel writes the bf16-rounded logits into the fp32 buffer in "
+                              "one pass, for the linear's cases; other calls run the reference's chunked head"),
+            "norm.rms": OpImpl(norm_rms, level, row),
             "act.gated": OpImpl(act_gated, level, row),
             "attn.paged": OpImpl(attn_paged, level, "every row of a step in one AVX-512 pass (kernels/cpu/attention.c) for "
                                  "bf16 K and V without sinks; shared-KV, sinks and other dtypes run the reference op"),

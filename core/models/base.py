@@ -32,30 +32,6 @@ class ForwardBatch:
     logits_out: torch.Tensor | None = None
 
 
-#: vocabulary rows per LM-head product in :func:`lm_head`
-LM_HEAD_CHUNK = 32768
-
-
-def lm_head(ops: Any, x: torch.Tensor, weight: Any, out: torch.Tensor | None = None) -> torch.Tensor:
-    """fp32 logits ``[B', V] = linear(x [B', hidden], weight [V, hidden])``, written into ``out`` when given.
-
-    A plain weight runs in vocabulary chunks of :data:`LM_HEAD_CHUNK` rows, each widened into its
-    columns of the fp32 result while it is still in cache: no full-size logits in the model dtype, and no
-    second pass to widen them. At a 262,144-token vocabulary and 32 rows that full-size pass and its fresh
-    pages cost as much as a third of the bf16 product itself (measured on one CPU thread). A quantised
-    weight (not sliceable by rows) runs as one product."""
-    v = weight.shape[0]
-    if out is None:
-        out = torch.empty(x.shape[0], v, dtype=torch.float32, device=x.device)
-    elif tuple(out.shape) != (x.shape[0], v) or out.dtype != torch.float32:
-        raise ValueError(f"lm_head: logits buffer is {out.dtype} {tuple(out.shape)}, needs float32 {(x.shape[0], v)}")
-    if not isinstance(weight, torch.Tensor):
-        return out.copy_(ops["linear"](x, weight))
-    for s in range(0, v, LM_HEAD_CHUNK):
-        out[:, s : s + LM_HEAD_CHUNK] = ops["linear"](x, weight[s : s + LM_HEAD_CHUNK])
-    return out
-
-
 @runtime_checkable
 class KVCache(Protocol):
     def layer_cache(self, group: str, layer: int) -> torch.Tensor: ...
@@ -73,7 +49,7 @@ class CausalLM(Protocol):
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Write this step's KV into ``kv`` and return fp32 logits ``[len(batch.logits_indices), vocab]``
-        (in ``batch.logits_out`` when the caller lends a buffer; :func:`lm_head` does both)."""
+        (in ``batch.logits_out`` when the caller lends a buffer; the ``lm_head`` op does both)."""
 
 
 @runtime_checkable

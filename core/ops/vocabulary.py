@@ -51,6 +51,14 @@ OPS: dict[str, OpSpec] = {
             scale per 32-element group along K). The reference dequantises then matmuls in x's dtype.""",
         ),
         _spec(
+            "lm_head",
+            "(x[B,K], w[V,K] | QuantWeight, out[B,V] fp32|None=None) -> logits[B,V] fp32",
+            """Next-token logits from the final hidden states: linear(x, w) in x's dtype (the model's own
+            rounding), widened to fp32, written into out when given (the runner lends one buffer it
+            reuses every step) and returned. A backend may write the fp32 values straight from its
+            product instead of materialising the [B,V] result in x's dtype.""",
+        ),
+        _spec(
             "attn.paged",
             "(q[T,H,D], kv_cache[NB,BS,*slot], batch: AttnBatch, p: AttnParams, sinks[H]|None=None) -> o[T,H,Dv]",
             """Causal attention of each sequence's new query tokens over its paged KV (already written by

@@ -1,7 +1,8 @@
 """The AMX bf16 linear (``amx_linear.c``, built by :mod:`inferhal.kernels.cpu.lib`).
 
 Weights are packed once into the kernel's tile layout (:func:`pack`) and kept per weight tensor, as the
-reference keeps its oneDNN copies (:class:`inferhal.backends.reference.matmul.PackCache`).
+reference keeps its oneDNN copies (:class:`inferhal.backends.reference.matmul.PackCache`). The product can
+write fp32 results, or the bf16-rounded ones widened to fp32 (a bf16 model's logits), into a caller's buffer.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from inferhal.kernels.cpu.lib import library
 #: the reduction dimension runs in whole AMX tiles (32 bf16)
 K_MULTIPLE = 32
 ROW_TILE = 16
+# output modes of the C kernels
+_OUT_BF16, _OUT_F32, _OUT_F32_OF_BF16 = 0, 1, 2
 
 
 def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -35,23 +38,47 @@ def pack(w: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, n: int, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """``x [..., K] . w^T`` -> ``[..., n]`` in ``out_dtype`` (bf16: fp32 sums rounded to nearest even, as
-    torch casts; or fp32), from ``packed = pack(w)``. Each row's sum runs in one fixed order whatever
-    the number of rows, so results are batch-invariant."""
+def _output(lead: tuple[int, ...], m: int, n: int, out_dtype: torch.dtype, out: torch.Tensor | None,
+            bf16_values: bool) -> tuple[torch.Tensor, int]:
+    """The ``[m, n]`` result buffer (``out`` checked, or a new one) and the kernel's output mode."""
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"linear: out_dtype must be bfloat16 or float32, got {out_dtype}")
+    if bf16_values and out_dtype != torch.float32:
+        raise ValueError("linear: bf16_values widens bf16-rounded sums into an fp32 output; out_dtype is bfloat16")
+    if out is None:
+        out = torch.empty(m, n, dtype=out_dtype)
+    else:
+        bad = (out.dtype != out_dtype or tuple(out.shape) != (*lead, n) or out.device.type != "cpu"
+               or out.stride(-1) != 1)
+        if not bad:
+            try:
+                out = out.view(m, n)
+            except RuntimeError:
+                bad = True
+        if bad or (m > 1 and out.stride(0) < n):
+            raise ValueError(f"linear: out is {out.dtype} {tuple(out.shape)} stride {tuple(out.stride())} on "
+                             f"{out.device}, needs {out_dtype} {(*lead, n)} in rows of unit column stride on the CPU")
+    mode = _OUT_BF16 if out_dtype == torch.bfloat16 else (_OUT_F32_OF_BF16 if bf16_values else _OUT_F32)
+    return out, mode
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, n: int, out_dtype: torch.dtype = torch.bfloat16, *,
+           out: torch.Tensor | None = None, bf16_values: bool = False) -> torch.Tensor:
+    """``x [..., K] . w^T`` -> ``[..., n]`` in ``out_dtype`` (bf16: fp32 sums rounded to nearest even, as
+    torch casts; or fp32), from ``packed = pack(w)``, written into ``out`` when given. ``bf16_values``: an
+    fp32 output holds the bf16-rounded sums (a bf16 product widened, in one pass). Each row's sum runs in
+    one fixed order whatever the number of rows, so results are batch-invariant."""
     k = x.shape[-1]
     if packed.numel() != library().ih_amx_packed_elems(n, k):
         raise ValueError(f"linear: packed weight has {packed.numel()} elements, not a packed [{n}, {k}] weight")
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
-    y = torch.empty(m, n, dtype=out_dtype)
-    if m == 0:
-        return y.reshape(*x.shape[:-1], n)
-    mp = -(-m // ROW_TILE) * ROW_TILE
-    if mp != m or x2.stride(1) != 1:  # the kernel reads whole 16-row tiles
-        x2 = F.pad(x2, (0, 0, 0, mp - m)).contiguous()
-    library().ih_amx_linear(x2.data_ptr(), mp, m, k, x2.stride(0), packed.data_ptr(), n, y.data_ptr(), y.stride(0),
-                            int(out_dtype == torch.float32))
-    return y.reshape(*x.shape[:-1], n)
+    y, mode = _output(tuple(x.shape[:-1]), m, n, out_dtype, out, bf16_values)
+    if m > 0:
+        mp = -(-m // ROW_TILE) * ROW_TILE
+        if mp != m or x2.stride(1) != 1:  # the kernel reads whole 16-row tiles
+            x2 = F.pad(x2, (0, 0, 0, mp - m)).contiguous()
+        library().ih_amx_linear(x2.data_ptr(), mp, m, k, x2.stride(0), packed.data_ptr(), n, y.data_ptr(),
+                                y.stride(0), mode)
+    return y.view(*x.shape[:-1], n)
+

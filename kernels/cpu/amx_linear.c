@@ -1,4 +1,6 @@
-/* bf16 linear on Intel AMX: y[M, N] = x[M, K] . w[N, K]^T, fp32 accumulation, bf16 or fp32 output.
+/* bf16 linear on Intel AMX: y[M, N] = x[M, K] . w[N, K]^T, fp32 accumulation; the output is bf16 (OUT_BF16),
+ * fp32 (OUT_F32) or the bf16-rounded sums widened to fp32 (OUT_F32_OF_BF16: a bf16 model's logits written
+ * straight into an fp32 buffer).
  *
  * Compiled at run time by inferhal.kernels.cpu.amx (gcc, -fopenmp); called through ctypes. Threads
  * come from the process's OpenMP runtime: torch's libgomp.so.1 is already loaded, so its pool is shared.
@@ -17,6 +19,8 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "simd.h"
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -62,22 +66,26 @@ void ih_amx_pack(const uint16_t *w, int64_t n, int64_t k, int64_t ldw, uint16_t 
       }
 }
 
+enum { OUT_BF16 = 0, OUT_F32 = 1, OUT_F32_OF_BF16 = 2 };
+
+/* 16 fp32 sums -> columns [c, c + 16) of row r of y (mask m), in the output mode */
+static inline void store_row(__m512 v, void *y, int mode, int64_t ldy, int64_t r, int64_t c, __mmask16 m) {
+  if (mode == OUT_BF16)
+    store_bf16((uint16_t *)y + r * ldy + c, v, m);
+  else
+    _mm512_mask_storeu_ps((float *)y + r * ldy + c, m, mode == OUT_F32_OF_BF16 ? round_bf16(v) : v);
+}
+
 /* rows [r0, r0 + nr) x columns [c0, c0 + nc) of one 16 x 16 fp32 tile in scratch -> y */
-static void write_tile(const float *s, void *y, int out_f32, int64_t ldy, int64_t r0, int nr, int64_t c0, int nc) {
-  const __mmask16 m = (__mmask16)((1u << nc) - 1u);
-  for (int r = 0; r < nr; r++) {
-    const __m512 v = _mm512_loadu_ps(s + r * 16);
-    if (out_f32)
-      _mm512_mask_storeu_ps((float *)y + (r0 + r) * ldy + c0, m, v);
-    else
-      _mm256_mask_storeu_epi16((uint16_t *)y + (r0 + r) * ldy + c0, m, (__m256i)_mm512_cvtneps_pbh(v));
-  }
+static void write_tile(const float *s, void *y, int mode, int64_t ldy, int64_t r0, int nr, int64_t c0, int nc) {
+  const __mmask16 m = tail_mask(nc);
+  for (int r = 0; r < nr; r++) store_row(_mm512_loadu_ps(s + r * 16), y, mode, ldy, r0 + r, c0, m);
 }
 
 /* x [m, k] bf16 (row stride ldx, k % 32 == 0, m a multiple of 16 rows readable: callers pad), wp packed
- * for n columns, y [m, n] (row stride ldy) bf16 (out_f32 == 0) or fp32. m_valid rows are written. */
+ * for n columns, y [m, n] (row stride ldy) in output mode `mode`. m_valid rows are written. */
 void ih_amx_linear(const uint16_t *x, int64_t m, int64_t m_valid, int64_t k, int64_t ldx, const uint16_t *wp,
-                   int64_t n, void *y, int64_t ldy, int out_f32) {
+                   int64_t n, void *y, int64_t ldy, int mode) {
   const int64_t nbs = (n + 31) / 32, kbs = k / 32;
 #pragma omp parallel
   {
@@ -113,11 +121,12 @@ void ih_amx_linear(const uint16_t *x, int64_t m, int64_t m_valid, int64_t k, int
           const int64_t r0 = mb + rt * 16;
           const int nr = m_valid - r0 >= 16 ? 16 : (int)(m_valid - r0 > 0 ? m_valid - r0 : 0);
           if (nr == 0) continue;
-          write_tile(scratch[rt * 2], y, out_f32, ldy, r0, nr, nb * 32, nc0);
-          if (nc1) write_tile(scratch[rt * 2 + 1], y, out_f32, ldy, r0, nr, nb * 32 + 16, nc1);
+          write_tile(scratch[rt * 2], y, mode, ldy, r0, nr, nb * 32, nc0);
+          if (nc1) write_tile(scratch[rt * 2 + 1], y, mode, ldy, r0, nr, nb * 32 + 16, nc1);
         }
       }
     }
     _tile_release();
   }
 }
+

@@ -28,7 +28,7 @@ from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
-from inferhal.core.models.base import ForwardBatch, KVCache, lm_head
+from inferhal.core.models.base import ForwardBatch, KVCache
 from inferhal.core.models.deepseek_v4.attention import attention
 from inferhal.core.models.deepseek_v4.config import V4Config
 from inferhal.core.models.deepseek_v4.kv import kv_groups
@@ -173,7 +173,7 @@ class DeepseekV4ForCausalLM:
         x = ops["mhc.head"](streams, w[pre + "hc_head.hc_fn"], w[pre + "hc_head.hc_base"], w[pre + "hc_head.hc_scale"],
                             self.mhc_p)
         x = ops["norm.rms"](x, w[pre + "norm.weight"], self.norm_p)
-        return lm_head(ops, x, self.lm_head, out)
+        return ops["lm_head"](x, self.lm_head, out)
 
     def block(self, pre: str, layer: int, streams: torch.Tensor, ids: torch.Tensor, batch: ForwardBatch,
               kv: KVCache) -> torch.Tensor:

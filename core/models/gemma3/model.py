@@ -24,7 +24,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from inferhal.core.models.base import ForwardBatch, KVCache, lm_head
+from inferhal.core.models.base import ForwardBatch, KVCache
 from inferhal.core.models.gemma3.config import FULL, SLIDING, Gemma3Config
 from inferhal.core.ops.params import ActParams, AttnParams, KVWriteParams, RmsNormParams, RopeParams
 from inferhal.core.paging.spec import KVGroupSpec
@@ -144,7 +144,7 @@ class Gemma3ForCausalLM:
             x = x + ops["norm.rms"](ops["linear"](ops["act.gated"](gate, up, self._act), w.down), w.post_ffn_norm,
                                     self._norm)
         x = ops["norm.rms"](x[batch.logits_indices.long()], self.final_norm, self._norm)  # [B', hidden]
-        logits = lm_head(ops, x, self.embed_table, batch.logits_out)  # [B', V] fp32
+        logits = ops["lm_head"](x, self.embed_table, batch.logits_out)  # [B', V] fp32
         if cfg.final_softcap > 0:
             logits = logits.div_(cfg.final_softcap).tanh_().mul_(cfg.final_softcap)
         return logits

@@ -1,5 +1,5 @@
-"""Cases of the dense ops: norm.rms, rope.apply, linear (plain, fp8_block, fp4_group), act.gated, embed,
-topk.select."""
+"""Cases of the dense ops: norm.rms, rope.apply, linear (plain, fp8_block, fp4_group), lm_head, act.gated,
+embed, topk.select."""
 
 from __future__ import annotations
 
@@ -132,6 +132,46 @@ def linear() -> list[OpCase]:
             label = f"T={t} N={n} K={k}" + (" +bias" if bias else "") + ("" if fmt == "plain" else f" {fmt}")
             out.append(OpCase("linear", label, dtype, build, ulps(dtype, base, why), level, take=take, cost=cost,
                               **_ROWS0))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- lm_head
+
+@cases_for("lm_head")
+def lm_head() -> list[OpCase]:
+    out = []
+    # vocabularies past the reference's 32,768-row chunks in full; with and without the caller's buffer
+    sweep = [(4, 1000, 64, True, "plain", "quick"), (3, 256, 128, False, "fp8_block", "quick"),
+             (1, 4096, 640, True, "plain", "full"), (32, 2048, 640, False, "plain", "full"),
+             (5, 40000, 64, True, "plain", "full"), (9, 512, 256, True, "fp4_group", "full")]
+    for t, v, k, buf, fmt, level in sweep:
+        for dtype in ("float32", "bfloat16", "float16"):
+            if level == "quick" and dtype == "float16":
+                continue
+
+            def build(seed, t=t, v=v, k=k, buf=buf, fmt=fmt, dtype=dtype):
+                g = gen(seed)
+                dt = DTYPES[dtype]
+                w = randn(g, v, k, scale=k ** -0.5)
+                w = w.to(dt) if fmt == "plain" else _quant(w, fmt)
+                args = (randn(g, t, k, dtype=dt), w)
+                return (args + (torch.full((t, v), float("nan")),) if buf else args), {}
+
+            def take(a, kw, m):
+                return (a[0][:m], a[1], *(b[:m] for b in a[2:])), {}
+
+            def cost(a, kw, v=v, k=k, fmt=fmt, dtype=dtype):
+                w_elem = {"plain": _elem(dtype), "fp8_block": 1.0, "fp4_group": 0.5}[fmt]
+                flops, moved = matmul_cost(a[0].shape[0], v, k, _elem(dtype), w_elem)
+                return flops, moved + a[0].shape[0] * v * (4 - _elem(dtype))  # the fp32 logits
+
+            base = 4.0 * math.sqrt(k) if dtype == "float32" else (4 if fmt == "plain" else 8)
+            why = ("the linear's rounding to the activation dtype (fp32: sums of K products in another order), "
+                   "then an exact widening to fp32")
+            label = f"B={t} V={v} K={k}" + (" into out" if buf else "") + ("" if fmt == "plain" else f" {fmt}")
+            # with a buffer, what is compared is the buffer: a backend that returns fresh logits fails
+            out.append(OpCase("lm_head", label, dtype, build, ulps(dtype, base, why), level, take=take, cost=cost,
+                              output=(lambda r, a, kw: a[2]) if buf else None, **_ROWS0))
     return out
 
 

@@ -65,6 +65,27 @@ def test_linear_routes_bf16_to_the_kernel_and_the_rest_to_the_reference():
 
 
 @needs_amx
+def test_lm_head_writes_the_references_logits_into_the_buffer_in_one_pass(monkeypatch):
+    from inferhal.backends.reference import ops as ref
+
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(6, 128, generator=g).bfloat16(), (torch.randn(5000, 128, generator=g) * 0.1).bfloat16()
+    monkeypatch.setattr(ref, "LM_HEAD_CHUNK", 1024)  # the reference's chunks cross the vocabulary
+    want = ref.lm_head(x, w)
+    buf = torch.full((6, 5000), float("nan"))
+    got = amx_ops.lm_head(x, w, buf)
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(buf, want)  # bit for bit: the same bf16 rounding
+    assert torch.equal(amx_ops.lm_head(x, w), want)
+    seen = []
+    monkeypatch.setattr(amx, "linear", lambda *a, **k: seen.append(a))  # from here on, only the reference may run
+    assert torch.equal(amx_ops.lm_head(x.float(), w.float()), ref.lm_head(x.float(), w.float()))  # fp32
+    assert torch.equal(amx_ops.lm_head(x[:, :100], w[:, :100]), ref.lm_head(x[:, :100], w[:, :100]))  # K % 32
+    with pytest.raises(ValueError, match=r"needs float32 \(6, 5000\)"):
+        amx_ops.lm_head(x, w, torch.empty(6, 4999))
+    assert seen == []
+
+
+@needs_amx
 @pytest.mark.parametrize("bad,match", [({"options": {"threads": 4}}, "unknown option"),
                                        ({"batch_invariant": True}, "batch_invariant")])
 def test_bad_backend_config_is_a_clear_error(reg, bad, match):

@@ -64,6 +64,36 @@ def test_strided_inputs_leading_dims_and_empty_batches():
 
 
 @needs_amx
+@pytest.mark.parametrize("m,n", [(1, 70), (5, 33), (32, 1000), (40, 96)])
+def test_fp32_output_into_a_buffer_holds_the_bf16_rounded_sums(m, n):
+    g = torch.Generator().manual_seed(m + n)
+    x, w = _rand(g, m, 640), _rand(g, n, 640, scale=0.04)
+    wp = amx.pack(w)
+    wide = torch.full((m, n + 9), float("nan"))  # a buffer with a row stride wider than n
+    out = wide[:, 3 : 3 + n]
+    got = amx.linear(x, wp, n, torch.float32, out=out, bf16_values=True)
+    assert got.data_ptr() == out.data_ptr() and got.dtype == torch.float32
+    assert torch.equal(out, amx.linear(x, wp, n).float())  # one pass = the bf16 product widened
+    assert wide[:, :3].isnan().all() and wide[:, 3 + n :].isnan().all()  # nothing outside the view is touched
+    plain = torch.empty(m, n)
+    amx.linear(x, wp, n, torch.float32, out=plain)
+    assert torch.equal(plain, amx.linear(x, wp, n, torch.float32))
+
+
+@needs_amx
+def test_bad_output_buffers_are_clear_errors():
+    x, wp = torch.zeros(2, 64, dtype=torch.bfloat16), amx.pack(torch.zeros(8, 64, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"needs torch.float32 \(2, 8\)"):
+        amx.linear(x, wp, 8, torch.float32, out=torch.empty(2, 7))
+    with pytest.raises(ValueError, match="needs torch.float32"):
+        amx.linear(x, wp, 8, torch.float32, out=torch.empty(2, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="unit column stride"):
+        amx.linear(x, wp, 8, torch.float32, out=torch.empty(8, 2).t())
+    with pytest.raises(ValueError, match="bf16_values"):
+        amx.linear(x, wp, 8, bf16_values=True)
+
+
+@needs_amx
 def test_bad_shapes_are_clear_errors():
     w = torch.zeros(8, 48, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="K % 32 == 0"):

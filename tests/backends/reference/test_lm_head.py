@@ -1,19 +1,22 @@
-"""``lm_head``: the chunked LM-head product shared by the model families."""
+"""The reference's ``lm_head`` op: the chunked LM-head product, fp32 logits in a caller's buffer."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from inferhal.backends.reference.ops import OPS
-from inferhal.core.models import base
-from inferhal.core.models.base import lm_head
+from inferhal.backends.reference import ops as ref
+from inferhal.backends.reference.ops import OPS, ops_for
+
+
+def lm_head(table, x, w, out=None):
+    return table["lm_head"](x, w, out)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [0, 1, 5])
 def test_chunked_logits_equal_one_product_widened_to_fp32(monkeypatch, dtype, rows):
-    monkeypatch.setattr(base, "LM_HEAD_CHUNK", 7)  # ragged last chunk: 50 = 7 * 7 + 1
+    monkeypatch.setattr(ref, "LM_HEAD_CHUNK", 7)  # ragged last chunk: 50 = 7 * 7 + 1
     g = torch.Generator().manual_seed(0)
     w = torch.randn(50, 16, generator=g).to(dtype)
     x = torch.randn(rows, 16, generator=g).to(dtype)
@@ -46,3 +49,12 @@ def test_a_quantised_head_runs_as_one_product_into_the_buffer():
     out = lm_head(OPS, x, q, buf)
     assert out.data_ptr() == buf.data_ptr()
     torch.testing.assert_close(out, OPS["linear"](x, dequantize(q, torch.bfloat16)).float(), rtol=0, atol=0)
+
+
+def test_batch_invariant_mode_runs_the_head_over_fixed_row_tiles():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(40, 64, generator=g).bfloat16()
+    x = torch.randn(9, 64, generator=g).bfloat16()
+    bi = ops_for(batch_invariant=True)
+    whole = lm_head(bi, x, w)
+    assert all(torch.equal(lm_head(bi, x[:n], w), whole[:n]) for n in (1, 4, 8))
