@@ -69,20 +69,20 @@ def act_gated(gate: torch.Tensor, up: torch.Tensor, p: ActParams) -> torch.Tenso
 def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: AttnParams,
                sinks: torch.Tensor | None = None) -> torch.Tensor:
     if attention.supports(q, kv_cache, batch, p, sinks):
-        return attention.attn_paged(q, kv_cache, batch, p)
+        return attention.attn_paged(q, kv_cache, batch, p, checked=True)
     return reference_attn_paged(q, kv_cache, batch, p, sinks)
 
 
 def rope_apply(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, p: RopeParams) -> torch.Tensor:
     if elementwise.supports_rope(x, positions, cos_sin, p.rotary_dim, p.style):
-        return elementwise.rope_neox(x, positions, cos_sin, p.inverse)
+        return elementwise.rope_neox(x, positions, cos_sin, p.inverse, checked=True)
     return ref.rope_apply(x, positions, cos_sin, p)
 
 
 def kv_write(values: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor, p: KVWriteParams = KVWriteParams(),
              scale_cache: torch.Tensor | None = None) -> None:
     if scale_cache is None and attention.supports_write(values, cache, p.quant):
-        return attention.kv_write(values, cache, slot_mapping)
+        return attention.kv_write(values, cache, slot_mapping, checked=True)
     return ref.kv_write(values, cache, slot_mapping, p, scale_cache)
 
 

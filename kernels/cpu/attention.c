@@ -16,13 +16,15 @@
 #define MAX_REP 8
 #define MAX_D 512
 
-/* Returns -1, or the first row whose visible keys reach an unallocated block (-1 or past the table). */
+/* Returns -1; or the first row whose visible keys reach an unallocated block (-1 or past the table); or -2
+ * when a row's logits could not be allocated (out is then not valid). */
 int64_t ih_attn_paged_bf16(const uint16_t *q, int64_t ldq_t, int64_t ldq_h, int64_t t, int64_t h, int64_t d,
                            const uint16_t *cache, int64_t bs, int64_t block_stride, int64_t hk, const int32_t *block_table, int64_t bt_width,
                            const int32_t *qsl, int64_t nseq, const int64_t *positions, int64_t window, float scale,
                            float softcap, uint16_t *out) {
   const int64_t rep = h / hk, entry = 2 * hk * d, nd = (d + 15) / 16;
   int64_t bad = -1;
+  int oom = 0;
 #pragma omp parallel for schedule(dynamic, 4)
   for (int64_t job = 0; job < t * hk; job++) {
     const int64_t row = job / hk, g = job % hk;
@@ -42,6 +44,11 @@ int64_t ih_attn_paged_bf16(const uint16_t *q, int64_t ldq_t, int64_t ldq_h, int6
     for (int64_t r = 0; r < rep; r++)
       for (int64_t c = 0; c < nd; c++) qf[r][c] = load_bf16(q + row * ldq_t + (g * rep + r) * ldq_h + c * 16, tail_mask(d - c * 16));
     float *logit = (float *)malloc(sizeof(float) * rep * span);
+    if (!logit) {
+#pragma omp atomic write
+      oom = 1;
+      continue;
+    }
     for (int64_t s = 0; s < span; s++) {
       const int64_t pos = first + s;
       const uint16_t *k = cache + (int64_t)bt[pos / bs] * block_stride + (pos % bs) * entry + g * d;
@@ -85,17 +92,21 @@ int64_t ih_attn_paged_bf16(const uint16_t *q, int64_t ldq_t, int64_t ldq_h, int6
       for (int64_t c = 0; c < nd; c++)
         store_bf16(out + (row * h + g * rep + r) * d + c * 16, _mm512_mul_ps(qf[r][c], _mm512_set1_ps(inv[r])), tail_mask(d - c * 16));
   }
-  return bad;
+  return oom ? -2 : bad;
 }
 
 /* kv.write for a bf16 cache: row i of values (row stride ldv, slot_elems contiguous elements) to slot
  * slots[i] (-1: skipped) of cache [blocks, bs, slot] with block stride block_stride and slot stride
- * slot_elems (elements). */
-void ih_kv_write_bf16(const uint16_t *values, int64_t ldv, int64_t t, int64_t slot_elems, const int64_t *slots,
-                      uint16_t *cache, int64_t bs, int64_t block_stride) {
+ * slot_elems (elements). Returns -1, or the first i whose slot is past the cache's nblocks * bs slots; then
+ * nothing is written. */
+int64_t ih_kv_write_bf16(const uint16_t *values, int64_t ldv, int64_t t, int64_t slot_elems, const int64_t *slots,
+                         uint16_t *cache, int64_t nblocks, int64_t bs, int64_t block_stride) {
+  for (int64_t i = 0; i < t; i++)
+    if (slots[i] >= nblocks * bs) return i;
   for (int64_t i = 0; i < t; i++) {
     const int64_t s = slots[i];
     if (s < 0) continue;
     memcpy(cache + (s / bs) * block_stride + (s % bs) * slot_elems, values + i * ldv, slot_elems * 2);
   }
+  return -1;
 }

@@ -32,9 +32,11 @@ def supports(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: AttnP
             and q.stride(2) == 1 and hk == p.num_kv_heads)
 
 
-def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: AttnParams) -> torch.Tensor:
-    """``[T, H, D]`` bf16 attention of every row of ``batch`` over its visible keys (see attention.c)."""
-    if not supports(q, kv_cache, batch, p):
+def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: AttnParams,
+               checked: bool = False) -> torch.Tensor:
+    """``[T, H, D]`` bf16 attention of every row of ``batch`` over its visible keys (see attention.c).
+    ``checked``: the caller already asked :func:`supports` (the backend does, at every layer)."""
+    if not checked and not supports(q, kv_cache, batch, p):
         raise ValueError(f"attn_paged: unsupported call: q {q.dtype} {tuple(q.shape)}, cache {kv_cache.dtype} "
                          f"{tuple(kv_cache.shape)}, {p}")
     t, h, d = q.shape
@@ -48,6 +50,9 @@ def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: Att
         q.data_ptr(), q.stride(0), q.stride(1), t, h, d, kv_cache.data_ptr(), kv_cache.shape[1], kv_cache.stride(0), kv_cache.shape[3],
         table.data_ptr(), table.shape[1], qsl.data_ptr(), qsl.numel() - 1, pos.data_ptr(), p.window, p.scale,
         p.softcap, out.data_ptr())
+    if bad == -2:
+        raise MemoryError(f"attn_paged: could not allocate the logits of a row ({h // kv_cache.shape[3]} heads x up "
+                          f"to {int(pos.max()) + 1} keys, fp32)")
     if bad >= 0:
         raise IndexError(f"KV positions of query row {bad} (position {int(pos[bad])}) reach a block that is not "
                          f"allocated (-1 in the block table)")
@@ -60,18 +65,19 @@ def supports_write(values: torch.Tensor, cache: torch.Tensor, quant: str) -> boo
             and values.shape[1:] == cache.shape[2:] and _packed_slots(cache) and values[0:1].is_contiguous())
 
 
-def kv_write(values: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def kv_write(values: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor, checked: bool = False) -> None:
     """``cache[slot // bs, slot % bs] = values[i]`` for every ``slot = slot_mapping[i] >= 0``. A slot past the
-    cache is an IndexError, as in the reference."""
-    if not supports_write(values, cache, "none"):
+    cache is an IndexError, as in the reference, and then nothing is written. ``checked``: the caller already
+    asked :func:`supports_write`."""
+    if not checked and not supports_write(values, cache, "none"):
         raise ValueError(f"kv_write: unsupported call: values {values.dtype} {tuple(values.shape)}, cache "
                          f"{cache.dtype} {tuple(cache.shape)}")
     t = values.shape[0]
     slots = slot_mapping[:t].to(torch.int64).contiguous()
-    total = cache.shape[0] * cache.shape[1]
-    if t and int(slots.max()) >= total:
-        raise IndexError(f"kv_write: slot {int(slots.max())} is past the cache's {total} slots")
     v2 = values.reshape(t, -1)
     if t:
-        library().ih_kv_write_bf16(v2.data_ptr(), v2.stride(0), t, v2.shape[1], slots.data_ptr(), cache.data_ptr(),
-                                   cache.shape[1], cache.stride(0))
+        bad = library().ih_kv_write_bf16(v2.data_ptr(), v2.stride(0), t, v2.shape[1], slots.data_ptr(),
+                                         cache.data_ptr(), cache.shape[0], cache.shape[1], cache.stride(0))
+        if bad >= 0:
+            raise IndexError(f"kv_write: slot {int(slots[bad])} is past the cache's "
+                             f"{cache.shape[0] * cache.shape[1]} slots")

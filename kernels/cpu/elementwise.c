@@ -76,9 +76,12 @@ void ih_act_gated_bf16(const uint16_t *gate, int64_t ldg, const uint16_t *up, in
  * = head dim): x [T, H, D] bf16 (row stride ldx, head stride ldh), cs [P, D] fp32 = [cos(D/2) | sin(D/2)],
  * row t at positions[t]; out [T, H, D] contiguous. a' = a cos - b sin, b' = b cos + a sin with sin negated
  * when inverse, each product and sum rounded in fp32 as torch's (built with -ffp-contract=off), then bf16. */
-void ih_rope_neox_bf16(const uint16_t *x, int64_t ldx, int64_t ldh, int64_t t, int64_t h, int64_t d, const float *cs,
-                       const int64_t *positions, int inverse, uint16_t *out) {
+/* Returns -1, or the first row whose position is outside the table's rows [0, table_rows) (nothing written). */
+int64_t ih_rope_neox_bf16(const uint16_t *x, int64_t ldx, int64_t ldh, int64_t t, int64_t h, int64_t d, const float *cs,
+                          int64_t table_rows, const int64_t *positions, int inverse, uint16_t *out) {
   const int64_t half = d / 2;
+  for (int64_t row = 0; row < t; row++)
+    if (positions[row] < 0 || positions[row] >= table_rows) return row;
 #pragma omp parallel for schedule(static) if (t * h * d >= (1 << 17))
   for (int64_t row = 0; row < t; row++) {
     const float *cr = cs + positions[row] * d, *sr = cr + half;
@@ -95,4 +98,5 @@ void ih_rope_neox_bf16(const uint16_t *x, int64_t ldx, int64_t ldh, int64_t t, i
       }
     }
   }
+  return -1;
 }

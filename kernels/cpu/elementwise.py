@@ -70,20 +70,21 @@ def supports_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tenso
             and positions.dim() == 1 and positions.shape[0] >= x.shape[0])
 
 
-def rope_neox(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+def rope_neox(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, inverse: bool = False,
+              checked: bool = False) -> torch.Tensor:
     """NeoX rotation of whole heads: ``x [T, H, D]`` bf16 at ``positions [T]`` with ``cos_sin [P, D]`` fp32.
-    A position past the table is an IndexError."""
-    if not supports_rope(x, positions, cos_sin, x.shape[-1] if x.dim() == 3 else -1, "neox"):
+    A position outside the table is an IndexError. ``checked``: the caller already asked :func:`supports_rope`."""
+    if not checked and not supports_rope(x, positions, cos_sin, x.shape[-1] if x.dim() == 3 else -1, "neox"):
         raise ValueError(f"rope_neox: needs bf16 x [T, H, D] and an fp32 [P, D] table, got {x.dtype} "
                          f"{tuple(x.shape)}, {cos_sin.dtype} {tuple(cos_sin.shape)}")
     t, h, d = x.shape
     pos = positions[:t].to(torch.int64).contiguous()
-    if t and (int(pos.max()) >= cos_sin.shape[0] or int(pos.min()) < 0):
-        raise IndexError(f"rope_neox: positions {int(pos.min())}..{int(pos.max())} outside the table's "
-                         f"{cos_sin.shape[0]} rows")
     cs = cos_sin.contiguous()
     out = torch.empty(t, h, d, dtype=x.dtype)
     if t:
-        library().ih_rope_neox_bf16(x.data_ptr(), x.stride(0), x.stride(1), t, h, d, cs.data_ptr(), pos.data_ptr(),
-                                    int(inverse), out.data_ptr())
+        bad = library().ih_rope_neox_bf16(x.data_ptr(), x.stride(0), x.stride(1), t, h, d, cs.data_ptr(), cs.shape[0],
+                                          pos.data_ptr(), int(inverse), out.data_ptr())
+        if bad >= 0:
+            raise IndexError(f"rope_neox: position {int(pos[bad])} (row {bad}) is outside the table's "
+                             f"{cs.shape[0]} rows")
     return out

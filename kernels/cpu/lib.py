@@ -117,10 +117,10 @@ def _bind(path: Path) -> ctypes.CDLL:
     lib.ih_rms_norm_bf16.argtypes = [P, I, P, I, P, I, I, ctypes.c_float, P, I, P, I]
     lib.ih_act_gated_bf16.restype = None
     lib.ih_act_gated_bf16.argtypes = [P, I, P, I, I, I, ctypes.c_int, P, I]
-    lib.ih_rope_neox_bf16.restype = None
-    lib.ih_rope_neox_bf16.argtypes = [P, I, I, I, I, I, P, P, ctypes.c_int, P]
-    lib.ih_kv_write_bf16.restype = None
-    lib.ih_kv_write_bf16.argtypes = [P, I, I, I, P, P, I, I]
+    lib.ih_rope_neox_bf16.restype = I
+    lib.ih_rope_neox_bf16.argtypes = [P, I, I, I, I, I, P, I, P, ctypes.c_int, P]
+    lib.ih_kv_write_bf16.restype = I
+    lib.ih_kv_write_bf16.argtypes = [P, I, I, I, P, P, I, I, I]
     lib.ih_attn_paged_bf16.restype = I
     lib.ih_attn_paged_bf16.argtypes = [P, I, I, I, I, I, P, I, I, I, P, I, P, I, P, I, ctypes.c_float, ctypes.c_float, P]
     return lib

@@ -116,3 +116,7 @@ def test_kv_write_matches_the_reference_on_a_strided_pool():
     assert torch.equal(cache, want) and not pool[:, 16 * 2 * 64:].any()  # nothing written past the layer's slots
     with pytest.raises(IndexError, match="slot 96 is past the cache's 96 slots"):
         attention.kv_write(vals[:1], cache, torch.tensor([96]))
+    before = cache.clone()
+    with pytest.raises(IndexError, match="slot 200 is past"):  # checked before any row is written
+        attention.kv_write(vals[:2], cache, torch.tensor([5, 200]))
+    assert torch.equal(cache, before)

@@ -110,7 +110,9 @@ def test_rope_neox_matches_the_reference_bit_for_bit(t, h, d, inverse):
     assert torch.equal(got, ref.rope_apply(x, pos, cs, RopeParams(rotary_dim=d, style="neox", inverse=inverse)))
 
 
-def test_rope_position_past_the_table_is_an_index_error():
+def test_rope_position_outside_the_table_is_an_index_error():
     x = torch.zeros(2, 1, 32, dtype=torch.bfloat16)
-    with pytest.raises(IndexError, match="positions 3..10 outside the table's 10 rows"):
+    with pytest.raises(IndexError, match=r"position 10 \(row 1\) is outside the table's 10 rows"):
         elementwise.rope_neox(x, torch.tensor([3, 10]), torch.zeros(10, 32))
+    with pytest.raises(IndexError, match=r"position -1 \(row 0\)"):
+        elementwise.rope_neox(x, torch.tensor([-1, 2]), torch.zeros(10, 32))
