@@ -91,11 +91,20 @@ def rope_apply() -> list[OpCase]:
 
 # ------------------------------------------------------------------------------------------- linear
 
-def _quant(w: torch.Tensor, fmt: str):
-    # the reference backend's quantisers make the weights (imported at call time: core imports no backend)
+def _weight(g: torch.Generator, n: int, k: int, dtype: str, fmt: str):
+    """A ``[n, k]`` weight of scale 1/sqrt(k): plain in ``dtype``, or quantised by the reference backend's
+    quantisers (imported at call time: core imports no backend)."""
+    w = randn(g, n, k, scale=k ** -0.5)
+    if fmt == "plain":
+        return w.to(DTYPES[dtype])
     from inferhal.backends.reference.quant import quantize_fp4_group, quantize_fp8_block
 
     return quantize_fp8_block(w) if fmt == "fp8_block" else quantize_fp4_group(w)
+
+
+def _product_cost(rows: int, n: int, k: int, dtype: str, fmt: str) -> tuple[float, float]:
+    w_elem = {"plain": _elem(dtype), "fp8_block": 1.0, "fp4_group": 0.5}[fmt]
+    return matmul_cost(rows, n, k, _elem(dtype), w_elem)
 
 
 @cases_for("linear")
@@ -114,8 +123,7 @@ def linear() -> list[OpCase]:
                 g = gen(seed)
                 dt = DTYPES[dtype]
                 x = randn(g, t, k, dtype=dt)
-                w = randn(g, n, k, scale=k ** -0.5)
-                w = w.to(dt) if fmt == "plain" else _quant(w, fmt)
+                w = _weight(g, n, k, dtype, fmt)
                 b = randn(g, n, dtype=dt) if bias else None
                 return (x, w, b), {}
 
@@ -123,8 +131,7 @@ def linear() -> list[OpCase]:
                 return (a[0][:m], a[1], a[2]), {}
 
             def cost(a, kw, n=n, k=k, fmt=fmt, dtype=dtype):
-                w_elem = {"plain": _elem(dtype), "fp8_block": 1.0, "fp4_group": 0.5}[fmt]
-                return matmul_cost(a[0].shape[0], n, k, _elem(dtype), w_elem)
+                return _product_cost(a[0].shape[0], n, k, dtype, fmt)
 
             base = 4.0 * math.sqrt(k) if dtype == "float32" else (4 if fmt == "plain" else 8)
             why = ("one output rounding; fp32 sums of K products in another order (sqrt(K) growth)"
@@ -151,18 +158,15 @@ def lm_head() -> list[OpCase]:
 
             def build(seed, t=t, v=v, k=k, buf=buf, fmt=fmt, dtype=dtype):
                 g = gen(seed)
-                dt = DTYPES[dtype]
-                w = randn(g, v, k, scale=k ** -0.5)
-                w = w.to(dt) if fmt == "plain" else _quant(w, fmt)
-                args = (randn(g, t, k, dtype=dt), w)
+                w = _weight(g, v, k, dtype, fmt)
+                args = (randn(g, t, k, dtype=DTYPES[dtype]), w)
                 return (args + (torch.full((t, v), float("nan")),) if buf else args), {}
 
             def take(a, kw, m):
                 return (a[0][:m], a[1], *(b[:m] for b in a[2:])), {}
 
             def cost(a, kw, v=v, k=k, fmt=fmt, dtype=dtype):
-                w_elem = {"plain": _elem(dtype), "fp8_block": 1.0, "fp4_group": 0.5}[fmt]
-                flops, moved = matmul_cost(a[0].shape[0], v, k, _elem(dtype), w_elem)
+                flops, moved = _product_cost(a[0].shape[0], v, k, dtype, fmt)
                 return flops, moved + a[0].shape[0] * v * (4 - _elem(dtype))  # the fp32 logits
 
             base = 4.0 * math.sqrt(k) if dtype == "float32" else (4 if fmt == "plain" else 8)
