@@ -15,6 +15,11 @@ from inferhal.core.qualify.tolerances import EXACT, ulps
 _ROWS0 = dict(rows=lambda a, k: a[0].shape[0], row_slice=lambda out, a, k, n: row_dim0(out, n))
 
 
+def _dtypes(level: str) -> tuple[str, ...]:
+    """The activation dtypes a sweep entry runs in: fp16 only at the full level."""
+    return ("float32", "bfloat16") if level == "quick" else ("float32", "bfloat16", "float16")
+
+
 def _elem(dtype: str) -> int:
     return torch.empty((), dtype=DTYPES[dtype]).element_size()
 
@@ -27,10 +32,7 @@ def norm_rms() -> list[OpCase]:
     sweep = [(16, 256, False, False, "quick"), (7, 640, True, True, "quick"), (1, 64, False, True, "full"),
              (33, 1024, True, False, "full"), (128, 4096, False, True, "full")]
     for t, d, unit, resid, level in sweep:
-        for dtype in ("float32", "bfloat16", "float16"):
-            if level == "quick" and dtype == "float16":
-                continue
-
+        for dtype in _dtypes(level):
             def build(seed, t=t, d=d, unit=unit, resid=resid, dtype=dtype):
                 g = gen(seed)
                 dt = DTYPES[dtype]
@@ -69,10 +71,7 @@ def rope_apply() -> list[OpCase]:
              (32, 8, 128, 128, "neox", "head", False, "full"), (17, 1, 512, 64, "interleaved", "tail", False, "full"),
              (3, 4, 256, 32, "neox", "tail", True, "full")]
     for t, h, d, r, style, place, inv, level in sweep:
-        for dtype in ("float32", "bfloat16", "float16"):
-            if level == "quick" and dtype == "float16":
-                continue
-
+        for dtype in _dtypes(level):
             def build(seed, t=t, h=h, d=d, r=r, style=style, place=place, inv=inv, dtype=dtype):
                 g = gen(seed)
                 x = randn(g, t, h, d, dtype=DTYPES[dtype])
@@ -102,6 +101,12 @@ def _weight(g: torch.Generator, n: int, k: int, dtype: str, fmt: str):
     return quantize_fp8_block(w) if fmt == "fp8_block" else quantize_fp4_group(w)
 
 
+def _product_ulps(dtype: str, fmt: str, k: int, why: str):
+    """A product's tolerance: fp32 sums of K terms reassociate (sqrt(K) growth); a plain weight in a half
+    dtype costs one output rounding, a dequantised one also its own rounding to the activation dtype."""
+    return ulps(dtype, 4.0 * math.sqrt(k) if dtype == "float32" else (4 if fmt == "plain" else 8), why)
+
+
 def _product_cost(rows: int, n: int, k: int, dtype: str, fmt: str) -> tuple[float, float]:
     w_elem = {"plain": _elem(dtype), "fp8_block": 1.0, "fp4_group": 0.5}[fmt]
     return matmul_cost(rows, n, k, _elem(dtype), w_elem)
@@ -115,10 +120,7 @@ def linear() -> list[OpCase]:
              (1, 512, 256, False, "plain", "full"), (64, 256, 512, True, "plain", "full"),
              (33, 200, 384, False, "fp8_block", "full"), (17, 256, 512, False, "fp4_group", "full")]
     for t, n, k, bias, fmt, level in sweep:
-        for dtype in ("float32", "bfloat16", "float16"):
-            if level == "quick" and dtype == "float16":
-                continue
-
+        for dtype in _dtypes(level):
             def build(seed, t=t, n=n, k=k, bias=bias, fmt=fmt, dtype=dtype):
                 g = gen(seed)
                 dt = DTYPES[dtype]
@@ -133,11 +135,10 @@ def linear() -> list[OpCase]:
             def cost(a, kw, n=n, k=k, fmt=fmt, dtype=dtype):
                 return _product_cost(a[0].shape[0], n, k, dtype, fmt)
 
-            base = 4.0 * math.sqrt(k) if dtype == "float32" else (4 if fmt == "plain" else 8)
             why = ("one output rounding; fp32 sums of K products in another order (sqrt(K) growth)"
                    if fmt == "plain" else "dequantised weights rounded to the activation dtype, then one rounding")
             label = f"T={t} N={n} K={k}" + (" +bias" if bias else "") + ("" if fmt == "plain" else f" {fmt}")
-            out.append(OpCase("linear", label, dtype, build, ulps(dtype, base, why), level, take=take, cost=cost,
+            out.append(OpCase("linear", label, dtype, build, _product_ulps(dtype, fmt, k, why), level, take=take, cost=cost,
                               **_ROWS0))
     return out
 
@@ -152,10 +153,7 @@ def lm_head() -> list[OpCase]:
              (1, 4096, 640, True, "plain", "full"), (32, 2048, 640, False, "plain", "full"),
              (5, 40000, 64, True, "plain", "full"), (9, 512, 256, True, "fp4_group", "full")]
     for t, v, k, buf, fmt, level in sweep:
-        for dtype in ("float32", "bfloat16", "float16"):
-            if level == "quick" and dtype == "float16":
-                continue
-
+        for dtype in _dtypes(level):
             def build(seed, t=t, v=v, k=k, buf=buf, fmt=fmt, dtype=dtype):
                 g = gen(seed)
                 w = _weight(g, v, k, dtype, fmt)
@@ -169,12 +167,11 @@ def lm_head() -> list[OpCase]:
                 flops, moved = _product_cost(a[0].shape[0], v, k, dtype, fmt)
                 return flops, moved + a[0].shape[0] * v * (4 - _elem(dtype))  # the fp32 logits
 
-            base = 4.0 * math.sqrt(k) if dtype == "float32" else (4 if fmt == "plain" else 8)
             why = ("the linear's rounding to the activation dtype (fp32: sums of K products in another order), "
                    "then an exact widening to fp32")
             label = f"B={t} V={v} K={k}" + (" into out" if buf else "") + ("" if fmt == "plain" else f" {fmt}")
             # with a buffer, what is compared is the buffer: a backend that returns fresh logits fails
-            out.append(OpCase("lm_head", label, dtype, build, ulps(dtype, base, why), level, take=take, cost=cost,
+            out.append(OpCase("lm_head", label, dtype, build, _product_ulps(dtype, fmt, k, why), level, take=take, cost=cost,
                               output=(lambda r, a, kw: a[2]) if buf else None, **_ROWS0))
     return out
 
@@ -190,10 +187,7 @@ def act_gated() -> list[OpCase]:
              (1, 1024, "silu", "full"), (64, 2048, "gelu_tanh", "full"), (33, 1408, "silu", "full"),
              (9, 100, "gelu_tanh", "full"), (5, 17, "silu", "full")]
     for t, i, kind, level in sweep:
-        for dtype in ("float32", "bfloat16", "float16"):
-            if level == "quick" and dtype == "float16":
-                continue
-
+        for dtype in _dtypes(level):
             def build(seed, t=t, i=i, kind=kind, dtype=dtype):
                 g = gen(seed)
                 dt = DTYPES[dtype]
