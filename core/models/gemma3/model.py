@@ -9,6 +9,9 @@ Per layer (``x`` is the residual stream)::
     x += rms(linear(o)) (1+w)
     x += rms(linear(gelu_tanh(gate) * up)) (1+w),  gate, up = linear(h', gate|up),  h' = rms(x) (1+w)
 
+Each residual add runs inside the pre-norm that follows it (``norm.rms`` with ``residual``: the same bf16
+sum, one op fewer per add).
+
 The embedding is scaled by sqrt(hidden) in the table dtype and tied to the LM head. KV lives in two
 paged groups: ``sliding`` (window blocks are released as they fall out) and ``full``.
 
@@ -122,11 +125,11 @@ class Gemma3ForCausalLM:
         if positions.numel() and int(positions.max()) >= self.max_model_len:
             raise ValueError(f"position {int(positions.max())} is past max_model_len {self.max_model_len}")
         x = ops["embed"](batch.input_ids, self.embed_table, self.embed_scale)  # [T, hidden]
-        t = x.shape[0]
+        t, last = x.shape[0], len(self.layers) - 1
+        h = ops["norm.rms"](x, self.layers[0].attn_norm, self._norm)
         for i, w in enumerate(self.layers):
             kind = cfg.layer_types[i]
             group = GROUP_OF[kind]
-            h = ops["norm.rms"](x, w.attn_norm, self._norm)
             q, k, v = ops["linear"](h, self._qkv[i]).split(self._qkv_rows, dim=-1)
             q = ops["norm.rms"](q.reshape(t * h_, d), w.q_norm, self._norm).view(t, h_, d)
             k = ops["norm.rms"](k.reshape(t * hk, d), w.k_norm, self._norm).view(t, hk, d)
@@ -138,11 +141,15 @@ class Gemma3ForCausalLM:
             ops["kv.write"](kv_rows, cache, ab.slot_mapping, self._kvw)
             o = ops["attn.paged"](q, cache, ab, self._attn[kind])  # [T, H, D]
             o = ops["linear"](o.reshape(t, h_ * d), w.o)
-            x = x + ops["norm.rms"](o, w.post_attn_norm, self._norm)
-            h = ops["norm.rms"](x, w.ffn_norm, self._norm)
+            # x += post-norm(o), then the pre-norm of x: one norm with the residual add fused
+            h, x = ops["norm.rms"](ops["norm.rms"](o, w.post_attn_norm, self._norm), w.ffn_norm, self._norm, x)
             gate, up = ops["linear"](h, self._gate_up[i]).chunk(2, dim=-1)
-            x = x + ops["norm.rms"](ops["linear"](ops["act.gated"](gate, up, self._act), w.down), w.post_ffn_norm,
-                                    self._norm)
+            y = ops["norm.rms"](ops["linear"](ops["act.gated"](gate, up, self._act), w.down), w.post_ffn_norm,
+                                self._norm)
+            if i < last:  # x += y and the next layer's attention pre-norm, fused likewise
+                h, x = ops["norm.rms"](y, self.layers[i + 1].attn_norm, self._norm, x)
+            else:
+                x = x + y
         x = ops["norm.rms"](x[batch.logits_indices.long()], self.final_norm, self._norm)  # [B', hidden]
         logits = ops["lm_head"](x, self.embed_table, batch.logits_out)  # [B', V] fp32
         if cfg.final_softcap > 0:
