@@ -27,6 +27,13 @@ Aggregate tok/s = output tokens / wall time of the level. Reported: a rich table
 (every inferhal engine / every peer row) per level, ``<bench.output_dir>/e2e.json`` (or ``output=``) and ``e2e.png``.
 A peer that cannot run is reported as not measured, with the reason. Timings are wall-clock on
 whatever machine runs it; the exit status says only whether the benchmark ran.
+
+What the host did is recorded beside the timings (:mod:`.host`): each repeat's hypervisor steal (the share
+of CPU time a shared VM's vCPUs waited for the host; column ``steal %`` of the median row, every repeat's in
+the JSON), and at each level the memory read bandwidth measured then. For models that say how many weight
+bytes a decode step reads (``step_weight_bytes()``), each inferhal row gets the weight-streaming bound
+``c × bandwidth / bytes`` tok/s, printed with the share of it reached and drawn dashed in the plot: at
+high concurrency a CPU engine that reads its weights from memory every step cannot pass it.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ import os
 import statistics
 import time
 from typing import Any, Callable, Sequence
+
+from inferhal.core.bench import host
 
 PROMPTS = (
     "The capital of France is", "Write a short poem about the sea:", "def quicksort(arr):\n",
@@ -186,26 +195,69 @@ def speed_ratios(rows: Sequence[dict], engines: Sequence[str]) -> dict[str, floa
 def median_row(samples: Sequence[dict]) -> dict:
     """The repeat with the median tok/s (the lower median for an even count), with every repeat's tok/s."""
     ranked = sorted(samples, key=lambda r: r["tok_s"])
-    return {**ranked[(len(ranked) - 1) // 2], "tok_s_repeats": [r["tok_s"] for r in samples]}
+    row = {**ranked[(len(ranked) - 1) // 2], "tok_s_repeats": [r["tok_s"] for r in samples]}
+    if any("steal" in r for r in samples):
+        row["steal_repeats"] = [r.get("steal") for r in samples]
+    return row
 
 
 def measure(runners: dict[str, Callable], prompts: Sequence[list[int]], levels: Sequence[int], num_prompts: int,
-            max_tokens: int, repeats: int, log: Callable[[str], None] = print) -> list[dict]:
+            max_tokens: int, repeats: int, log: Callable[[str], None] = print,
+            cpu_times: Callable[[], tuple[int, int] | None] = host.cpu_times,
+            bandwidth: Callable[[], float] | None = None) -> list[dict]:
     """Every engine at every level, ``repeats`` times, engines interleaved (their order rotated each repeat)
-    so machine noise spreads over all of them → one :func:`median_row` per (engine, level)."""
+    so machine noise spreads over all of them → one :func:`median_row` per (engine, level).
+
+    Each repeat records the share of CPU time the hypervisor took while it ran (``steal``, from
+    ``cpu_times``; None off Linux); ``bandwidth`` (bytes/s, measured at the start of each level) goes into
+    every row of that level as ``read_gbs``."""
     names = list(runners)
     rows = []
     for c in levels:
         n = max(c, min(num_prompts, 4 * c))
         got: dict[str, list[dict]] = {e: [] for e in names}
+        gbs = bandwidth() / 1e9 if bandwidth is not None else None
+        if gbs is not None:
+            log(f"c={c}: host memory read bandwidth {gbs:.1f} GB/s")
         for rep in range(repeats):
             k = rep % len(names)
             for e in names[k:] + names[:k]:
+                before = cpu_times()
                 wall, per = runners[e](prompts[:n], c, max_tokens)
-                got[e].append(summarize(e, c, wall, per))
-                log(f"{e} c={c} repeat {rep + 1}/{repeats}: {got[e][-1]['tok_s']:.1f} tok/s")
+                steal = host.steal_share(before, cpu_times())
+                got[e].append({**summarize(e, c, wall, per), "steal": steal, "read_gbs": gbs})
+                log(f"{e} c={c} repeat {rep + 1}/{repeats}: {got[e][-1]['tok_s']:.1f} tok/s"
+                    + (f" (hypervisor steal {100 * steal:.0f}%)" if steal is not None else ""))
         rows += [median_row(got[e]) for e in names]
     return rows
+
+
+def add_weight_bounds(rows: Sequence[dict], weight_bytes: dict[str, int]) -> None:
+    """Give each row of an engine in ``weight_bytes`` (weight bytes one decode step reads) its bytes and,
+    where the level measured the host's read bandwidth, ``bound_tok_s``: ``c`` tokens per step when a step
+    takes only the time to stream those weights once (prefill, activations, KV, logits and every other cost
+    left out, so no engine that streams its weights can exceed it)."""
+    for r in rows:
+        nbytes = weight_bytes.get(r["engine"])
+        if not nbytes:
+            continue
+        r["weight_bytes_per_step"] = nbytes
+        if r.get("read_gbs"):
+            r["bound_tok_s"] = r["concurrency"] * r["read_gbs"] * 1e9 / nbytes
+
+
+def bound_lines(rows: Sequence[dict]) -> list[str]:
+    """One line per row with a :func:`add_weight_bounds` bound: the bytes, the step they imply, the share reached."""
+    out = []
+    for r in rows:
+        if "bound_tok_s" not in r:
+            continue
+        step_ms = 1e3 * r["concurrency"] / r["bound_tok_s"]
+        out.append(f"{r['engine']} c={r['concurrency']}: reads {r['weight_bytes_per_step'] / 1e6:.0f} MB of weights "
+                   f"per decode step; at the host's {r['read_gbs']:.1f} GB/s that is >= {step_ms:.0f} ms a step, "
+                   f"<= {r['bound_tok_s']:.0f} tok/s; reached {r['tok_s']:.1f} "
+                   f"({100 * r['tok_s'] / r['bound_tok_s']:.0f}% of that bound)")
+    return out
 
 
 def inferhal_variants(dtype: str) -> list[tuple[str, str]]:
@@ -258,6 +310,7 @@ def run(cfg) -> int:
     n_max = max(max(c, min(int(b.num_prompts), 4 * c)) for c in levels)
     variants = inferhal_variants(str(cfg.model.dtype))
     runners: dict[str, Callable] = {}  # engine -> (prompts, c, max_tokens) -> (wall, per request)
+    weight_bytes: dict[str, int] = {}  # inferhal engine -> weight bytes one decode step reads
     for engine, dtype in variants:
         cfg.model.dtype = dtype
         t = time.perf_counter()
@@ -272,6 +325,9 @@ def run(cfg) -> int:
         if cfg.spec.method != "none":
             notes[engine] += f", spec={cfg.spec.method} ({cfg.spec.num_speculative_tokens} drafts per step)"
         runners[engine] = functools.partial(run_inferhal, llm)
+        step_bytes = getattr(llm.engine.loaded.model, "step_weight_bytes", None)
+        if step_bytes is not None:
+            weight_bytes[engine] = int(step_bytes())
     engines = [e for e, _ in variants]
     cfg.model.dtype = variants[0][1]
     path = str(info.get("path", ""))
@@ -297,12 +353,14 @@ def run(cfg) -> int:
         for run_one in runners.values():
             run_one(prompts[:1], 1, 2)
     repeats = max(1, int(b.repeats))
-    rows = measure(runners, prompts, levels, int(b.num_prompts), max_tokens, repeats, console.print)
+    rows = measure(runners, prompts, levels, int(b.num_prompts), max_tokens, repeats, console.print,
+                   bandwidth=host.read_bandwidth)
+    add_weight_bounds(rows, weight_bytes)
     ratios = speed_ratios(rows, engines)
     table = Table(title=f"e2e: {cfg.model.name}, {max_tokens} greedy tokens per request, median of {repeats} "
                         f"interleaved repeats (×: median of paired ratios)")
     for col in ("engine", "c", "reqs", "tok/s", "TTFT p50 ms", "TTFT p95 ms", "TPOT p50 ms", "TPOT p95 ms",
-                *(f"{e.replace('inferhal-', '')} ×" for e in engines)):
+                "steal %", *(f"{e.replace('inferhal-', '')} ×" for e in engines)):
         table.add_column(col, justify="right" if col != "engine" else "left", no_wrap=col == "engine")
     for r in rows:
         cells = []
@@ -311,10 +369,13 @@ def run(cfg) -> int:
             cells.append("" if r["engine"] in engines else f"{ratios[key]:.2f}" if key in ratios else "-")
         table.add_row(r["engine"], str(r["concurrency"]), str(r["requests"]), f"{r['tok_s']:.1f}",
                       f"{r['ttft_p50_ms']:.0f}", f"{r['ttft_p95_ms']:.0f}", f"{r['tpot_p50_ms']:.0f}",
-                      f"{r['tpot_p95_ms']:.0f}", *cells)
+                      f"{r['tpot_p95_ms']:.0f}", "-" if r.get("steal") is None else f"{100 * r['steal']:.0f}",
+                      *cells)
     console.print(table)
     for k, v in notes.items():
         console.print(f"  {k}: {v}")
+    for line in bound_lines(rows):
+        console.print(f"  {line}")
 
     out = str(cfg.output) if cfg.output else os.path.join(str(b.output_dir), "e2e.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -339,7 +400,11 @@ def _plot(rows: Sequence[dict], path: str, model: str) -> None:
     for eng in dict.fromkeys(r["engine"] for r in rows):
         rs = [r for r in rows if r["engine"] == eng]
         cs = [r["concurrency"] for r in rs]
-        axes[0].plot(cs, [r["tok_s"] for r in rs], marker="o", label=eng)
+        line, = axes[0].plot(cs, [r["tok_s"] for r in rs], marker="o", label=eng)
+        bounds = [(r["concurrency"], r["bound_tok_s"]) for r in rs if "bound_tok_s" in r]
+        if bounds:
+            axes[0].plot(*zip(*bounds), linestyle="--", marker="_", markersize=14, color=line.get_color(), alpha=0.6,
+                         label=f"{eng}: weight-streaming bound")
         axes[1].plot(cs, [r["ttft_p50_ms"] for r in rs], marker="o", label=eng)
         axes[2].plot(cs, [r["tpot_p50_ms"] for r in rs], marker="o", label=eng)
     for ax, title in zip(axes, ("aggregate output tok/s", "TTFT p50 (ms)", "TPOT p50 (ms)")):

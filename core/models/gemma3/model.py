@@ -117,6 +117,18 @@ class Gemma3ForCausalLM:
     def kv_groups(self) -> Sequence[KVGroupSpec]:
         return kv_groups_for(self.cfg, self.dtype)
 
+    def step_weight_bytes(self) -> int:
+        """Bytes of weights one decode step reads, each once: every layer's products and norms, the final
+        norm and the whole tied table as the LM head (the embedding itself gathers only the step's rows).
+        With the host's read bandwidth, the floor of a step that streams its weights from memory."""
+        def nbytes(t) -> int:
+            return t.nbytes() if callable(getattr(t, "nbytes", None)) else t.numel() * t.element_size()
+
+        per_layer = sum(nbytes(w.attn_norm) + nbytes(qkv) + nbytes(w.q_norm) + nbytes(w.k_norm) + nbytes(w.o)
+                        + nbytes(w.post_attn_norm) + nbytes(w.ffn_norm) + nbytes(gu) + nbytes(w.down)
+                        + nbytes(w.post_ffn_norm) for w, qkv, gu in zip(self.layers, self._qkv, self._gate_up))
+        return per_layer + nbytes(self.final_norm) + nbytes(self.embed_table)
+
     # -- forward -----------------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         ops, cfg = self.ops, self.cfg

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from inferhal.core.bench.e2e import _pct, inferhal_variants, measure, speed_ratios, summarize
+from inferhal.core.bench.e2e import (_pct, add_weight_bounds, bound_lines, inferhal_variants, measure, speed_ratios,
+                                     summarize)
 
 
 def test_summary_counts_tokens_over_wall_time_and_takes_percentiles_per_request():
@@ -48,10 +51,26 @@ def test_measure_interleaves_engines_and_keeps_the_median_repeat():
         return run
 
     runners = {"inferhal": engine("inferhal", [4, 6, 5]), "transformers": engine("transformers", [2, 3, 1])}
-    rows = measure(runners, [[1]] * 8, [2], num_prompts=8, max_tokens=4, repeats=3, log=lambda _: None)
+    clock = itertools.count()  # each reading: 100 more ticks, 50 of them stolen
+    rows = measure(runners, [[1]] * 8, [2], num_prompts=8, max_tokens=4, repeats=3, log=lambda _: None,
+                   cpu_times=lambda: (lambda k: (50 * k, 100 * k))(next(clock)), bandwidth=lambda: 12e9)
     assert [c[0] for c in calls] == ["inferhal", "transformers", "transformers", "inferhal", "inferhal", "transformers"]
     assert all(n == 8 for _, _, n in calls)  # min(num_prompts, 4c) requests at c=2
     by = {r["engine"]: r for r in rows}
     assert by["inferhal"]["tok_s_repeats"] == [32.0, 48.0, 40.0] and by["inferhal"]["tok_s"] == 40.0
     assert by["transformers"]["tok_s"] == 16.0
     assert speed_ratios(rows, ["inferhal"])["vs_transformers@2"] == 2.0  # 32/16, 48/24, 40/8 -> median 2
+    assert by["inferhal"]["steal_repeats"] == [0.5] * 3 and by["inferhal"]["steal"] == 0.5
+    assert by["inferhal"]["read_gbs"] == 12.0
+
+
+def test_weight_bounds_are_c_tokens_per_time_to_stream_the_weights_once():
+    rows = [{**summarize("inferhal", 32, 1.0, [(0.0, 0.0, 300)]), "read_gbs": 12.0},
+            {**summarize("inferhal", 8, 1.0, [(0.0, 0.0, 80)]), "read_gbs": None},
+            {**summarize("transformers", 32, 1.0, [(0.0, 0.0, 60)]), "read_gbs": 12.0}]
+    add_weight_bounds(rows, {"inferhal": 600_000_000})
+    assert rows[0]["bound_tok_s"] == pytest.approx(640.0)  # a step >= 600 MB / 12 GB/s = 50 ms, 32 tokens each
+    assert "bound_tok_s" not in rows[1] and rows[1]["weight_bytes_per_step"] == 600_000_000  # no bandwidth
+    assert "weight_bytes_per_step" not in rows[2]  # a peer's bytes are not known
+    (line,) = bound_lines(rows)
+    assert "600 MB" in line and ">= 50 ms" in line and "<= 640 tok/s" in line and "(47% of that bound)" in line

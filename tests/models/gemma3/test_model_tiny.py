@@ -95,3 +95,10 @@ def test_kv_groups_split_sliding_and_global_layers(ops):
     assert groups["sliding"].kind == "sliding" and groups["sliding"].window == 6
     assert groups["sliding"].layers == (0, 1, 2, 3, 4, 6) and groups["full"].layers == (5,)
     assert groups["full"].slot_shape == (2, 1, 32)
+
+
+def test_step_weight_bytes_counts_every_weight_once_and_the_tied_table_as_the_head(ops):
+    hf, ours = _pair(ops, 0.0, 1.0)
+    want = sum(p.numel() * p.element_size() for p in hf.parameters())  # the tied table once
+    assert ours.step_weight_bytes() == want == (7 * (4 * 64 + 2 * 32 + 192 * 64 + 64 * 128 + 192 * 64 + 64 * 96)
+                                                + 64 + 300 * 64) * 4

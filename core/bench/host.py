@@ -1,0 +1,55 @@
+"""What the host did during a benchmark: CPU time the hypervisor took (steal) and the memory read bandwidth
+available right now, so a run on a shared VM says how much of the machine it had and where its floor was.
+
+Steal is read from ``/proc/stat`` (Linux; ``None`` elsewhere): the share of all CPUs' time between two
+readings that a virtual machine's vCPUs were ready to run but the hypervisor ran something else. The read
+bandwidth is a multi-threaded ``torch.sum`` over a buffer far larger than any cache (median of a few
+passes): what a product that streams its weights from memory can hope for on this host at this moment.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+#: bytes summed per bandwidth pass (far past the last-level cache of current server CPUs)
+BANDWIDTH_BYTES = 512 << 20
+
+
+def cpu_times(path: str = "/proc/stat") -> tuple[int, int] | None:
+    """``(steal, total)`` CPU ticks of all CPUs since boot, or None where the file is missing or unreadable."""
+    try:
+        with open(path) as f:
+            line = f.readline().split()
+    except OSError:
+        return None
+    if not line or line[0] != "cpu" or len(line) < 9:
+        return None
+    try:
+        ticks = [int(v) for v in line[1:]]
+    except ValueError:
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice: already counted in user and nice]
+    return ticks[7], sum(ticks[:8])
+
+
+def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share (0..1) of CPU time the hypervisor took between two :func:`cpu_times` readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return max(0.0, (after[0] - before[0]) / (after[1] - before[1]))
+
+
+def read_bandwidth(nbytes: int = BANDWIDTH_BYTES, passes: int = 3) -> float:
+    """Memory read bandwidth in bytes/s with torch's threads: the median of ``passes`` sums over ``nbytes``."""
+    import torch
+
+    if nbytes < 4 or passes < 1:
+        raise ValueError(f"read_bandwidth: needs nbytes >= 4 and passes >= 1, got {nbytes}, {passes}")
+    buf = torch.ones(nbytes // 4, dtype=torch.float32)
+    times = []
+    for _ in range(passes):
+        t = time.perf_counter()
+        buf.sum()
+        times.append(time.perf_counter() - t)
+    return buf.numel() * 4 / statistics.median(times)
