@@ -391,28 +391,46 @@ def run(cfg) -> int:
 
 
 def _plot(rows: Sequence[dict], path: str, model: str) -> None:
+    """tok/s, TTFT p50 and TPOT p50 per engine: lines over concurrency, or bars when one level ran. Each
+    inferhal engine's weight-streaming bound (:func:`add_weight_bounds`) is drawn dashed on the tok/s panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for eng in dict.fromkeys(r["engine"] for r in rows):
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.5))
+    engines = list(dict.fromkeys(r["engine"] for r in rows))
+    levels = sorted({r["concurrency"] for r in rows})
+    keys = ("tok_s", "ttft_p50_ms", "tpot_p50_ms")
+    colors = {e: f"C{i}" for i, e in enumerate(engines)}
+    for eng in engines:
         rs = [r for r in rows if r["engine"] == eng]
-        cs = [r["concurrency"] for r in rs]
-        line, = axes[0].plot(cs, [r["tok_s"] for r in rs], marker="o", label=eng)
         bounds = [(r["concurrency"], r["bound_tok_s"]) for r in rs if "bound_tok_s" in r]
+        if len(levels) == 1:
+            x = engines.index(eng)
+            for ax, key in zip(axes, keys):
+                ax.bar(x, rs[0][key], color=colors[eng])
+            if bounds:
+                axes[0].hlines(bounds[0][1], x - 0.4, x + 0.4, colors=colors[eng], linestyles="--",
+                               label=f"{eng}: weight-streaming bound")
+            continue
+        cs = [r["concurrency"] for r in rs]
+        for ax, key in zip(axes, keys):
+            ax.plot(cs, [r[key] for r in rs], marker="o", color=colors[eng], label=eng)
         if bounds:
-            axes[0].plot(*zip(*bounds), linestyle="--", marker="_", markersize=14, color=line.get_color(), alpha=0.6,
+            axes[0].plot(*zip(*bounds), linestyle="--", color=colors[eng], alpha=0.6,
                          label=f"{eng}: weight-streaming bound")
-        axes[1].plot(cs, [r["ttft_p50_ms"] for r in rs], marker="o", label=eng)
-        axes[2].plot(cs, [r["tpot_p50_ms"] for r in rs], marker="o", label=eng)
     for ax, title in zip(axes, ("aggregate output tok/s", "TTFT p50 (ms)", "TPOT p50 (ms)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrency")
         ax.set_title(title)
         ax.grid(alpha=0.3)
-        ax.legend()
+        if len(levels) == 1:
+            ax.set_xticks(range(len(engines)), engines, rotation=30, ha="right", fontsize=8)
+            ax.set_xlabel(f"concurrency {levels[0]}")
+        else:
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrency")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.suptitle(f"inferhal bench e2e: {model}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from inferhal.core.bench.e2e import (_pct, add_weight_bounds, bound_lines, inferhal_variants, measure, speed_ratios,
+from inferhal.core.bench.e2e import (_pct, _plot, add_weight_bounds, bound_lines, inferhal_variants, measure, speed_ratios,
                                      summarize)
 
 
@@ -74,3 +74,13 @@ def test_weight_bounds_are_c_tokens_per_time_to_stream_the_weights_once():
     assert "weight_bytes_per_step" not in rows[2]  # a peer's bytes are not known
     (line,) = bound_lines(rows)
     assert "600 MB" in line and ">= 50 ms" in line and "<= 640 tok/s" in line and "(47% of that bound)" in line
+
+
+@pytest.mark.parametrize("levels", [[32], [1, 8, 32]])
+def test_the_plot_draws_one_level_as_bars_and_several_as_lines(tmp_path, levels):
+    rows = [{**summarize(e, c, 1.0, [(0.1, 0.01, 4 * c)]), "read_gbs": 10.0} for c in levels
+            for e in ("inferhal", "transformers")]
+    add_weight_bounds(rows, {"inferhal": 10**9})
+    path = tmp_path / "e2e.png"
+    _plot(rows, str(path), "toy")
+    assert path.stat().st_size > 10_000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
