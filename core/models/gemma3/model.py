@@ -30,6 +30,7 @@ import torch
 from inferhal.core.models.base import ForwardBatch, KVCache
 from inferhal.core.models.gemma3.config import FULL, SLIDING, Gemma3Config
 from inferhal.core.ops.params import ActParams, AttnParams, KVWriteParams, RmsNormParams, RopeParams
+from inferhal.core.ops.quant import QuantWeight
 from inferhal.core.paging.spec import KVGroupSpec
 
 GROUP_OF = {SLIDING: "sliding", FULL: "full"}
@@ -122,7 +123,7 @@ class Gemma3ForCausalLM:
         norm and the whole tied table as the LM head (the embedding itself gathers only the step's rows).
         With the host's read bandwidth, the floor of a step that streams its weights from memory."""
         def nbytes(t) -> int:
-            return t.nbytes() if callable(getattr(t, "nbytes", None)) else t.numel() * t.element_size()
+            return t.nbytes() if isinstance(t, QuantWeight) else t.nbytes
 
         per_layer = sum(nbytes(w.attn_norm) + nbytes(qkv) + nbytes(w.q_norm) + nbytes(w.k_norm) + nbytes(w.o)
                         + nbytes(w.post_attn_norm) + nbytes(w.ffn_norm) + nbytes(gu) + nbytes(w.down)

@@ -102,3 +102,7 @@ def test_step_weight_bytes_counts_every_weight_once_and_the_tied_table_as_the_he
     want = sum(p.numel() * p.element_size() for p in hf.parameters())  # the tied table once
     assert ours.step_weight_bytes() == want == (7 * (4 * 64 + 2 * 32 + 192 * 64 + 64 * 128 + 192 * 64 + 64 * 96)
                                                 + 64 + 300 * 64) * 4
+    from inferhal.backends.reference.quant import quantize_fp8_block
+
+    ours.layers[0].o = qo = quantize_fp8_block(ours.layers[0].o, (32, 32))  # a weight kept quantised: its own bytes
+    assert ours.step_weight_bytes() == want - 64 * 128 * 4 + qo.nbytes() and qo.nbytes() == 64 * 128 + 2 * 4 * 4
