@@ -3,13 +3,12 @@ available right now, so a run on a shared VM says how much of the machine it had
 
 Steal is read from ``/proc/stat`` (Linux; ``None`` elsewhere): the share of all CPUs' time between two
 readings that a virtual machine's vCPUs were ready to run but the hypervisor ran something else. The read
-bandwidth is a multi-threaded ``torch.sum`` over a buffer far larger than any cache (median of a few
-passes): what a product that streams its weights from memory can hope for on this host at this moment.
+bandwidth is a multi-threaded ``torch.sum`` over a buffer far larger than any cache (the fastest of a
+few passes): what a product that streams its weights from memory can hope for on this host at this moment.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 
 #: bytes summed per bandwidth pass (far past the last-level cache of current server CPUs)
@@ -40,16 +39,17 @@ def steal_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -
     return max(0.0, (after[0] - before[0]) / (after[1] - before[1]))
 
 
-def read_bandwidth(nbytes: int = BANDWIDTH_BYTES, passes: int = 3) -> float:
-    """Memory read bandwidth in bytes/s with torch's threads: the median of ``passes`` sums over ``nbytes``."""
+def read_bandwidth(nbytes: int = BANDWIDTH_BYTES, passes: int = 5) -> float:
+    """Memory read bandwidth in bytes/s with torch's threads: the fastest of ``passes`` sums over ``nbytes``
+    (the best the host gave in that moment; a bound built on it should not be undercut by a slow pass)."""
     import torch
 
     if nbytes < 4 or passes < 1:
         raise ValueError(f"read_bandwidth: needs nbytes >= 4 and passes >= 1, got {nbytes}, {passes}")
     buf = torch.ones(nbytes // 4, dtype=torch.float32)
-    times = []
+    best = float("inf")
     for _ in range(passes):
         t = time.perf_counter()
         buf.sum()
-        times.append(time.perf_counter() - t)
-    return buf.numel() * 4 / statistics.median(times)
+        best = min(best, time.perf_counter() - t)
+    return buf.numel() * 4 / best

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from inferhal.core.bench.e2e import (_pct, _plot, add_weight_bounds, bound_lines, inferhal_variants, measure, speed_ratios,
-                                     summarize)
+from inferhal.core.bench.e2e import (_pct, _plot, add_weight_bounds, bound_lines, inferhal_variants, measure,
+                                     speed_ratios, summarize)
 
 
 def test_summary_counts_tokens_over_wall_time_and_takes_percentiles_per_request():
@@ -53,7 +53,8 @@ def test_measure_interleaves_engines_and_keeps_the_median_repeat():
     runners = {"inferhal": engine("inferhal", [4, 6, 5]), "transformers": engine("transformers", [2, 3, 1])}
     clock = itertools.count()  # each reading: 100 more ticks, 50 of them stolen
     rows = measure(runners, [[1]] * 8, [2], num_prompts=8, max_tokens=4, repeats=3, log=lambda _: None,
-                   cpu_times=lambda: (lambda k: (50 * k, 100 * k))(next(clock)), bandwidth=lambda: 12e9)
+                   cpu_times=lambda: (lambda k: (50 * k, 100 * k))(next(clock)),
+                   bandwidth=iter([10e9, 12e9]).__next__)  # before and after the level
     assert [c[0] for c in calls] == ["inferhal", "transformers", "transformers", "inferhal", "inferhal", "transformers"]
     assert all(n == 8 for _, _, n in calls)  # min(num_prompts, 4c) requests at c=2
     by = {r["engine"]: r for r in rows}
@@ -61,7 +62,9 @@ def test_measure_interleaves_engines_and_keeps_the_median_repeat():
     assert by["transformers"]["tok_s"] == 16.0
     assert speed_ratios(rows, ["inferhal"])["vs_transformers@2"] == 2.0  # 32/16, 48/24, 40/8 -> median 2
     assert by["inferhal"]["steal_repeats"] == [0.5] * 3 and by["inferhal"]["steal"] == 0.5
-    assert by["inferhal"]["read_gbs"] == 12.0
+    ours = by["inferhal"]
+    assert (ours["read_gbs_start"], ours["read_gbs_end"], ours["read_gbs"]) == (10, 12, 12)
+    assert by["transformers"]["read_gbs"] == 12.0  # the best reading of the level, on every row of it
 
 
 def test_weight_bounds_are_c_tokens_per_time_to_stream_the_weights_once():
@@ -74,6 +77,9 @@ def test_weight_bounds_are_c_tokens_per_time_to_stream_the_weights_once():
     assert "weight_bytes_per_step" not in rows[2]  # a peer's bytes are not known
     (line,) = bound_lines(rows)
     assert "600 MB" in line and ">= 50 ms" in line and "<= 640 tok/s" in line and "(47% of that bound)" in line
+    rows[0].update(tok_s=700.0, read_gbs_start=9.0, read_gbs_end=12.0)  # faster than the readings allow
+    (line,) = bound_lines(rows)
+    assert "above it" in line and "9.0 before, 12.0 after" in line and "% of that bound" not in line
 
 
 @pytest.mark.parametrize("levels", [[32], [1, 8, 32]])
