@@ -22,7 +22,7 @@ Norm weights are stored as GGUF/llama.cpp write them minus one, so ``norm.rms`` 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Mapping, Sequence
 
 import torch
@@ -125,9 +125,8 @@ class Gemma3ForCausalLM:
         def nbytes(t) -> int:
             return t.nbytes() if isinstance(t, QuantWeight) else t.nbytes
 
-        per_layer = sum(nbytes(w.attn_norm) + nbytes(qkv) + nbytes(w.q_norm) + nbytes(w.k_norm) + nbytes(w.o)
-                        + nbytes(w.post_attn_norm) + nbytes(w.ffn_norm) + nbytes(gu) + nbytes(w.down)
-                        + nbytes(w.post_ffn_norm) for w, qkv, gu in zip(self.layers, self._qkv, self._gate_up))
+        # every field once: q|k|v and gate|up are views splitting the fused products, so they add up to them
+        per_layer = sum(nbytes(getattr(w, f.name)) for w in self.layers for f in fields(w))
         return per_layer + nbytes(self.final_norm) + nbytes(self.embed_table)
 
     # -- forward -----------------------------------------------------------------------------------
