@@ -138,8 +138,8 @@ def linear() -> list[OpCase]:
             why = ("one output rounding; fp32 sums of K products in another order (sqrt(K) growth)"
                    if fmt == "plain" else "dequantised weights rounded to the activation dtype, then one rounding")
             label = f"T={t} N={n} K={k}" + (" +bias" if bias else "") + ("" if fmt == "plain" else f" {fmt}")
-            out.append(OpCase("linear", label, dtype, build, _product_ulps(dtype, fmt, k, why), level, take=take, cost=cost,
-                              **_ROWS0))
+            out.append(OpCase("linear", label, dtype, build, _product_ulps(dtype, fmt, k, why), level, take=take,
+                              cost=cost, **_ROWS0))
     return out
 
 
@@ -171,8 +171,8 @@ def lm_head() -> list[OpCase]:
                    "then an exact widening to fp32")
             label = f"B={t} V={v} K={k}" + (" into out" if buf else "") + ("" if fmt == "plain" else f" {fmt}")
             # with a buffer, what is compared is the buffer: a backend that returns fresh logits fails
-            out.append(OpCase("lm_head", label, dtype, build, _product_ulps(dtype, fmt, k, why), level, take=take, cost=cost,
-                              output=(lambda r, a, kw: a[2]) if buf else None, **_ROWS0))
+            out.append(OpCase("lm_head", label, dtype, build, _product_ulps(dtype, fmt, k, why), level, take=take,
+                              cost=cost, output=(lambda r, a, kw: a[2]) if buf else None, **_ROWS0))
     return out
 
 
