@@ -21,14 +21,16 @@ def probe() -> Probe:
     return Probe(st.available, st.reason)
 
 
-def check_config(config) -> None:
+def check_config(config, backend: str = "cpu_amx") -> None:
+    """Refuses options (it reads none) and batch-invariant mode; ``backend``: the name errors give (cpu_avx512
+    checks its config here too)."""
     from inferhal.core.errors import UserError
 
     unknown = sorted(set(config.options) - set(OPTIONS))
     if unknown:
-        raise UserError(f"backend.options: unknown option(s) {unknown} for the cpu_amx backend; it reads none")
+        raise UserError(f"backend.options: unknown option(s) {unknown} for the {backend} backend; it reads none")
     if config.batch_invariant:
-        raise UserError("backend.batch_invariant=true: cpu_amx does not offer it (the ops it takes from the "
+        raise UserError(f"backend.batch_invariant=true: {backend} does not offer it (the ops it takes from the "
                         "reference run in their default, batch-dependent mode); use backend=reference")
 
 

@@ -1,6 +1,7 @@
 """Ops of the cpu_amx backend: ``linear`` on AMX tiles for bf16 dense weights, ``norm.rms`` and
 ``act.gated`` in one AVX-512 pass per row for bf16, ``rope.apply`` (NeoX), ``attn.paged`` and ``kv.write``
-over the bf16 cache.
+over the bf16 cache. The cpu_avx512 backend takes them all, with the products from :func:`products`
+run by the AVX512-BF16 kernel instead.
 
 ``linear`` and ``lm_head`` run :mod:`inferhal.kernels.cpu.amx` when the activations and the weight are
 bf16 on the CPU, the weight is a plain ``[N, K]`` tensor with K a multiple of 32 and there is no bias; they
@@ -35,22 +36,30 @@ OP_IDS = ("linear", "lm_head", "norm.rms", "act.gated", "rope.apply", "attn.page
 PACKS = matmul.PackCache(amx.pack)
 
 
-def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
-    if bias is None and isinstance(w, torch.Tensor) and amx.supports(x, w):
-        wp = PACKS.get(w)
-        if wp is not None:
-            return amx.linear(x, wp, w.shape[0])
-    return ref.linear(x, w, bias)
+def products(kernel: str):
+    """``linear`` and ``lm_head`` over :data:`PACKS`, run by ``kernel`` (``amx``, or ``avx512`` for the
+    cpu_avx512 backend): each falls back to the reference per call outside the kernel's cases."""
+
+    def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if bias is None and isinstance(w, torch.Tensor) and amx.supports(x, w):
+            wp = PACKS.get(w)
+            if wp is not None:
+                return amx.linear(x, wp, w.shape[0], kernel=kernel)
+        return ref.linear(x, w, bias)
+
+    def lm_head(x: torch.Tensor, w, out: torch.Tensor | None = None) -> torch.Tensor:
+        if isinstance(w, torch.Tensor) and amx.supports(x, w) and x.dim() == 2:
+            if out is not None and (out.dtype != torch.float32 or tuple(out.shape) != (x.shape[0], w.shape[0])):
+                return ref.lm_head(x, w, out)  # it names the wrong buffer
+            wp = PACKS.get(w)
+            if wp is not None:  # the bf16 sums, rounded as linear rounds them, written widened in one pass
+                return amx.linear(x, wp, w.shape[0], torch.float32, out=out, bf16_values=True, kernel=kernel)
+        return ref.lm_head(x, w, out)
+
+    return linear, lm_head
 
 
-def lm_head(x: torch.Tensor, w, out: torch.Tensor | None = None) -> torch.Tensor:
-    if isinstance(w, torch.Tensor) and amx.supports(x, w) and x.dim() == 2:
-        if out is not None and (out.dtype != torch.float32 or tuple(out.shape) != (x.shape[0], w.shape[0])):
-            return ref.lm_head(x, w, out)  # it names the wrong buffer
-        wp = PACKS.get(w)
-        if wp is not None:  # the bf16 sums, rounded as linear rounds them, written widened in one pass
-            return amx.linear(x, wp, w.shape[0], torch.float32, out=out, bf16_values=True)
-    return ref.lm_head(x, w, out)
+linear, lm_head = products("amx")
 
 
 def norm_rms(x: torch.Tensor, weight: torch.Tensor | None, p: RmsNormParams, residual: torch.Tensor | None = None):
@@ -86,14 +95,17 @@ def kv_write(values: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tens
     return ref.kv_write(values, cache, slot_mapping, p, scale_cache)
 
 
-def provide(level) -> dict:
+def provide(level, kernel: str = "amx") -> dict:
+    """The op table; ``kernel`` runs the products (``amx`` here, ``avx512`` for cpu_avx512)."""
     from inferhal.core.ops.table import OpImpl
 
-    note = ("AMX bf16 kernel (kernels/cpu/amx_linear.c) for bf16 dense weights with K % 32 == 0 and no bias; "
-            "other calls run the reference product")
+    lin, head = (linear, lm_head) if kernel == "amx" else products(kernel)
+    what = {"amx": "AMX bf16 kernel (kernels/cpu/amx_linear.c)",
+            "avx512": "AVX512-BF16 kernel (kernels/cpu/avx512_linear.c)"}[kernel]
+    note = f"{what} for bf16 dense weights with K % 32 == 0 and no bias; other calls run the reference product"
     row = "one AVX-512 pass per row (kernels/cpu/elementwise.c) for bf16; other dtypes run the reference op"
-    return {"linear": OpImpl(linear, level, note),
-            "lm_head": OpImpl(lm_head, level, "the AMX kernel writes the bf16-rounded logits into the fp32 buffer in "
+    return {"linear": OpImpl(lin, level, note),
+            "lm_head": OpImpl(head, level, "the kernel writes the bf16-rounded logits into the fp32 buffer in "
                               "one pass, for the linear's cases; other calls run the reference's chunked head"),
             "norm.rms": OpImpl(norm_rms, level, row),
             "act.gated": OpImpl(act_gated, level, row),

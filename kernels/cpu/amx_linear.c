@@ -66,16 +66,6 @@ void ih_amx_pack(const uint16_t *w, int64_t n, int64_t k, int64_t ldw, uint16_t 
       }
 }
 
-enum { OUT_BF16 = 0, OUT_F32 = 1, OUT_F32_OF_BF16 = 2 };
-
-/* 16 fp32 sums -> columns [c, c + 16) of row r of y (mask m), in the output mode */
-static inline void store_row(__m512 v, void *y, int mode, int64_t ldy, int64_t r, int64_t c, __mmask16 m) {
-  if (mode == OUT_BF16)
-    store_bf16((uint16_t *)y + r * ldy + c, v, m);
-  else
-    _mm512_mask_storeu_ps((float *)y + r * ldy + c, m, mode == OUT_F32_OF_BF16 ? round_bf16(v) : v);
-}
-
 /* rows [r0, r0 + nr) x columns [c0, c0 + nc) of one 16 x 16 fp32 tile in scratch -> y */
 static void write_tile(const float *s, void *y, int mode, int64_t ldy, int64_t r0, int nr, int64_t c0, int nc) {
   const __mmask16 m = tail_mask(nc);

@@ -1,16 +1,17 @@
 """The CPU kernels' library: C sources compiled at run time with the system compiler, called through ctypes.
 
-As the CUDA C sources are compiled at run time through NVRTC, these (``amx_linear.c``, ``elementwise.c``,
-``attention.c``, with ``simd.h``) are compiled on first use with ``cc`` (``$CC``; gcc 11+ or clang 12+
+As the CUDA C sources are compiled at run time through NVRTC, these (``amx_linear.c``, ``avx512_linear.c``,
+``elementwise.c``, ``attention.c``, with ``simd.h``) are compiled on first use with ``cc`` (``$CC``; gcc 11+ or clang 12+
 know the AMX intrinsics) into one library, ``$INFERHAL_CACHE/kernels/cpu/inferhal_cpu-<digest>.so`` (default ``~/.cache/inferhal``), keyed by
 the sources, the flags and the compiler's version: a changed source or compiler builds a new library, and
 concurrent builders never see a half-written one (each builds to its own file, then renames). Their
 OpenMP threads are the process's: torch's ``libgomp.so.1`` is already loaded, so its pool is shared.
 
-:func:`status` says whether this process can run them, and why not: an x86-64 Linux CPU with AMX-BF16,
-AMX-TILE and AVX512-BF16, a compiler that builds the sources, and the kernel's permission to use AMX tile
-data (Linux grants it per process through ``arch_prctl``). Nothing is compiled or loaded before
-:func:`status` or :func:`library` is called.
+:func:`avx512_status` says whether this process can run them, and why not: an x86-64 Linux CPU with
+AVX512-BF16 (Intel Cooper Lake or Sapphire Rapids and later, AMD Zen 4 and later) and a compiler that builds
+the sources. :func:`status` says whether it can also run the AMX product (``ih_amx_*``): a CPU with AMX-BF16
+and AMX-TILE, and the kernel's permission to use AMX tile data (Linux grants it per process through
+``arch_prctl``). Nothing is compiled or loaded before one of them or :func:`library` is called.
 """
 
 from __future__ import annotations
@@ -29,12 +30,16 @@ from pathlib import Path
 
 log = logging.getLogger("inferhal.kernels.cpu")
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("amx_linear.c", "elementwise.c", "attention.c"))
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("amx_linear.c", "avx512_linear.c", "elementwise.c",
+                                                        "attention.c"))
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("simd.h",))
 FLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC", "-fopenmp", "-mamx-tile", "-mamx-bf16", "-mavx512f",
          "-mavx512bw", "-mavx512vl", "-mavx512bf16")
-#: /proc/cpuinfo flags the kernel's instructions need
-CPU_FLAGS = ("amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512vl", "avx512_bf16")
+#: /proc/cpuinfo flags every kernel's instructions need
+AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
+#: and the AMX product's
+AMX_FLAGS = ("amx_tile", "amx_bf16")
+CPU_FLAGS = AMX_FLAGS + AVX512_FLAGS
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,8 @@ def _bind(path: Path) -> ctypes.CDLL:
     lib.ih_amx_pack.argtypes = [P, I, I, I, P]
     lib.ih_amx_linear.restype = None
     lib.ih_amx_linear.argtypes = [P, I, I, I, I, P, I, P, I, ctypes.c_int]
+    lib.ih_avx512_linear.restype = None
+    lib.ih_avx512_linear.argtypes = [P, I, I, I, P, I, P, I, ctypes.c_int]
     lib.ih_rms_norm_bf16.restype = None
     lib.ih_rms_norm_bf16.argtypes = [P, I, P, I, P, I, I, ctypes.c_float, P, I, P, I]
     lib.ih_act_gated_bf16.restype = None
@@ -130,9 +137,10 @@ def _bind(path: Path) -> ctypes.CDLL:
 def _load() -> tuple[ctypes.CDLL | None, Status]:
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return None, Status(False, f"needs x86-64 Linux, this is {platform.system()} {platform.machine()}")
-    missing = [f for f in CPU_FLAGS if f not in cpu_flags()]
+    missing = [f for f in AVX512_FLAGS if f not in cpu_flags()]
     if missing:
-        return None, Status(False, f"this CPU lacks {', '.join(missing)} (AMX bf16 needs Sapphire Rapids or later)")
+        return None, Status(False, f"this CPU lacks {', '.join(missing)} (AVX512-BF16 needs Intel Cooper Lake or "
+                                   "Sapphire Rapids and later, or AMD Zen 4 and later)")
     cc = compiler()
     if cc is None:
         return None, Status(False, f"no C compiler: {os.environ.get('CC', 'cc')} is not on PATH (set CC)")
@@ -140,19 +148,44 @@ def _load() -> tuple[ctypes.CDLL | None, Status]:
         lib = _bind(build(cc))
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         return None, Status(False, str(exc))
+    return lib, Status(True, f"AVX512-BF16 on {cpu_model()}; kernels built with {cc}")
+
+
+@functools.lru_cache(maxsize=1)
+def _amx() -> Status:
+    lib, st = _load()
+    missing = [f for f in AMX_FLAGS if f not in cpu_flags()]
+    if missing:  # named first: on a CPU without AMX, that is the reason, whatever else is missing
+        return Status(False, f"this CPU lacks {', '.join(missing)} (AMX bf16 needs Sapphire Rapids or later)")
+    if lib is None:
+        return st
     rc = lib.ih_amx_init()
     if rc != 0:
-        return None, Status(False, f"Linux refused AMX tile data to this process (arch_prctl returned {rc})")
-    return lib, Status(True, f"AMX bf16 on {cpu_model()}; kernels built with {cc}")
+        return Status(False, f"Linux refused AMX tile data to this process (arch_prctl returned {rc})")
+    return Status(True, f"AMX bf16 on {cpu_model()}; kernels built with {compiler()}")
 
 
-def status() -> Status:
-    """Whether this process can run the kernels (compiles them on first call), and why not."""
+def avx512_status() -> Status:
+    """Whether this process can run the AVX-512 kernels (compiles them on first call), and why not."""
     return _load()[1]
 
 
-def library() -> ctypes.CDLL:
+def status() -> Status:
+    """Whether this process can also run the AMX product, and why not."""
+    return _amx()
+
+
+def clear() -> None:
+    """Forget the cached load and AMX check (a test that fakes the CPU or the compiler)."""
+    _amx.cache_clear()
+    _load.cache_clear()
+
+
+def library(amx: bool = False) -> ctypes.CDLL:
+    """The loaded library; ``amx``: the caller runs ``ih_amx_*`` products (else RuntimeError says why not)."""
     lib, st = _load()
     if lib is None:
         raise RuntimeError(f"the CPU kernels are unavailable: {st.reason}")
+    if amx and not _amx().available:
+        raise RuntimeError(f"the AMX product is unavailable: {_amx().reason}")
     return lib

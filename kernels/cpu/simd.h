@@ -16,6 +16,17 @@ static inline __m512 round_bf16(__m512 v) { /* v rounded to bf16, back in fp32 *
 
 static inline void store_bf16(uint16_t *p, __m512 v, __mmask16 m) { _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v)); }
 
+/* the linears' output modes: bf16, fp32, or the bf16-rounded sums widened to fp32 (a bf16 model's logits) */
+enum { OUT_BF16 = 0, OUT_F32 = 1, OUT_F32_OF_BF16 = 2 };
+
+/* 16 fp32 sums -> columns [c, c + 16) of row r of y (mask m), in the output mode */
+static inline void store_row(__m512 v, void *y, int mode, int64_t ldy, int64_t r, int64_t c, __mmask16 m) {
+  if (mode == OUT_BF16)
+    store_bf16((uint16_t *)y + r * ldy + c, v, m);
+  else
+    _mm512_mask_storeu_ps((float *)y + r * ldy + c, m, mode == OUT_F32_OF_BF16 ? round_bf16(v) : v);
+}
+
 /* e^x for fp32 lanes: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p the degree-7 Taylor polynomial
  * (relative error below 1e-8 there); x clamped to [-100, 100], where e^x is 0 or inf in fp32 anyway. */
 static inline __m512 exp512(__m512 x) {

@@ -46,7 +46,7 @@ def test_default_composition_is_the_reference_backend_and_gemma():
 
 @pytest.mark.parametrize("override,needle", [
     ("backend=cuda_sm1OO", "Did you mean backend=cuda_sm100?"),
-    ("backend=nope", "Valid choices: ascend950, cpu_amx, cuda_sm100, reference"),
+    ("backend=nope", "Valid choices: ascend950, cpu_amx, cpu_avx512, cuda_sm100, reference"),
     ("scheduler.max_num_seqs=abc", "scheduler.max_num_seqs: 'abc' is not a valid integer"),
     ("scheduler.max_num_seq=4", "Did you mean 'scheduler.max_num_seqs'?"),
     ("promt=hi", "Did you mean 'prompt'?"),

@@ -94,7 +94,7 @@ def test_bad_backend_config_is_a_clear_error(reg, bad, match):
 
 
 def test_unavailable_backend_says_why(reg, monkeypatch):
-    lib._load.cache_clear()
+    lib.clear()
     try:
         monkeypatch.setattr(lib, "cpu_flags", lambda: frozenset())
         fresh = BackendRegistry.discover()
@@ -102,4 +102,4 @@ def test_unavailable_backend_says_why(reg, monkeypatch):
             fresh.select(BackendConfig(name="cpu_amx"))
     finally:
         monkeypatch.undo()
-        lib._load.cache_clear()
+        lib.clear()

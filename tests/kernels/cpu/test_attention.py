@@ -16,7 +16,7 @@ from inferhal.backends.reference.attention import attn_paged as reference
 from inferhal.core.ops.params import AttnBatch, AttnParams
 from inferhal.kernels.cpu import attention, lib
 
-ST = lib.status()
+ST = lib.avx512_status()
 pytestmark = pytest.mark.skipif(not ST.available, reason=f"CPU kernels unavailable here: {ST.reason}")
 
 

@@ -1,6 +1,6 @@
 """bf16 RMSNorm and gated activations (kernels/cpu/elementwise.c) against the reference ops, on this CPU.
 
-They run for real where the CPU kernels build (AVX-512 BF16 and AMX hosts), else skip with the reason.
+They run for real where the CPU kernels build (AVX512-BF16 CPUs, AMX or not), else skip with the reason.
 Tolerances: the kernels follow the reference's rounding steps, so what is left is fp32 re-association
 of the mean of squares (norm): at most one bf16 ulp, on the few values that sit at a rounding boundary.
 The residual sum is one bf16 rounding of the same fp32 sum: exact. gelu_tanh is computed as
@@ -20,7 +20,7 @@ from inferhal.backends.reference import ops as ref
 from inferhal.core.ops.params import ActParams, RmsNormParams
 from inferhal.kernels.cpu import elementwise, lib
 
-ST = lib.status()
+ST = lib.avx512_status()
 pytestmark = pytest.mark.skipif(not ST.available, reason=f"CPU kernels unavailable here: {ST.reason}")
 
 ONE_ULP = dict(rtol=2 ** -7, atol=1e-6)

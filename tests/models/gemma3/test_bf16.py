@@ -11,9 +11,10 @@ harness vs transformers one prompt at a time): every token before transformers' 
 average (measured 14.7, min 11), and our bf16 prefill logits are within :data:`LOGIT_ATOL` of our fp32 ones
 (measured max 0.47; the bug moved them by > 20).
 
-Both CPU backends run it: ``reference`` (oneDNN bf16 products) and ``cpu_amx`` (the AMX bf16 kernel for
-every product, LM head included; skipped with the reason where this CPU or process cannot run it), so the
-kernel is held to the same bar against transformers on the real model.
+The CPU backends run it: ``reference`` (oneDNN bf16 products), ``cpu_amx`` (the AMX bf16 kernel for
+every product, LM head included) and ``cpu_avx512`` (the AVX512-BF16 kernel for the same), each skipped
+with the reason where this CPU or process cannot run it, so the kernels are held to the same bar against
+transformers on the real model.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ MIN_AGREED = 10.0
 LOGIT_ATOL = 1.5
 
 
-@pytest.fixture(scope="module", params=["reference", "cpu_amx"])
+@pytest.fixture(scope="module", params=["reference", "cpu_amx", "cpu_avx512"])
 def gemma_bf16(request, gemma_path):
     from inferhal.core.config.schema import BackendConfig, ModelConfig
     from inferhal.core.models.gemma3.loader import load

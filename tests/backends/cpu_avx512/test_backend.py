@@ -1,0 +1,74 @@
+"""The cpu_avx512 backend: selection, its op table, and its products against the reference.
+
+Selection tests need AVX512-BF16 and a C compiler (skipped with the reason elsewhere); the op functions are
+cpu_amx's with the AVX-512 product (tests/backends/cpu_amx/test_backend.py covers their routing), the
+conformance kit runs every case of its ops against the reference with ``--inferhal-backend=cpu_avx512``,
+and the Gemma 3 bf16 test (tests/models/gemma3/test_bf16.py) runs the real model on it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferhal.backends.cpu_amx import ops as amx_ops
+from inferhal.backends.reference import ops as ref
+from inferhal.core.config.schema import BackendConfig
+from inferhal.core.errors import UserError
+from inferhal.core.registry import BackendRegistry
+from inferhal.kernels.cpu import amx, lib
+
+ST = lib.avx512_status()
+needs_avx512 = pytest.mark.skipif(not ST.available, reason=f"cpu_avx512 unavailable here: {ST.reason}")
+
+
+@pytest.fixture(scope="module")
+def reg():
+    return BackendRegistry.discover()
+
+
+def test_probe_gives_the_kernels_status(reg):
+    probe = reg.probe("cpu_avx512")
+    assert probe.available == ST.available and probe.reason == ST.reason
+
+
+@needs_avx512
+def test_products_run_the_avx512_kernel_and_everything_else_falls_back_visibly(reg, monkeypatch):
+    be = reg.select(BackendConfig(name="cpu_avx512"))
+    prov = be.ops.provenance()
+    assert all(prov[op] == "device" for op in amx_ops.OP_IDS)
+    assert prov["embed"] == prov["sample"] == "fallback"
+    assert be.profile.supports("avx512_bf16") and not be.profile.supports("amx_bf16")
+    assert be.profile.backend == "cpu_avx512" and "AVX512-BF16" in be.profile.device_name
+    assert "avx512_linear.c" in be.ops.entry("linear").note
+    # the AMX product must never run here, even where the CPU has it
+    monkeypatch.setattr(lib, "_amx", lambda: lib.Status(False, "this CPU lacks amx_tile"))
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(7, 128, generator=g).bfloat16(), (torch.randn(96, 128, generator=g) * 0.1).bfloat16()
+    got = be.ops["linear"](x, w)
+    assert torch.equal(got, amx.linear(x, amx.pack(w), 96, kernel="avx512"))
+    torch.testing.assert_close(got, ref.linear(x, w), rtol=2 ** -7, atol=1e-2)
+    head = (torch.randn(3000, 128, generator=g) * 0.1).bfloat16()
+    buf = torch.full((7, 3000), float("nan"))
+    assert torch.equal(be.ops["lm_head"](x, head, buf), ref.lm_head(x, head))  # the same bf16-rounded logits
+    assert torch.equal(buf, ref.lm_head(x, head))
+
+
+@needs_avx512
+@pytest.mark.parametrize("bad,match", [({"options": {"threads": 4}}, "unknown option.*cpu_avx512"),
+                                       ({"batch_invariant": True}, "batch_invariant=true: cpu_avx512")])
+def test_bad_backend_config_is_a_clear_error(reg, bad, match):
+    with pytest.raises(UserError, match=match):
+        reg.select(BackendConfig(name="cpu_avx512", **bad))
+
+
+def test_unavailable_backend_says_why(monkeypatch):
+    lib.clear()
+    try:
+        monkeypatch.setattr(lib, "cpu_flags", lambda: frozenset({"avx512f", "avx512bw", "avx512vl"}))
+        fresh = BackendRegistry.discover()
+        with pytest.raises(Exception, match="cpu_avx512.*unavailable.*lacks avx512_bf16"):
+            fresh.select(BackendConfig(name="cpu_avx512"))
+    finally:
+        monkeypatch.undo()
+        lib.clear()
