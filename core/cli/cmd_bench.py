@@ -13,9 +13,11 @@ from inferhal.core.errors import UserError
 
 
 def kinds() -> list[str]:
+    """The benchmark modules: those of inferhal.core.bench with a ``run`` (helpers such as ``host`` have none)."""
     import inferhal.core.bench as pkg
 
-    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+    names = (m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
+    return sorted(n for n in names if callable(getattr(importlib.import_module(f"{pkg.__name__}.{n}"), "run", None)))
 
 
 def run(cfg, words) -> int:

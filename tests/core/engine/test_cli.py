@@ -67,6 +67,7 @@ def test_plan_kv_for_deepseek_v4_configs():
 def test_bench_dispatch_lists_kinds():
     from inferhal.core.cli import cmd_bench
 
-    assert "engine" in cmd_bench.kinds()
+    assert {"e2e", "engine", "eplb", "cpu_linear"} <= set(cmd_bench.kinds())
+    assert "host" not in cmd_bench.kinds()  # a helper module, not a benchmark
     with pytest.raises(UserError, match="kinds: .*engine"):
         cmd_bench.run(compose([], "bench nope"), ["nope"])
