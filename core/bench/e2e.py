@@ -33,7 +33,12 @@ of CPU time a shared VM's vCPUs waited for the host; column ``steal %`` of the m
 the JSON), and at each level the memory read bandwidth measured then. For models that say how many weight
 bytes a decode step reads (``step_weight_bytes()``), each inferhal row gets the weight-streaming bound
 ``c × bandwidth / bytes`` tok/s, printed with the share of it reached and drawn dashed in the plot: at
-high concurrency a CPU engine that reads its weights from memory every step cannot pass it.
+high concurrency a CPU engine that reads its weights from memory every step cannot pass it. For models that
+say what their weight products cost per token (``token_product_flops()``), each inferhal row also gets the
+product-rate bound ``rate / flops`` tok/s, where ``rate`` is what the engine's own ``linear`` reaches on a
+large product, measured before and after the level (drawn dotted): once the weights are streamed fast
+enough, a decode step still has to compute its products, and the share of this bound reached is the
+engine's efficiency around them (prefill, attention, small ops, Python).
 """
 
 from __future__ import annotations
@@ -204,20 +209,25 @@ def median_row(samples: Sequence[dict]) -> dict:
 def measure(runners: dict[str, Callable], prompts: Sequence[list[int]], levels: Sequence[int], num_prompts: int,
             max_tokens: int, repeats: int, log: Callable[[str], None] = print,
             cpu_times: Callable[[], tuple[int, int] | None] = host.cpu_times,
-            bandwidth: Callable[[], float] | None = None) -> list[dict]:
+            bandwidth: Callable[[], float] | None = None,
+            product_rates: dict[str, Callable[[], float]] | None = None) -> list[dict]:
     """Every engine at every level, ``repeats`` times, engines interleaved (their order rotated each repeat)
     so machine noise spreads over all of them → one :func:`median_row` per (engine, level).
 
     Each repeat records the share of CPU time the hypervisor took while it ran (``steal``, from
     ``cpu_times``; None off Linux). ``bandwidth`` (bytes/s) is measured before and after each level; every
     row of the level gets both (``read_gbs_start``, ``read_gbs_end``) and the larger as ``read_gbs``, the
-    host's best observed rate during the level, for :func:`add_weight_bounds`."""
+    host's best observed rate during the level, for :func:`add_weight_bounds`. ``product_rates`` (engine ->
+    flop/s of its own products on a large product, :func:`host.product_rate`) are measured the same way
+    (``product_gflops_start``, ``_end``, and the larger as ``product_gflops``), for :func:`add_compute_bounds`."""
     names = list(runners)
+    product_rates = product_rates or {}
     rows = []
     for c in levels:
         n = max(c, min(num_prompts, 4 * c))
         got: dict[str, list[dict]] = {e: [] for e in names}
         start = bandwidth() / 1e9 if bandwidth is not None else None
+        rate0 = {e: f() / 1e9 for e, f in product_rates.items()}
         for rep in range(repeats):
             k = rep % len(names)
             for e in names[k:] + names[:k]:
@@ -233,6 +243,13 @@ def measure(runners: dict[str, Callable], prompts: Sequence[list[int]], levels: 
             log(f"c={c}: host memory read bandwidth {start:.1f} GB/s before the level, {end:.1f} GB/s after")
             for r in level:
                 r.update(read_gbs_start=start, read_gbs_end=end, read_gbs=max(start, end))
+        for e, f in product_rates.items():
+            end = f() / 1e9
+            log(f"c={c}: {e}'s products reach {rate0[e]:.0f} GFLOP/s on a large product before the level, "
+                f"{end:.0f} after")
+            for r in level:
+                if r["engine"] == e:
+                    r.update(product_gflops_start=rate0[e], product_gflops_end=end, product_gflops=max(rate0[e], end))
         rows += level
     return rows
 
@@ -251,10 +268,34 @@ def add_weight_bounds(rows: Sequence[dict], weight_bytes: dict[str, int]) -> Non
             r["bound_tok_s"] = r["concurrency"] * r["read_gbs"] * 1e9 / nbytes
 
 
+def add_compute_bounds(rows: Sequence[dict], flops_per_token: dict[str, int]) -> None:
+    """Give each row of an engine in ``flops_per_token`` (its weight products' flops per decoded token) those
+    flops and, where the level measured its products' rate, ``compute_bound_tok_s``: tokens per second when a
+    step takes only the time of its products at that rate (whatever ``c``: each token costs the same
+    products; prefill, attention and every other cost left out)."""
+    for r in rows:
+        flops = flops_per_token.get(r["engine"])
+        if not flops:
+            continue
+        r["product_flops_per_token"] = flops
+        if r.get("product_gflops"):
+            r["compute_bound_tok_s"] = r["product_gflops"] * 1e9 / flops
+
+
 def bound_lines(rows: Sequence[dict]) -> list[str]:
-    """One line per row with a :func:`add_weight_bounds` bound: the bytes, the step they imply, the share reached."""
+    """One line per bound of a row (:func:`add_weight_bounds`, :func:`add_compute_bounds`): what it rests on,
+    the step it implies, and the share of it reached."""
     out = []
     for r in rows:
+        if "compute_bound_tok_s" in r:
+            step_ms = 1e3 * r["concurrency"] / r["compute_bound_tok_s"]
+            share = r["tok_s"] / r["compute_bound_tok_s"]
+            out.append(f"{r['engine']} c={r['concurrency']}: its products cost "
+                       f"{r['product_flops_per_token'] / 1e6:.0f} MFLOP a token; at the {r['product_gflops']:.0f} "
+                       f"GFLOP/s they reach on a large product that is >= {step_ms:.0f} ms a step, "
+                       f"<= {r['compute_bound_tok_s']:.0f} tok/s; reached {r['tok_s']:.1f} "
+                       + (f"({100 * share:.0f}% of that bound)" if share <= 1 else
+                          "- above it: the large product ran slower than the step's products did; no bound"))
         if "bound_tok_s" not in r:
             continue
         step_ms = 1e3 * r["concurrency"] / r["bound_tok_s"]
@@ -321,6 +362,8 @@ def run(cfg) -> int:
     variants = inferhal_variants(str(cfg.model.dtype))
     runners: dict[str, Callable] = {}  # engine -> (prompts, c, max_tokens) -> (wall, per request)
     weight_bytes: dict[str, int] = {}  # inferhal engine -> weight bytes one decode step reads
+    token_flops: dict[str, int] = {}  # inferhal engine -> its products' flops per decoded token
+    rates: dict[str, Callable[[], float]] = {}  # inferhal engine -> flop/s its products reach, measured now
     for engine, dtype in variants:
         cfg.model.dtype = dtype
         t = time.perf_counter()
@@ -338,6 +381,11 @@ def run(cfg) -> int:
         step_bytes = getattr(llm.engine.loaded.model, "step_weight_bytes", None)
         if step_bytes is not None:
             weight_bytes[engine] = int(step_bytes())
+        product_flops = getattr(llm.engine.loaded.model, "token_product_flops", None)
+        if product_flops is not None:
+            token_flops[engine] = int(product_flops())
+            rates[engine] = functools.partial(host.product_rate, llm.engine.backend.ops["linear"],
+                                              getattr(torch, dtype))
     engines = [e for e, _ in variants]
     cfg.model.dtype = variants[0][1]
     path = str(info.get("path", ""))
@@ -364,8 +412,9 @@ def run(cfg) -> int:
             run_one(prompts[:1], 1, 2)
     repeats = max(1, int(b.repeats))
     rows = measure(runners, prompts, levels, int(b.num_prompts), max_tokens, repeats, console.print,
-                   bandwidth=host.read_bandwidth)
+                   bandwidth=host.read_bandwidth, product_rates=rates)
     add_weight_bounds(rows, weight_bytes)
+    add_compute_bounds(rows, token_flops)
     ratios = speed_ratios(rows, engines)
     table = Table(title=f"e2e: {cfg.model.name}, {max_tokens} greedy tokens per request, median of {repeats} "
                         f"interleaved repeats (×: median of paired ratios)")
@@ -402,7 +451,8 @@ def run(cfg) -> int:
 
 def _plot(rows: Sequence[dict], path: str, model: str) -> None:
     """tok/s, TTFT p50 and TPOT p50 per engine: lines over concurrency, or bars when one level ran. Each
-    inferhal engine's weight-streaming bound (:func:`add_weight_bounds`) is drawn dashed on the tok/s panel."""
+    inferhal engine's weight-streaming bound (:func:`add_weight_bounds`) is drawn dashed on the tok/s panel,
+    its product-rate bound (:func:`add_compute_bounds`) dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -415,21 +465,23 @@ def _plot(rows: Sequence[dict], path: str, model: str) -> None:
     colors = {e: f"C{i}" for i, e in enumerate(engines)}
     for eng in engines:
         rs = [r for r in rows if r["engine"] == eng]
-        bounds = [(r["concurrency"], r["bound_tok_s"]) for r in rs if "bound_tok_s" in r]
+        kinds = (("bound_tok_s", "--", "weight-streaming bound"), ("compute_bound_tok_s", ":", "product-rate bound"))
         if len(levels) == 1:
             x = engines.index(eng)
             for ax, key in zip(axes, keys):
                 ax.bar(x, rs[0][key], color=colors[eng])
-            if bounds:
-                axes[0].hlines(bounds[0][1], x - 0.4, x + 0.4, colors=colors[eng], linestyles="--",
-                               label=f"{eng}: weight-streaming bound")
+            for key, style, what in kinds:
+                if key in rs[0]:
+                    axes[0].hlines(rs[0][key], x - 0.4, x + 0.4, colors=colors[eng], linestyles=style,
+                                   label=f"{eng}: {what}")
             continue
         cs = [r["concurrency"] for r in rs]
         for ax, key in zip(axes, keys):
             ax.plot(cs, [r[key] for r in rs], marker="o", color=colors[eng], label=eng)
-        if bounds:
-            axes[0].plot(*zip(*bounds), linestyle="--", color=colors[eng], alpha=0.6,
-                         label=f"{eng}: weight-streaming bound")
+        for key, style, what in kinds:
+            bound = [(r["concurrency"], r[key]) for r in rs if key in r]
+            if bound:
+                axes[0].plot(*zip(*bound), linestyle=style, color=colors[eng], alpha=0.6, label=f"{eng}: {what}")
     for ax, title in zip(axes, ("aggregate output tok/s", "TTFT p50 (ms)", "TPOT p50 (ms)")):
         ax.set_title(title)
         ax.grid(alpha=0.3)

@@ -1,5 +1,6 @@
-"""What the host did during a benchmark: CPU time the hypervisor took (steal) and the memory read bandwidth
-available right now, so a run on a shared VM says how much of the machine it had and where its floor was.
+"""What the host did during a benchmark: CPU time the hypervisor took (steal), the memory read bandwidth
+available right now and the rate an engine's products reach on a large product, so a run on a shared VM says
+how much of the machine it had and where its floors were.
 
 Steal is read from ``/proc/stat`` (Linux; ``None`` elsewhere): the share of all CPUs' time between two
 readings that a virtual machine's vCPUs were ready to run but the hypervisor ran something else. The read
@@ -13,6 +14,8 @@ import time
 
 #: bytes summed per bandwidth pass (far past the last-level cache of current server CPUs)
 BANDWIDTH_BYTES = 512 << 20
+#: (rows, N, K) of the product :func:`product_rate` times: large enough that a CPU GEMM runs at its best
+RATE_SHAPE = (256, 4096, 1024)
 
 
 def cpu_times(path: str = "/proc/stat") -> tuple[int, int] | None:
@@ -53,3 +56,25 @@ def read_bandwidth(nbytes: int = BANDWIDTH_BYTES, passes: int = 5) -> float:
         buf.sum()
         best = min(best, time.perf_counter() - t)
     return buf.numel() * 4 / best
+
+
+def product_rate(linear, dtype, shape: tuple[int, int, int] = RATE_SHAPE, passes: int = 5) -> float:
+    """Floating-point operations per second ``linear(x, w)`` reaches on one ``x [rows, K] . w [N, K]^T``
+    product in ``dtype``: the fastest of ``passes`` calls after a first one (which packs a weight where the
+    op keeps packed copies). A large product runs a CPU GEMM at its best, so this is the rate a decode step's
+    products can hope for with that op on this host at this moment."""
+    import torch
+
+    m, n, k = shape
+    if min(m, n, k) < 1 or passes < 1:
+        raise ValueError(f"product_rate: needs a non-empty shape and passes >= 1, got {shape}, {passes}")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) * k ** -0.5).to(dtype)
+    linear(x, w)
+    best = float("inf")
+    for _ in range(passes):
+        t = time.perf_counter()
+        linear(x, w)
+        best = min(best, time.perf_counter() - t)
+    return 2 * m * n * k / best

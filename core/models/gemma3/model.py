@@ -129,6 +129,17 @@ class Gemma3ForCausalLM:
         per_layer = sum(nbytes(getattr(w, f.name)) for w in self.layers for f in fields(w))
         return per_layer + nbytes(self.final_norm) + nbytes(self.embed_table)
 
+    def token_product_flops(self) -> int:
+        """Floating-point operations of the weight products one decoded token costs (2 per weight of every
+        layer's q, k, v, o, gate, up and down, and of the tied LM head): with the rate a host's products
+        reach, the floor of a decode step that computes them (attention over the context, norms and the
+        rest left out)."""
+        def numel(t) -> int:
+            return math.prod(t.shape)
+
+        products = ("q", "k", "v", "o", "gate", "up", "down")
+        return 2 * (sum(numel(getattr(w, f)) for w in self.layers for f in products) + numel(self.embed_table))
+
     # -- forward -----------------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         ops, cfg = self.ops, self.cfg

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from inferhal.core.bench.e2e import (_pct, _plot, add_weight_bounds, bound_lines, inferhal_variants, measure,
-                                     speed_ratios, summarize)
+from inferhal.core.bench.e2e import (_pct, _plot, add_compute_bounds, add_weight_bounds, bound_lines,
+                                     inferhal_variants, measure, speed_ratios, summarize)
 
 
 def test_summary_counts_tokens_over_wall_time_and_takes_percentiles_per_request():
@@ -54,7 +54,8 @@ def test_measure_interleaves_engines_and_keeps_the_median_repeat():
     clock = itertools.count()  # each reading: 100 more ticks, 50 of them stolen
     rows = measure(runners, [[1]] * 8, [2], num_prompts=8, max_tokens=4, repeats=3, log=lambda _: None,
                    cpu_times=lambda: (lambda k: (50 * k, 100 * k))(next(clock)),
-                   bandwidth=iter([10e9, 12e9]).__next__)  # before and after the level
+                   bandwidth=iter([10e9, 12e9]).__next__,  # before and after the level
+                   product_rates={"inferhal": iter([300e9, 250e9]).__next__})
     assert [c[0] for c in calls] == ["inferhal", "transformers", "transformers", "inferhal", "inferhal", "transformers"]
     assert all(n == 8 for _, _, n in calls)  # min(num_prompts, 4c) requests at c=2
     by = {r["engine"]: r for r in rows}
@@ -65,6 +66,22 @@ def test_measure_interleaves_engines_and_keeps_the_median_repeat():
     ours = by["inferhal"]
     assert (ours["read_gbs_start"], ours["read_gbs_end"], ours["read_gbs"]) == (10, 12, 12)
     assert by["transformers"]["read_gbs"] == 12.0  # the best reading of the level, on every row of it
+    assert (ours["product_gflops_start"], ours["product_gflops_end"], ours["product_gflops"]) == (300, 250, 300)
+    assert "product_gflops" not in by["transformers"]  # an engine's own products: only where it gave a rate
+
+
+def test_compute_bounds_are_the_product_rate_over_each_tokens_product_flops():
+    rows = [{**summarize("inferhal", 32, 1.0, [(0.0, 0.0, 400)]), "product_gflops": 400.0},
+            {**summarize("inferhal", 1, 1.0, [(0.0, 0.0, 20)]), "product_gflops": 400.0},
+            {**summarize("transformers", 32, 1.0, [(0.0, 0.0, 100)]), "product_gflops": 400.0}]
+    add_compute_bounds(rows, {"inferhal": 500_000_000})
+    assert rows[0]["compute_bound_tok_s"] == rows[1]["compute_bound_tok_s"] == pytest.approx(800.0)  # any c
+    assert "compute_bound_tok_s" not in rows[2]
+    first, second = bound_lines(rows)
+    assert "500 MFLOP a token" in first and "400 GFLOP/s" in first and ">= 40 ms a step" in first
+    assert "<= 800 tok/s" in first and "(50% of that bound)" in first and ">= 1 ms a step" in second
+    rows[0]["tok_s"] = 900.0
+    assert "above it" in bound_lines(rows)[0] and "% of that bound" not in bound_lines(rows)[0]
 
 
 def test_weight_bounds_are_c_tokens_per_time_to_stream_the_weights_once():
@@ -84,9 +101,10 @@ def test_weight_bounds_are_c_tokens_per_time_to_stream_the_weights_once():
 
 @pytest.mark.parametrize("levels", [[32], [1, 8, 32]])
 def test_the_plot_draws_one_level_as_bars_and_several_as_lines(tmp_path, levels):
-    rows = [{**summarize(e, c, 1.0, [(0.1, 0.01, 4 * c)]), "read_gbs": 10.0} for c in levels
-            for e in ("inferhal", "transformers")]
+    rows = [{**summarize(e, c, 1.0, [(0.1, 0.01, 4 * c)]), "read_gbs": 10.0, "product_gflops": 100.0}
+            for c in levels for e in ("inferhal", "transformers")]
     add_weight_bounds(rows, {"inferhal": 10**9})
+    add_compute_bounds(rows, {"inferhal": 10**9})
     path = tmp_path / "e2e.png"
     _plot(rows, str(path), "toy")
     assert path.stat().st_size > 10_000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

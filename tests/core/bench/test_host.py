@@ -1,8 +1,12 @@
-"""The host readings the benchmarks record: hypervisor steal from /proc/stat and the memory read bandwidth."""
+"""The host readings the benchmarks record: hypervisor steal from /proc/stat, the memory read bandwidth and
+the rate of a product."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import torch
 
 from inferhal.core.bench import host
 
@@ -34,3 +38,18 @@ def test_read_bandwidth_is_positive_and_checks_its_arguments():
     assert host.read_bandwidth(1 << 20, passes=2) > 0
     with pytest.raises(ValueError, match="nbytes"):
         host.read_bandwidth(0)
+
+
+def test_product_rate_counts_two_flops_per_multiply_add_over_the_fastest_call():
+    calls = []
+
+    def slow_linear(x, w):
+        calls.append((tuple(x.shape), tuple(w.shape), x.dtype))
+        time.sleep(0.01)
+        return x @ w.T
+
+    rate = host.product_rate(slow_linear, torch.bfloat16, shape=(8, 16, 32), passes=3)
+    assert len(calls) == 4 and calls[0] == ((8, 32), (16, 32), torch.bfloat16)  # one first call, then the passes
+    assert 0 < rate <= 2 * 8 * 16 * 32 / 0.01  # no call was faster than its sleep
+    with pytest.raises(ValueError, match="passes"):
+        host.product_rate(slow_linear, torch.float32, passes=0)

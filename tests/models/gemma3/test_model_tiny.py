@@ -97,6 +97,13 @@ def test_kv_groups_split_sliding_and_global_layers(ops):
     assert groups["full"].slot_shape == (2, 1, 32)
 
 
+def test_token_product_flops_are_two_per_weight_of_every_product_and_the_head(ops):
+    hf, ours = _pair(ops, 0.0, 1.0)
+    matrices = sum(p.numel() for p in hf.parameters() if p.dim() == 2)  # every Linear and the tied table once
+    assert ours.token_product_flops() == 2 * matrices == 2 * (7 * (192 * 64 + 64 * 128 + 192 * 64 + 64 * 96)
+                                                              + 300 * 64)
+
+
 def test_step_weight_bytes_counts_every_weight_once_and_the_tied_table_as_the_head(ops):
     hf, ours = _pair(ops, 0.0, 1.0)
     want = sum(p.numel() * p.element_size() for p in hf.parameters())  # the tied table once
