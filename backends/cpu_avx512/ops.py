@@ -1,9 +1,9 @@
 """Ops of the cpu_avx512 backend: cpu_amx's ops (:mod:`inferhal.backends.cpu_amx.ops`), with ``linear`` and
 ``lm_head`` run by the AVX512-BF16 product (``kernels/cpu/avx512_linear.c``) over the same packed weights.
 
-Measured on a 2-core AMD EPYC (Zen 4) VM (see docs/performance.md): the kernel at 340-410 GFLOP/s for Gemma
-3 270M's products at 32 rows, 1.1-1.5x oneDNN's bf16 product there, 2.6x at 8 rows, level with it on the
-262,144-row LM head (32 ms at 32 rows, compute-bound) and at 256 rows.
+Measured on a 2-core AMD EPYC (Zen 4) VM (``inferhal bench cpu_linear``, docs/performance.md): against
+oneDNN's packed bf16 product at Gemma 3 270M's layer shapes, 1.53-2.16x at 1 row, 1.36-1.50x at 8,
+1.06-1.19x at 32 (380-416 GFLOP/s), 0.93-1.01x at 256; level with it on the 262,144-row LM head.
 """
 
 from __future__ import annotations
