@@ -34,15 +34,17 @@ def check_config(config, backend: str = "cpu_amx") -> None:
                         "reference run in their default, batch-dependent mode); use backend=reference")
 
 
-def profile() -> DeviceProfile:
+def profile(backend: str = "cpu_amx", isa: str = "AMX", feature: str = "amx_bf16") -> DeviceProfile:
+    """This CPU's profile; ``backend``, ``isa`` (named in the device name) and ``feature``: what cpu_avx512
+    gives for itself."""
     return DeviceProfile(
-        backend="cpu_amx",
-        device_name=f"{lib.cpu_model()} (AMX), PyTorch {torch.__version__}",
+        backend=backend,
+        device_name=f"{lib.cpu_model()} ({isa}), PyTorch {torch.__version__}",
         torch_device="cpu",
-        exec_level=ExecLevel.DEVICE,  # the kernel runs on this very CPU: a hardware result for it
+        exec_level=ExecLevel.DEVICE,  # the kernels run on this very CPU: a hardware result for it
         dtypes=ref.DTYPES,
         features=frozenset({"deterministic", "paged_attention", "paged_sparse_attention", "fp8_block_linear",
-                            "fp4_grouped_gemm", "amx_bf16"}),
+                            "fp4_grouped_gemm", feature}),
         memory_bytes=ref.cpu_memory_bytes(),
         compute_units=os.cpu_count() or 1,
         sources={"memory_bytes": "os.sysconf", "peak_bandwidth": "not declared: no roofline for this CPU yet"},

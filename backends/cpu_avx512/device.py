@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
-import torch
-
 from inferhal.backends.cpu_amx import device as amx_device
-from inferhal.backends.reference import device as ref
-from inferhal.core.profile import DeviceProfile, ExecLevel, Probe
+from inferhal.core.profile import DeviceProfile, Probe
 from inferhal.kernels.cpu import lib
 
 
@@ -23,15 +18,4 @@ def check_config(config) -> None:
 
 
 def profile() -> DeviceProfile:
-    return DeviceProfile(
-        backend="cpu_avx512",
-        device_name=f"{lib.cpu_model()} (AVX512-BF16), PyTorch {torch.__version__}",
-        torch_device="cpu",
-        exec_level=ExecLevel.DEVICE,  # the kernels run on this very CPU: a hardware result for it
-        dtypes=ref.DTYPES,
-        features=frozenset({"deterministic", "paged_attention", "paged_sparse_attention", "fp8_block_linear",
-                            "fp4_grouped_gemm", "avx512_bf16"}),
-        memory_bytes=ref.cpu_memory_bytes(),
-        compute_units=os.cpu_count() or 1,
-        sources={"memory_bytes": "os.sysconf", "peak_bandwidth": "not declared: no roofline for this CPU yet"},
-    )
+    return amx_device.profile("cpu_avx512", "AVX512-BF16", "avx512_bf16")

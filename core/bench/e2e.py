@@ -51,6 +51,7 @@ import time
 from typing import Any, Callable, Sequence
 
 from inferhal.core.bench import host
+from inferhal.core.bench.bounds import add_compute_bounds, add_weight_bounds, bound_lines
 
 PROMPTS = (
     "The capital of France is", "Write a short poem about the sea:", "def quicksort(arr):\n",
@@ -217,9 +218,9 @@ def measure(runners: dict[str, Callable], prompts: Sequence[list[int]], levels: 
     Each repeat records the share of CPU time the hypervisor took while it ran (``steal``, from
     ``cpu_times``; None off Linux). ``bandwidth`` (bytes/s) is measured before and after each level; every
     row of the level gets both (``read_gbs_start``, ``read_gbs_end``) and the larger as ``read_gbs``, the
-    host's best observed rate during the level, for :func:`add_weight_bounds`. ``product_rates`` (engine ->
+    host's best observed rate during the level, for :func:`.bounds.add_weight_bounds`. ``product_rates`` (engine ->
     flop/s of its own products on a large product, :func:`host.product_rate`) are measured the same way
-    (``product_gflops_start``, ``_end``, and the larger as ``product_gflops``), for :func:`add_compute_bounds`."""
+    (``product_gflops_start``, ``_end``, and the larger as ``product_gflops``), for :func:`.bounds.add_compute_bounds`."""
     names = list(runners)
     product_rates = product_rates or {}
     rows = []
@@ -252,63 +253,6 @@ def measure(runners: dict[str, Callable], prompts: Sequence[list[int]], levels: 
                     r.update(product_gflops_start=rate0[e], product_gflops_end=end, product_gflops=max(rate0[e], end))
         rows += level
     return rows
-
-
-def add_weight_bounds(rows: Sequence[dict], weight_bytes: dict[str, int]) -> None:
-    """Give each row of an engine in ``weight_bytes`` (weight bytes one decode step reads) its bytes and,
-    where the level measured the host's read bandwidth, ``bound_tok_s``: ``c`` tokens per step when a step
-    takes only the time to stream those weights once (prefill, activations, KV, logits and every other cost
-    left out, so no engine that streams its weights can exceed it)."""
-    for r in rows:
-        nbytes = weight_bytes.get(r["engine"])
-        if not nbytes:
-            continue
-        r["weight_bytes_per_step"] = nbytes
-        if r.get("read_gbs"):
-            r["bound_tok_s"] = r["concurrency"] * r["read_gbs"] * 1e9 / nbytes
-
-
-def add_compute_bounds(rows: Sequence[dict], flops_per_token: dict[str, int]) -> None:
-    """Give each row of an engine in ``flops_per_token`` (its weight products' flops per decoded token) those
-    flops and, where the level measured its products' rate, ``compute_bound_tok_s``: tokens per second when a
-    step takes only the time of its products at that rate (whatever ``c``: each token costs the same
-    products; prefill, attention and every other cost left out)."""
-    for r in rows:
-        flops = flops_per_token.get(r["engine"])
-        if not flops:
-            continue
-        r["product_flops_per_token"] = flops
-        if r.get("product_gflops"):
-            r["compute_bound_tok_s"] = r["product_gflops"] * 1e9 / flops
-
-
-def bound_lines(rows: Sequence[dict]) -> list[str]:
-    """One line per bound of a row (:func:`add_weight_bounds`, :func:`add_compute_bounds`): what it rests on,
-    the step it implies, and the share of it reached."""
-    out = []
-    for r in rows:
-        if "compute_bound_tok_s" in r:
-            step_ms = 1e3 * r["concurrency"] / r["compute_bound_tok_s"]
-            share = r["tok_s"] / r["compute_bound_tok_s"]
-            out.append(f"{r['engine']} c={r['concurrency']}: its products cost "
-                       f"{r['product_flops_per_token'] / 1e6:.0f} MFLOP a token; at the {r['product_gflops']:.0f} "
-                       f"GFLOP/s they reach on a large product that is >= {step_ms:.0f} ms a step, "
-                       f"<= {r['compute_bound_tok_s']:.0f} tok/s; reached {r['tok_s']:.1f} "
-                       + (f"({100 * share:.0f}% of that bound)" if share <= 1 else
-                          "- above it: the large product ran slower than the step's products did; no bound"))
-        if "bound_tok_s" not in r:
-            continue
-        step_ms = 1e3 * r["concurrency"] / r["bound_tok_s"]
-        line = (f"{r['engine']} c={r['concurrency']}: reads {r['weight_bytes_per_step'] / 1e6:.0f} MB of weights "
-                f"per decode step; at the host's {r['read_gbs']:.1f} GB/s that is >= {step_ms:.0f} ms a step, "
-                f"<= {r['bound_tok_s']:.0f} tok/s; reached {r['tok_s']:.1f} ")
-        if r["tok_s"] <= r["bound_tok_s"]:
-            line += f"({100 * r['tok_s'] / r['bound_tok_s']:.0f}% of that bound)"
-        else:  # a measured rate cannot pass a true bound: the bandwidth readings missed the level's best spell
-            line += (f"- above it, so the bandwidth readings ({r.get('read_gbs_start', 0):.1f} before, "
-                     f"{r.get('read_gbs_end', 0):.1f} after the level) missed the host's faster spells; no bound")
-        out.append(line)
-    return out
 
 
 def inferhal_variants(dtype: str) -> list[tuple[str, str]]:
@@ -451,8 +395,8 @@ def run(cfg) -> int:
 
 def _plot(rows: Sequence[dict], path: str, model: str) -> None:
     """tok/s, TTFT p50 and TPOT p50 per engine: lines over concurrency, or bars when one level ran. Each
-    inferhal engine's weight-streaming bound (:func:`add_weight_bounds`) is drawn dashed on the tok/s panel,
-    its product-rate bound (:func:`add_compute_bounds`) dotted."""
+    inferhal engine's weight-streaming bound (:func:`.bounds.add_weight_bounds`) is drawn dashed on the tok/s panel,
+    its product-rate bound (:func:`.bounds.add_compute_bounds`) dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
