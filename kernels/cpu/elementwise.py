@@ -34,14 +34,15 @@ def rms_norm(x: torch.Tensor, scale: torch.Tensor | None, eps: float, residual: 
     rows, d = x2.shape
     y = torch.empty(rows, d, dtype=x.dtype)
     sc = None if scale is None else scale.contiguous().data_ptr()
+    flat = x.dim() == 2  # [rows, D] already: no views back (a view costs about as much as the norm's call)
     if residual is None:
         library().ih_rms_norm_bf16(x2.data_ptr(), x2.stride(0), None, 0, sc, rows, d, eps, y.data_ptr(), d, None, 0)
-        return y.view(x.shape)
+        return y if flat else y.view(x.shape)
     r2 = _rows(residual)
     h = torch.empty(rows, d, dtype=x.dtype)
     library().ih_rms_norm_bf16(x2.data_ptr(), x2.stride(0), r2.data_ptr(), r2.stride(0), sc, rows, d, eps,
                                y.data_ptr(), d, h.data_ptr(), d)
-    return y.view(x.shape), h.view(x.shape)
+    return (y, h) if flat else (y.view(x.shape), h.view(x.shape))
 
 
 def supports_act(gate: torch.Tensor, up: torch.Tensor, kind: str) -> bool:
@@ -60,7 +61,7 @@ def act_gated(gate: torch.Tensor, up: torch.Tensor, kind: str, checked: bool = F
     if rows and n:
         library().ih_act_gated_bf16(g2.data_ptr(), g2.stride(0), u2.data_ptr(), u2.stride(0), rows, n, ACT_KINDS[kind],
                                     y.data_ptr(), n)
-    return y.view(gate.shape)
+    return y if gate.dim() == 2 else y.view(gate.shape)
 
 
 def supports_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, rotary_dim: int, style: str) -> bool:
