@@ -8,7 +8,9 @@ bf16 on the CPU, the weight is a plain ``[N, K]`` tensor with K a multiple of 32
 pack each weight once into the kernel's tile layout and keep it
 (:class:`~inferhal.backends.reference.matmul.PackCache`, dropped with its weight), and ``lm_head`` writes the
 bf16-rounded logits straight into the fp32 buffer. Every other call (fp32, quantised weights, a bias, other
-K) runs the reference's ``linear``, as the op's note says. ``norm.rms``, ``act.gated`` and ``rope.apply`` run
+K) runs the reference's ``linear``, as the op's note says. ``lm_head.argmax`` is the argmax of this
+``lm_head``; with the AVX-512 product (cpu_avx512) it is :mod:`inferhal.kernels.cpu.head`'s exact int8
+screen instead, which reads half the head's bytes and writes no logits. ``norm.rms``, ``act.gated`` and ``rope.apply`` run
 :mod:`inferhal.kernels.cpu.elementwise`, ``attn.paged`` and ``kv.write`` :mod:`inferhal.kernels.cpu.attention`,
 for bf16 (the reference's ops otherwise, and for the cases each op's note names): at decode sizes the
 reference's chains of torch ops cost per-op overhead, not arithmetic. The ops not in :data:`OP_IDS` are
@@ -27,13 +29,15 @@ from inferhal.backends.reference import matmul
 from inferhal.backends.reference import ops as ref
 from inferhal.backends.reference.attention import attn_paged as reference_attn_paged
 from inferhal.core.ops.params import ActParams, AttnBatch, AttnParams, KVWriteParams, RmsNormParams, RopeParams
-from inferhal.kernels.cpu import amx, attention, elementwise
+from inferhal.kernels.cpu import amx, attention, elementwise, head
 
 #: the ops this backend provides (each falls back to the reference per call outside its kernel's cases)
-OP_IDS = ("linear", "lm_head", "norm.rms", "act.gated", "rope.apply", "attn.paged", "kv.write")
+OP_IDS = ("linear", "lm_head", "lm_head.argmax", "norm.rms", "act.gated", "rope.apply", "attn.paged", "kv.write")
 
 #: packed bf16 weights in the AMX tile layout
 PACKS = matmul.PackCache(amx.pack)
+#: the int8 copies of LM heads that lm_head.argmax screens (kernels/cpu/head.py; None: a non-finite head)
+HEADS = matmul.PackCache(head.quantize)
 
 
 def products(kernel: str):
@@ -56,10 +60,22 @@ def products(kernel: str):
                 return amx.linear(x, wp, w.shape[0], torch.float32, out=out, bf16_values=True, kernel=kernel)
         return ref.lm_head(x, w, out)
 
-    return linear, lm_head
+    def lm_head_argmax(x: torch.Tensor, w) -> torch.Tensor:
+        if kernel == "avx512" and isinstance(w, torch.Tensor) and amx.supports(x, w) and head.supports(x, w) \
+                and head.available() and bool(torch.isfinite(x).all()):
+            wp, qh = PACKS.get(w), HEADS.get(w)
+            if wp is not None and qh is not None:  # the int8 screen, then its candidates exactly
+                tokens, overflow = head.argmax(x, wp, qh)
+                if bool(overflow.any()):  # too many candidates: those rows' full logits
+                    rows = overflow.nonzero()[:, 0]
+                    tokens[rows] = ref.argmax_rows(lm_head(x[rows], w))
+                return tokens
+        return ref.argmax_rows(lm_head(x, w))
+
+    return linear, lm_head, lm_head_argmax
 
 
-linear, lm_head = products("amx")
+linear, lm_head, lm_head_argmax = products("amx")
 
 
 def norm_rms(x: torch.Tensor, weight: torch.Tensor | None, p: RmsNormParams, residual: torch.Tensor | None = None):
@@ -99,14 +115,19 @@ def provide(level, kernel: str = "amx") -> dict:
     """The op table; ``kernel`` runs the products (``amx`` here, ``avx512`` for cpu_avx512)."""
     from inferhal.core.ops.table import OpImpl
 
-    lin, head = (linear, lm_head) if kernel == "amx" else products(kernel)
+    lin, lmh, greedy = (linear, lm_head, lm_head_argmax) if kernel == "amx" else products(kernel)
     what = {"amx": "AMX bf16 kernel (kernels/cpu/amx_linear.c)",
             "avx512": "AVX512-BF16 kernel (kernels/cpu/avx512_linear.c)"}[kernel]
     note = f"{what} for bf16 dense weights with K % 32 == 0 and no bias; other calls run the reference product"
     row = "one AVX-512 pass per row (kernels/cpu/elementwise.c) for bf16; other dtypes run the reference op"
+    greedy_note = ("an exact int8 screen of the head (kernels/cpu/head_argmax.c, AVX512-VNNI) and its candidates "
+                   "recomputed by the product's own instruction and order, for bf16 with K % 64 == 0 and finite "
+                   "x; other calls take the argmax of lm_head" if kernel == "avx512"
+                   else "the argmax of this backend's lm_head (first index on ties)")
     return {"linear": OpImpl(lin, level, note),
-            "lm_head": OpImpl(head, level, "the kernel writes the bf16-rounded logits into the fp32 buffer in "
+            "lm_head": OpImpl(lmh, level, "the kernel writes the bf16-rounded logits into the fp32 buffer in "
                               "one pass, for the linear's cases; other calls run the reference's chunked head"),
+            "lm_head.argmax": OpImpl(greedy, level, greedy_note),
             "norm.rms": OpImpl(norm_rms, level, row),
             "act.gated": OpImpl(act_gated, level, row),
             "attn.paged": OpImpl(attn_paged, level, "every row of a step in one AVX-512 pass (kernels/cpu/attention.c) for "

@@ -1,5 +1,6 @@
 """Ops of the cpu_avx512 backend: cpu_amx's ops (:mod:`inferhal.backends.cpu_amx.ops`), with ``linear`` and
-``lm_head`` run by the AVX512-BF16 product (``kernels/cpu/avx512_linear.c``) over the same packed weights.
+``lm_head`` run by the AVX512-BF16 product (``kernels/cpu/avx512_linear.c``) over the same packed weights,
+and ``lm_head.argmax`` by the exact int8 screen of the head (``kernels/cpu/head_argmax.c``, AVX512-VNNI).
 
 Measured on a 2-core AMD EPYC (Zen 4) VM (``inferhal bench cpu_linear``, docs/performance.md): against
 oneDNN's packed bf16 product at Gemma 3 270M's layer shapes, 1.53-2.16x at 1 row, 1.36-1.50x at 8,
@@ -11,9 +12,9 @@ from __future__ import annotations
 from inferhal.backends.cpu_amx.ops import OP_IDS, products
 from inferhal.backends.cpu_amx.ops import provide as _provide
 
-__all__ = ["OP_IDS", "linear", "lm_head", "provide"]
+__all__ = ["OP_IDS", "linear", "lm_head", "lm_head_argmax", "provide"]
 
-linear, lm_head = products("avx512")
+linear, lm_head, lm_head_argmax = products("avx512")
 
 
 def provide(level) -> dict:

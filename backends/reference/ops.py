@@ -123,6 +123,12 @@ def lm_head(x: torch.Tensor, w: torch.Tensor | QuantWeight, out: torch.Tensor | 
     return out
 
 
+def lm_head_argmax(x: torch.Tensor, w: torch.Tensor | QuantWeight, *, mm=product) -> torch.Tensor:
+    """Greedy tokens ``[B]`` int64: :func:`argmax_rows` of :func:`lm_head` (first index on ties, as
+    ``sample``'s greedy rows)."""
+    return argmax_rows(lm_head(x, w, mm=mm))
+
+
 def act_gated(gate: torch.Tensor, up: torch.Tensor, p: ActParams) -> torch.Tensor:
     a = F.gelu(gate, approximate="tanh") if p.kind == "gelu_tanh" else F.silu(gate)
     return a * up
@@ -243,6 +249,7 @@ def _ops() -> dict:
         "rope.apply": rope_apply,
         "linear": linear,
         "lm_head": lm_head,
+        "lm_head.argmax": lm_head_argmax,
         "embed": embed,
         "act.gated": act_gated,
         "topk.select": topk_select,
@@ -257,7 +264,7 @@ def _ops() -> dict:
 OPS = _ops()
 
 #: ops whose matrix products take ``mm=`` (see matmul.py); batch-invariant mode binds the tiled product
-MATMUL_OPS = ("linear", "lm_head", "moe.experts", "mhc.pre", "mhc.head")
+MATMUL_OPS = ("linear", "lm_head", "lm_head.argmax", "moe.experts", "mhc.pre", "mhc.head")
 #: row-independent ops with elementwise tails, and which positional arguments carry the rows
 ROWWISE_OPS = {"act.gated": (0, 1), "mhc.pre": (0,), "mhc.head": (0,), "mhc.post": (0, 1, 2, 3)}
 

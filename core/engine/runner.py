@@ -5,7 +5,10 @@ It builds the :class:`~inferhal.core.models.base.ForwardBatch` (block tables →
 calls ``model.forward`` with the backend's KV storage, then the backend's ``sample`` op with each
 row's own settings and generator. A sequence with draft tokens gets logits at its last known token and at
 every draft, and the backend's ``spec.verify`` op decides how many drafts stand (exact for greedy and
-sampled rows alike).
+sampled rows alike). A step whose every row is greedy, with no logprobs and no drafts, calls the model's
+``forward_greedy`` instead when it has one: its tokens come from ``lm_head.argmax``, without logits (when
+the backend's ``lm_head.argmax`` is native, or its ``lm_head`` is the reference's too, so that both paths
+give the same token).
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ class ModelRunner:
         self.model, self.ops, self.kv = model, ops, kv
         self.specs, self.block_size, self.device = tuple(specs), block_size, device
         self._logits = torch.empty(0, model.vocab_size, dtype=torch.float32, device=device)
+        # greedy steps skip the logits only where lm_head.argmax agrees with this backend's own lm_head:
+        # native, or both the reference's (a native head with the reference's argmax is another product)
+        fallbacks = set(ops.fallbacks()) if hasattr(ops, "fallbacks") else set()
+        self._greedy = (hasattr(model, "forward_greedy")
+                        and ("lm_head.argmax" not in fallbacks or "lm_head" in fallbacks))
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         """``[rows, V]`` fp32 for the model's logits, one buffer grown to the most rows seen and reused every
@@ -71,15 +79,24 @@ class ModelRunner:
         for n_draft, group in spec.items():
             for first, _ in group:
                 rows.extend(range(first, first + n_draft + 1))
+        # every row greedy, no logprobs, no drafts: the model's tokens straight from lm_head.argmax
+        greedy = (self._greedy and bool(plain_reqs) and not spec
+                  and all(r.params.temperature <= 0.0 and not r.params.logprobs for r in plain_reqs))
         batch = ForwardBatch(
             input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),  # [T]
             positions=positions,
             query_start_loc=qsl,
             attn=attn,
             logits_indices=torch.tensor(rows, dtype=torch.long, device=self.device),  # [B']
-            logits_out=self._logits_buffer(len(rows)),
+            logits_out=None if greedy else self._logits_buffer(len(rows)),
         )
         t1 = time.perf_counter()
+        if greedy:
+            toks = self.model.forward_greedy(batch, self.kv).tolist()  # [B']
+            res.prepare_s, res.model_s = t1 - t0, time.perf_counter() - t1
+            for r, tok in zip(plain_reqs, toks):
+                res.tokens[r.request_id] = int(tok)
+            return res
         logits = self.model.forward(batch, self.kv)  # [B', V] fp32
         t2 = time.perf_counter()
         res.prepare_s, res.model_s = t1 - t0, t2 - t1

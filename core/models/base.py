@@ -49,7 +49,12 @@ class CausalLM(Protocol):
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """Write this step's KV into ``kv`` and return fp32 logits ``[len(batch.logits_indices), vocab]``
-        (in ``batch.logits_out`` when the caller lends a buffer; the ``lm_head`` op does both)."""
+        (in ``batch.logits_out`` when the caller lends a buffer; the ``lm_head`` op does both).
+
+        A model may also have ``forward_greedy(batch, kv) -> tokens [len(batch.logits_indices)] int64``:
+        the same step, returning the token ``sample``'s greedy rows would take from those logits (through
+        the ``lm_head.argmax`` op). The runner calls it for a step whose every row is greedy and none wants
+        logprobs or verifies drafts."""
 
 
 @runtime_checkable

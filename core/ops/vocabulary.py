@@ -59,6 +59,14 @@ OPS: dict[str, OpSpec] = {
             product instead of materialising the [B,V] result in x's dtype.""",
         ),
         _spec(
+            "lm_head.argmax",
+            "(x[B,K], w[V,K] | QuantWeight) -> tokens[B] int64",
+            """Greedy tokens from the final hidden states: each row's argmax of lm_head(x, w) (first index on
+            ties, NaN the largest, as sample's greedy rows), the very token this backend's own lm_head and
+            sample would give. A backend may find it without materialising the logits; the runner calls it
+            for a step whose every row is greedy and none wants logprobs.""",
+        ),
+        _spec(
             "attn.paged",
             "(q[T,H,D], kv_cache[NB,BS,*slot], batch: AttnBatch, p: AttnParams, sinks[H]|None=None) -> o[T,H,Dv]",
             """Causal attention of each sequence's new query tokens over its paged KV (already written by

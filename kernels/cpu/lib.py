@@ -1,7 +1,7 @@
 """The CPU kernels' library: C sources compiled at run time with the system compiler, called through ctypes.
 
 As the CUDA C sources are compiled at run time through NVRTC, these (``amx_linear.c``, ``avx512_linear.c``,
-``elementwise.c``, ``attention.c``, with ``simd.h``) are compiled on first use with ``cc`` (``$CC``; gcc 11+ or clang 12+
+``elementwise.c``, ``attention.c``, ``head_argmax.c``, with ``simd.h``) are compiled on first use with ``cc`` (``$CC``; gcc 11+ or clang 12+
 know the AMX intrinsics) into one library, ``$INFERHAL_CACHE/kernels/cpu/inferhal_cpu-<digest>.so`` (default ``~/.cache/inferhal``), keyed by
 the sources, the flags and the compiler's version: a changed source or compiler builds a new library, and
 concurrent builders never see a half-written one (each builds to its own file, then renames). Their
@@ -9,7 +9,7 @@ OpenMP threads are the process's: torch's ``libgomp.so.1`` is already loaded, so
 
 :func:`avx512_status` says whether this process can run them, and why not: an x86-64 Linux CPU with
 AVX512-BF16 (Intel Cooper Lake or Sapphire Rapids and later, AMD Zen 4 and later) and a compiler that builds
-the sources. :func:`status` says whether it can also run the AMX product (``ih_amx_*``): a CPU with AMX-BF16
+the sources (the greedy head's int8 screen also needs AVX512-VNNI, which every such CPU has: its caller checks). :func:`status` says whether it can also run the AMX product (``ih_amx_*``): a CPU with AMX-BF16
 and AMX-TILE, and the kernel's permission to use AMX tile data (Linux grants it per process through
 ``arch_prctl``). Nothing is compiled or loaded before one of them or :func:`library` is called.
 """
@@ -31,10 +31,10 @@ from pathlib import Path
 log = logging.getLogger("inferhal.kernels.cpu")
 
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("amx_linear.c", "avx512_linear.c", "elementwise.c",
-                                                        "attention.c"))
+                                                        "attention.c", "head_argmax.c"))
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("simd.h",))
 FLAGS = ("-O3", "-ffp-contract=off", "-shared", "-fPIC", "-fopenmp", "-mamx-tile", "-mamx-bf16", "-mavx512f",
-         "-mavx512bw", "-mavx512vl", "-mavx512bf16")
+         "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx512vnni")
 #: /proc/cpuinfo flags every kernel's instructions need
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16")
 #: and the AMX product's
@@ -128,6 +128,10 @@ def _bind(path: Path) -> ctypes.CDLL:
     lib.ih_rope_neox_bf16.argtypes = [P, I, I, I, I, I, P, I, P, ctypes.c_int, P]
     lib.ih_kv_write_bf16.restype = I
     lib.ih_kv_write_bf16.argtypes = [P, I, I, I, P, P, I, I, I]
+    lib.ih_head_quantize.restype = I
+    lib.ih_head_quantize.argtypes = [P, I, I, I, P, P]
+    lib.ih_head_argmax_i8.restype = I
+    lib.ih_head_argmax_i8.argtypes = [P, P, P, P, I, I, I, P, P, P, I, I, P, P]
     lib.ih_attn_paged_bf16.restype = I
     lib.ih_attn_paged_bf16.argtypes = [P, I, I, I, I, I, P, I, I, I, P, I, P, I, P, I, ctypes.c_float, ctypes.c_float, P]
     return lib

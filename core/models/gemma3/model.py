@@ -12,7 +12,8 @@ Per layer (``x`` is the residual stream)::
 Each residual add runs inside the pre-norm that follows it (``norm.rms`` with ``residual``: the same bf16
 sum, one op fewer per add).
 
-The embedding is scaled by sqrt(hidden) in the table dtype and tied to the LM head. KV lives in two
+The embedding is scaled by sqrt(hidden) in the table dtype and tied to the LM head; a step whose rows are
+all greedy takes its tokens from ``lm_head.argmax`` (:meth:`Gemma3ForCausalLM.forward_greedy`). KV lives in two
 paged groups: ``sliding`` (window blocks are released as they fall out) and ``full``.
 
 Norm weights are stored as GGUF/llama.cpp write them minus one, so ``norm.rms`` with
@@ -29,7 +30,7 @@ import torch
 
 from inferhal.core.models.base import ForwardBatch, KVCache
 from inferhal.core.models.gemma3.config import FULL, SLIDING, Gemma3Config
-from inferhal.core.ops.params import ActParams, AttnParams, KVWriteParams, RmsNormParams, RopeParams
+from inferhal.core.ops.params import ActParams, AttnParams, KVWriteParams, RmsNormParams, RopeParams, SampleBatch
 from inferhal.core.ops.quant import QuantWeight
 from inferhal.core.paging.spec import KVGroupSpec
 
@@ -142,6 +143,27 @@ class Gemma3ForCausalLM:
 
     # -- forward -----------------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        return self._logits(self._final_hidden(batch, kv), batch)
+
+    def forward_greedy(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """Each logits row's greedy token ``[len(batch.logits_indices)]`` int64: the token ``sample``'s
+        greedy rows would take from :meth:`forward`'s logits, through the ``lm_head.argmax`` op (a backend
+        may find it without the logits)."""
+        x = self._final_hidden(batch, kv)
+        if self.cfg.final_softcap > 0:  # tanh can tie logits the head keeps apart: sample's greedy rows decide
+            logits = self._logits(x, batch)
+            b = logits.shape[0]
+            return self.ops["sample"](logits, SampleBatch((0.0,) * b, (0,) * b, (1.0,) * b))
+        return self.ops["lm_head.argmax"](x, self.embed_table)
+
+    def _logits(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        logits = self.ops["lm_head"](x, self.embed_table, batch.logits_out)  # [B', V] fp32
+        if self.cfg.final_softcap > 0:
+            logits = logits.div_(self.cfg.final_softcap).tanh_().mul_(self.cfg.final_softcap)
+        return logits
+
+    def _final_hidden(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """Write this step's KV and return the final-normed hidden states of the logits rows ``[B', hidden]``."""
         ops, cfg = self.ops, self.cfg
         h_, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         positions = batch.positions
@@ -173,11 +195,7 @@ class Gemma3ForCausalLM:
                 h, x = ops["norm.rms"](y, self.layers[i + 1].attn_norm, self._norm, x)
             else:
                 x = x + y
-        x = ops["norm.rms"](x[batch.logits_indices.long()], self.final_norm, self._norm)  # [B', hidden]
-        logits = ops["lm_head"](x, self.embed_table, batch.logits_out)  # [B', V] fp32
-        if cfg.final_softcap > 0:
-            logits = logits.div_(cfg.final_softcap).tanh_().mul_(cfg.final_softcap)
-        return logits
+        return ops["norm.rms"](x[batch.logits_indices.long()], self.final_norm, self._norm)  # [B', hidden]
 
 
 def weight_names(cfg: Gemma3Config) -> Mapping[str, str]:

@@ -1,5 +1,5 @@
-"""Cases of the dense ops: norm.rms, rope.apply, linear (plain, fp8_block, fp4_group), lm_head, act.gated,
-embed, topk.select."""
+"""Cases of the dense ops: norm.rms, rope.apply, linear (plain, fp8_block, fp4_group), lm_head,
+lm_head.argmax, act.gated, embed, topk.select."""
 
 from __future__ import annotations
 
@@ -93,7 +93,11 @@ def rope_apply() -> list[OpCase]:
 def _weight(g: torch.Generator, n: int, k: int, dtype: str, fmt: str):
     """A ``[n, k]`` weight of scale 1/sqrt(k): plain in ``dtype``, or quantised by the reference backend's
     quantisers (imported at call time: core imports no backend)."""
-    w = randn(g, n, k, scale=k ** -0.5)
+    return _weight_of(randn(g, n, k, scale=k ** -0.5), fmt, dtype)
+
+
+def _weight_of(w: torch.Tensor, fmt: str, dtype: str):
+    """fp32 ``w`` as a weight: plain in ``dtype``, or quantised to ``fmt``."""
     if fmt == "plain":
         return w.to(DTYPES[dtype])
     from inferhal.backends.reference.quant import quantize_fp4_group, quantize_fp8_block
@@ -173,6 +177,42 @@ def lm_head() -> list[OpCase]:
             # with a buffer, what is compared is the buffer: a backend that returns fresh logits fails
             out.append(OpCase("lm_head", label, dtype, build, _product_ulps(dtype, fmt, k, why), level, take=take,
                               cost=cost, output=(lambda r, a, kw: a[2]) if buf else None, **_ROWS0))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- lm_head.argmax
+
+@cases_for("lm_head.argmax")
+def lm_head_argmax() -> list[OpCase]:
+    """Each row gets a planted winner: a vocabulary row along the row's own hidden state, a clear margin
+    above every other logit (so any correct product, in any order or precision, finds the same token). A
+    plain weight also holds an exact copy of each winner at a higher index: a tie, which the lower index
+    wins. (A quantised copy may land in another scale block: no longer a tie.)"""
+    out = []
+    sweep = [(4, 1000, 64, "plain", "quick"), (3, 256, 128, "fp8_block", "quick"), (1, 4096, 640, "plain", "full"),
+             (32, 40000, 640, "plain", "full"), (9, 512, 256, "fp4_group", "full")]
+    for t, v, k, fmt, level in sweep:
+        for dtype in _dtypes(level):
+            def build(seed, t=t, v=v, k=k, fmt=fmt, dtype=dtype):
+                g = gen(seed)
+                x = randn(g, t, k, dtype=DTYPES[dtype])
+                w = randn(g, v, k, scale=0.05)
+                cols = torch.randperm(v // 2, generator=g)[:t]  # winners in the lower half, their copies above
+                for i, c in enumerate(cols.tolist()):
+                    w[c] = x[i].float() * (4.0 / x[i].float().norm())
+                    if fmt == "plain":
+                        w[v // 2 + c] = w[c]
+                return (x, _weight_of(w, fmt, dtype)), {}
+
+            def take(a, kw, m):
+                return (a[0][:m], a[1]), {}
+
+            def cost(a, kw, v=v, k=k, fmt=fmt, dtype=dtype):
+                return _product_cost(a[0].shape[0], v, k, dtype, fmt)
+
+            label = f"B={t} V={v} K={k}" + ("" if fmt == "plain" else f" {fmt}")
+            out.append(OpCase("lm_head.argmax", label, dtype, build, EXACT, level, take=take, cost=cost,
+                              rows=lambda a, kw: a[0].shape[0], row_slice=lambda o, a, kw, n: o[:n]))
     return out
 
 

@@ -17,6 +17,7 @@ from inferhal.core.config.schema import BackendConfig
 from inferhal.core.errors import UserError
 from inferhal.core.registry import BackendRegistry
 from inferhal.kernels.cpu import amx, lib
+from inferhal.kernels.cpu import head as head_kernel
 
 ST = lib.avx512_status()
 needs_avx512 = pytest.mark.skipif(not ST.available, reason=f"cpu_avx512 unavailable here: {ST.reason}")
@@ -52,6 +53,41 @@ def test_products_run_the_avx512_kernel_and_everything_else_falls_back_visibly(r
     buf = torch.full((7, 3000), float("nan"))
     assert torch.equal(be.ops["lm_head"](x, head, buf), ref.lm_head(x, head))  # the same bf16-rounded logits
     assert torch.equal(buf, ref.lm_head(x, head))
+
+
+@needs_avx512
+@pytest.mark.skipif(not head_kernel.available(), reason="this CPU lacks avx512_vnni (the greedy head's screen)")
+def test_greedy_head_is_the_argmax_of_its_own_logits_and_falls_back_per_call(reg, monkeypatch):
+    be = reg.select(BackendConfig(name="cpu_avx512"))
+    assert "head_argmax.c" in be.ops.entry("lm_head.argmax").note
+    greedy = be.ops["lm_head.argmax"]
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(9, 640, generator=g).bfloat16(), (torch.randn(5000, 640, generator=g) * 0.05).bfloat16()
+
+    def full(x):
+        return ref.argmax_rows(be.ops["lm_head"](x, w))
+
+    screened = []  # (rows, rows overflowing) of each screen
+
+    def spy(*a):
+        tokens, overflow = real(*a)
+        screened.append((a[0].shape[0], int(overflow.sum())))
+        return tokens, overflow
+
+    real = head_kernel.argmax
+    monkeypatch.setattr(head_kernel, "argmax", spy)
+    assert torch.equal(greedy(x, w), full(x)) and screened == [(9, 0)]
+    # rows whose candidates overflow get the full head, the others keep the screen's tokens
+    monkeypatch.setattr(head_kernel, "CAPACITY", 16)
+    assert torch.equal(greedy(x, w), full(x)) and len(screened) == 2 and screened[1][1] > 0
+    # a NaN (no bound holds), fp32, or a K the screen does not take: the argmax of lm_head, as sample's greedy rows
+    xn = x.clone()
+    xn[2, 7] = float("nan")
+    assert torch.equal(greedy(xn, w), full(xn)) and int(greedy(xn, w)[2]) == 0
+    assert torch.equal(greedy(x.float(), w.float()), ref.argmax_rows(ref.lm_head(x.float(), w.float())))
+    x96, w96 = x[:, :96].contiguous(), w[:, :96].contiguous()
+    assert torch.equal(greedy(x96, w96), ref.argmax_rows(be.ops["lm_head"](x96, w96)))
+    assert len(screened) == 2
 
 
 @needs_avx512

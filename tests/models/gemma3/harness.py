@@ -34,15 +34,16 @@ class ContiguousKV:
         return out
 
 
-def step(model, kv: ContiguousKV, ids_per_seq: Sequence[Sequence[int]], computed: Sequence[int]) -> torch.Tensor:
+def step(model, kv: ContiguousKV, ids_per_seq: Sequence[Sequence[int]], computed: Sequence[int],
+         greedy: bool = False) -> torch.Tensor:
     """One forward over ``ids_per_seq[i]`` new tokens after ``computed[i]`` cached ones → logits [B, V]
-    of each sequence's last token."""
+    of each sequence's last token (``greedy``: ``forward_greedy``'s tokens [B] instead)."""
     seqs = [SeqSlice(c, len(ids), kv.blocks(i)) for i, (ids, c) in enumerate(zip(ids_per_seq, computed))]
     positions, qsl, attn = build_attn_batches(kv.specs, kv.block_size, seqs)
     flat = [t for ids in ids_per_seq for t in ids]
     rows = (qsl[1:] - 1).long()
     batch = ForwardBatch(torch.tensor(flat, dtype=torch.long), positions, qsl, attn, rows)
-    return model.forward(batch, kv.storage)
+    return model.forward_greedy(batch, kv.storage) if greedy else model.forward(batch, kv.storage)
 
 
 def greedy(model, prompts: Sequence[Sequence[int]], max_new: int, block_size: int = 16):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import greedy, transformers_greedy
+from harness import ContiguousKV, greedy, step, transformers_greedy
 from prompts import PROMPTS
 
 pytestmark = pytest.mark.slow
@@ -93,3 +93,21 @@ def test_bf16_logits_close_to_fp32(gemma, gemma_bf16, prompt_ids):
     diff = float((l16[0] - l32[0]).abs().max())
     print(f"max |bf16 - fp32 prefill logit|: {diff:.3f}")
     assert diff <= LOGIT_ATOL
+
+
+def test_greedy_steps_take_the_argmax_of_the_logits(gemma_bf16, prompt_ids):
+    """``forward_greedy`` (the ``lm_head.argmax`` op: on cpu_avx512 the int8 screen of the head and its
+    candidates recomputed exactly) against the argmax of ``forward``'s logits, at the prefill and every
+    decode step of every prompt: equal token for token. Each step runs both over the same KV (forward
+    writes it, forward_greedy writes the same values again)."""
+    from inferhal.backends.reference.ops import argmax_rows
+
+    model = gemma_bf16.model
+    kv = ContiguousKV(model, len(prompt_ids), max(len(p) for p in prompt_ids) + MAX_NEW + 1)
+    ids, done = [list(p) for p in prompt_ids], [0] * len(prompt_ids)
+    for s in range(MAX_NEW):
+        want = argmax_rows(step(model, kv, ids, done))
+        got = step(model, kv, ids, done, greedy=True)
+        assert torch.equal(got, want), f"step {s}: forward_greedy {got.tolist()} != argmax {want.tolist()}"
+        done = [d + len(i) for d, i in zip(done, ids)]
+        ids = [[t] for t in want.tolist()]

@@ -113,3 +113,51 @@ def test_step_weight_bytes_counts_every_weight_once_and_the_tied_table_as_the_he
 
     ours.layers[0].o = qo = quantize_fp8_block(ours.layers[0].o, (32, 32))  # a weight kept quantised: its own bytes
     assert ours.step_weight_bytes() == want - 64 * 128 * 4 + qo.nbytes() and qo.nbytes() == 64 * 128 + 2 * 4 * 4
+
+
+@pytest.mark.parametrize("softcap", [0.0, 15.0])
+def test_forward_greedy_takes_the_argmax_of_forwards_logits(ops, softcap):
+    """Without soft-capping through ``lm_head.argmax``; with it, through ``sample``'s greedy rows over the
+    capped logits (tanh can tie logits the head keeps apart)."""
+    from inferhal.backends.reference.ops import argmax_rows
+
+    _, ours = _pair(ops, softcap, 1.0, seed=4)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (9, 3, 14)]
+    kv = ContiguousKV(ours, 3, 32, block_size=4)
+    ids, done = prompts, [0, 0, 0]
+    for _ in range(4):
+        want = argmax_rows(step(ours, kv, ids, done))
+        assert torch.equal(step(ours, kv, ids, done, greedy=True), want)
+        done = [d + len(i) for d, i in zip(done, ids)]
+        ids = [[t] for t in want.tolist()]
+
+
+def test_the_runner_takes_greedy_steps_from_forward_greedy_and_the_rest_from_logits(ops):
+    """Every row greedy without logprobs: ``forward_greedy``, no logits; a row with logprobs or a
+    temperature: ``forward`` and ``sample``. The tokens are the same either way."""
+    from inferhal import LLM, SamplingParams
+    from inferhal.core.models.base import LoadedModel
+
+    _, ours = _pair(ops, 0.0, 1.0, seed=6)
+    calls = {"forward": 0, "forward_greedy": 0}
+    for name in calls:
+        real = getattr(ours, name)
+
+        def counted(*a, _real=real, _name=name):
+            calls[_name] += 1
+            return _real(*a)
+
+        setattr(ours, name, counted)
+    be = BackendRegistry.discover().select(BackendConfig(name="reference"))
+    llm = LLM.from_loaded(LoadedModel(ours, None, "tiny", "gemma3"), be, max_model_len=64)
+    prompts = [[5, 17, 42, 9], [3, 250, 7], [11] * 12]
+    greedy_out = llm.generate(prompts, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+    assert calls["forward"] == 0 and calls["forward_greedy"] > 0
+    calls["forward_greedy"] = 0
+    logged = llm.generate(prompts, SamplingParams(max_tokens=5, temperature=0.0, logprobs=2, ignore_eos=True))
+    assert calls["forward"] > 0 and calls["forward_greedy"] == 0
+    assert [o.outputs[0].token_ids for o in greedy_out] == [o.outputs[0].token_ids for o in logged]
+    calls["forward"] = 0
+    llm.generate(prompts, SamplingParams(max_tokens=3, temperature=0.8, seed=1, ignore_eos=True))
+    assert calls["forward"] > 0 and calls["forward_greedy"] == 0

@@ -1,0 +1,128 @@
+"""Greedy tokens from a bf16 LM head without materialising its logits (``head_argmax.c``, built by
+:mod:`inferhal.kernels.cpu.lib`): the index of each row's largest bf16-rounded ``x . w^T`` as
+:mod:`inferhal.kernels.cpu.amx`'s AVX-512 product computes it (first index on ties), exactly.
+
+An int8 screen (AVX512-VNNI) reads half the bytes of the bf16 head and gives, per logit, an estimate with a
+rigorous error bound; only the columns whose upper bound reaches the row's best lower bound are recomputed
+exactly with the bf16 kernel's own instruction and order. At decode sizes the head is bound by memory,
+so halving its bytes nearly halves its time (see docs/performance.md).
+
+The bound on ``|A - L|``, for activations ``x`` (one int8 scale per :data:`GROUP` channels, residual
+``dx``) and a head row ``w`` (one int8 scale ``sw``, residual ``dw``), with ``x . w - xh . wh = x . dw +
+dx . wh`` and Cauchy-Schwarz:
+
+    ``||x|| ||dw|| + ||dx|| ||wh||``   (the quantisation)
+    ``+ gamma_K ||x|| ||w||``          (the exact kernel's K fp32 roundings, ``gamma_K = K u / (1 - K u)``)
+    ``+ sw * (groups + 6) u (P + |C|)`` (the screen's own fp32 arithmetic; P and C per row, below)
+
+computed in float64 and rounded up; the kernel widens it again for its own fp32 evaluation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inferhal.kernels.cpu.lib import cpu_flags, library
+
+#: activation channels per int8 scale (head_argmax.c's GROUP)
+GROUP = 64
+#: candidates kept per row and thread before a row is handed back to the full head
+CAPACITY = 16384
+#: /proc/cpuinfo flag the screen needs beyond the AVX-512 kernels' own
+VNNI_FLAG = "avx512_vnni"
+_U = 2.0 ** -24  # fp32 unit roundoff
+
+
+@dataclass(frozen=True)
+class QuantHead:
+    """A head ``[n, k]`` as the screen reads it: ``wq`` uint8 ``[n/32, k/4, 32, 4]`` (int8 + 128), ``col``
+    fp32 ``[3, npad]``: each row's scale ``sw``, ``||dw|| + gamma_K ||w||`` and ``||wh||``, rounded up."""
+
+    wq: torch.Tensor
+    col: torch.Tensor
+    n: int
+    k: int
+
+    def nbytes(self) -> int:
+        return self.wq.numel() + self.col.numel() * 4
+
+
+def available() -> bool:
+    """Whether this CPU has the screen's instructions (the library itself is checked by its callers)."""
+    return VNNI_FLAG in cpu_flags()
+
+
+def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether :func:`argmax` takes ``x [m, k]`` against the head ``w [n, k]`` (bf16 on the CPU)."""
+    return (x.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 and x.is_cpu and w.is_cpu and x.dim() == 2
+            and w.dim() == 2 and x.shape[1] == w.shape[1] and w.shape[1] % GROUP == 0 and w.shape[0] > 0
+            and w.shape[0] < 2 ** 31)
+
+
+def _up(t: torch.Tensor) -> torch.Tensor:
+    """float64 -> fp32, never below the value (bounds only grow)."""
+    return (t * (1 + 2.0 ** -20)).float()
+
+
+def quantize(w: torch.Tensor) -> QuantHead | None:
+    """The screen's copy of a bf16 head ``w [n, k]`` (``head_argmax.c``'s ``ih_head_quantize``, rows in
+    parallel, float64 norms); None when ``w`` has a non-finite value (no bound holds then, and the caller
+    runs the full head)."""
+    if not supports(w[:1], w):
+        raise ValueError(f"head quantize: needs a bf16 CPU head [n, k] with k % {GROUP} == 0, got {w.dtype} "
+                         f"{tuple(w.shape)} on {w.device}")
+    lib = library()
+    n, k = w.shape
+    npad = -(-n // 32) * 32
+    if w.stride(1) != 1:
+        w = w.contiguous()
+    wq = torch.empty(npad // 32, k // 4, 32, 4, dtype=torch.uint8)
+    col = torch.empty(3, npad, dtype=torch.float32)
+    if lib.ih_head_quantize(w.data_ptr(), n, k, w.stride(0), wq.data_ptr(), col.data_ptr()) >= 0:
+        return None
+    return QuantHead(wq, col, n, k)
+
+
+def _rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's int8 quantisation ``xq [m, k]``, scales ``sx [m, k / GROUP]`` and constants ``[m, 4]``:
+    ``C`` (the +128 offset of the weights: ``sum_g sx_g 128 sum xq``), ``||x||``, ``||dx||`` and the
+    screen arithmetic's ``e = (groups + 6) u (P + |C|)``, ``P = sum_g sx_g 255 sum |xq|``."""
+    m, k = x.shape
+    groups = k // GROUP
+    xf = x.double().view(m, groups, GROUP)
+    sx = (xf.abs().amax(dim=2) / 127).float()
+    s = sx.double()[:, :, None]
+    xq = torch.where(s > 0, torch.round(xf / torch.where(s > 0, s, 1.0)), 0.0).clamp_(-127, 127)
+    dx = xf - xq * s
+    c = (s[:, :, 0] * 128 * xq.sum(dim=2)).sum(dim=1)
+    p = (s[:, :, 0] * 255 * xq.abs().sum(dim=2)).sum(dim=1)
+    e = (groups + 6) * _U * 1.02 * (p + c.abs())
+    norms = (_up(xf.reshape(m, k).norm(dim=1)), _up(dx.reshape(m, k).norm(dim=1)))
+    consts = torch.stack((c.float(), *norms, _up(e)), dim=1)
+    return xq.reshape(m, k).to(torch.int8).contiguous(), sx.contiguous(), consts.contiguous()
+
+
+def argmax(x: torch.Tensor, packed: torch.Tensor, head: QuantHead) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [m, k]`` bf16 against the head (``packed``: its AMX-layout copy, :func:`amx.pack`; ``head``: its
+    :func:`quantize`) -> ``(tokens [m] int64, overflow [m] bool)``: where ``overflow`` is set, that row's
+    candidates did not fit and its token is not computed (the caller runs the full head for it). Needs
+    finite ``x`` (the caller checks)."""
+    lib = library()
+    if not (x.dtype == torch.bfloat16 and x.is_cpu and x.dim() == 2 and x.shape[1] == head.k):
+        raise ValueError(f"head argmax: needs bf16 CPU x [m, {head.k}], got {x.dtype} {tuple(x.shape)}")
+    m = x.shape[0]
+    tokens = torch.empty(m, dtype=torch.int64)
+    overflow = torch.zeros(m, dtype=torch.int32)
+    if m == 0:
+        return tokens, overflow.bool()
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    xq, sx, consts = _rows(x)
+    rc = lib.ih_head_argmax_i8(xq.data_ptr(), sx.data_ptr(), consts.data_ptr(), x.data_ptr(), x.stride(0), m,
+                               head.k, head.wq.data_ptr(), head.col.data_ptr(), packed.data_ptr(), head.n,
+                               CAPACITY, tokens.data_ptr(), overflow.data_ptr())
+    if rc < 0:
+        raise MemoryError(f"head argmax: no memory for {m} rows' candidates")
+    return tokens, overflow.bool()

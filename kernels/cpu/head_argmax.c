@@ -1,0 +1,270 @@
+/* Greedy tokens from a bf16 LM head without its logits: each row's argmax of the bf16-rounded x . w^T that
+ * avx512_linear.c computes (first index on ties), exactly, from an int8 screen and a few exact columns.
+ *
+ * Screen (AVX512-VNNI, vpdpbusd): the head is kept as int8 (one fp32 scale sw per vocabulary row, stored
+ * +128 as uint8) and each activation row is quantised to int8 with one scale per GROUP channels. The
+ * screen's estimate A of a logit comes with a rigorous bound B on |A - exact| (built by head.py:
+ * Cauchy-Schwarz over the two quantisation residuals, the fp32 rounding of the exact product and of A
+ * itself), so D = A - B <= exact <= A + B = U. Per row, lo = max D is a lower bound of the largest logit;
+ * only columns with U >= lo - slack (slack covers bf16 rounding ties) can be the argmax. Each thread keeps
+ * its rows' candidates (index, U) while it walks its columns, pruning them as lo rises.
+ *
+ * Exact step: every surviving candidate's dot product is recomputed with vdpbf16ps on its own lane, from
+ * the AMX-layout packed copy, in avx512_linear.c's order (k pairs ascending from zero), so its value is
+ * bit-identical to that kernel's, then rounded to bf16 as the head's output is. A row whose candidates
+ * overflow the buffer is flagged for the caller, which then runs the full head for it.
+ *
+ * Weights: wq [nb][k/4][32 columns][4 k] uint8 (32-column blocks, k in quads: one 64-byte load holds a k
+ * quad of 16 columns, vpdpbusd's unsigned operand against a broadcast quad of signed activations).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "simd.h"
+
+#define HR_MAX 6  /* rows per pass: 4 x HR_MAX accumulators (int and fp32, two 16-column halves) */
+#define GROUP 64  /* activation channels per scale (head.py's GROUP) */
+
+/* A [mr][32] for one 32-column block: sum over groups of sx[r, g] * (int32 sums of the group) */
+static inline __attribute__((always_inline)) void screen_block(const int8_t *xq, int64_t k, const float *sx,
+                                                               int64_t groups, const uint8_t *b, int mr,
+                                                               float *out) {
+  __m512 f[HR_MAX][2];
+  for (int i = 0; i < mr; i++) { f[i][0] = _mm512_setzero_ps(); f[i][1] = _mm512_setzero_ps(); }
+  for (int64_t g = 0; g < groups; g++) {
+    __m512i t[HR_MAX][2];
+    for (int i = 0; i < mr; i++) { t[i][0] = _mm512_setzero_si512(); t[i][1] = _mm512_setzero_si512(); }
+    for (int q = 0; q < GROUP / 4; q++) {
+      const int64_t kq = g * (GROUP / 4) + q;
+      _mm_prefetch((const char *)(b + (kq + 16) * 128), _MM_HINT_T1);
+      _mm_prefetch((const char *)(b + (kq + 16) * 128) + 64, _MM_HINT_T1);
+      const __m512i w0 = _mm512_loadu_si512(b + kq * 128), w1 = _mm512_loadu_si512(b + kq * 128 + 64);
+      for (int i = 0; i < mr; i++) {
+        int32_t quad;
+        memcpy(&quad, xq + i * k + kq * 4, 4);
+        const __m512i a = _mm512_set1_epi32(quad);
+        t[i][0] = _mm512_dpbusd_epi32(t[i][0], w0, a);
+        t[i][1] = _mm512_dpbusd_epi32(t[i][1], w1, a);
+      }
+    }
+    for (int i = 0; i < mr; i++) {
+      const __m512 s = _mm512_set1_ps(sx[i * groups + g]);
+      f[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t[i][0]), s, f[i][0]);
+      f[i][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t[i][1]), s, f[i][1]);
+    }
+  }
+  for (int i = 0; i < mr; i++) {
+    _mm512_storeu_ps(out + i * 32, f[i][0]);
+    _mm512_storeu_ps(out + i * 32 + 16, f[i][1]);
+  }
+}
+
+#define SCREEN(n) \
+  static void screen_##n(const int8_t *xq, int64_t k, const float *sx, int64_t groups, const uint8_t *b, float *out) { \
+    screen_block(xq, k, sx, groups, b, n, out); \
+  }
+SCREEN(1) SCREEN(2) SCREEN(3) SCREEN(4) SCREEN(5) SCREEN(6)
+typedef void (*screen_fn)(const int8_t *, int64_t, const float *, int64_t, const uint8_t *, float *);
+static const screen_fn SCREEN_FN[HR_MAX + 1] = {0, screen_1, screen_2, screen_3, screen_4, screen_5, screen_6};
+
+/* how far below lo a column's upper bound may lie and still round to the same bf16 as the largest logit */
+static inline float slack(float lo) { return fabsf(lo) * 0x1p-5f + 0x1p-100f; }
+
+typedef struct {
+  int32_t *idx;
+  float *up;
+  int64_t n;
+  float lo;              /* this thread's lower bound of the row's largest logit: the max of its columns' D */
+  volatile float *los;   /* every thread's lo for this row (thread t at los[t * stride]) */
+  int64_t stride;
+  int tid, nt;
+  int overflow;
+} cands;
+
+/* the best lower bound any thread has published for this row: each bounds the row's largest logit, so a
+ * stale read only keeps more candidates */
+static inline float row_lo(const cands *c) {
+  float lo = c->lo;
+  for (int t = 0; t < c->nt; t++) lo = fmaxf(lo, c->los[t * c->stride]);
+  return lo;
+}
+
+/* keep only the entries that can still win under lo */
+static void prune(cands *c) {
+  const float lo = row_lo(c), thr = lo - slack(lo);
+  int64_t j = 0;
+  for (int64_t i = 0; i < c->n; i++)
+    if (c->up[i] >= thr) { c->idx[j] = c->idx[i]; c->up[j] = c->up[i]; j++; }
+  c->n = j;
+}
+
+/* one row's 32 columns of a block: bounds, lo, and the candidates they leave */
+static void admit(cands *c, const float *a32, const float *rc, const float *col, int64_t npad, int64_t c0,
+                  int64_t n, int64_t cap) {
+  const __m512 cr = _mm512_set1_ps(rc[0]), ar = _mm512_set1_ps(rc[1]), br = _mm512_set1_ps(rc[2]),
+               er = _mm512_set1_ps(rc[3]);
+  __m512 u[2], d[2];
+  __mmask16 valid[2];
+  float best = -INFINITY;
+  for (int h = 0; h < 2; h++) {
+    const int64_t cc = c0 + h * 16;
+    valid[h] = tail_mask(n - cc > 0 ? n - cc : 0);
+    const __m512 sw = _mm512_loadu_ps(col + cc), p = _mm512_loadu_ps(col + npad + cc),
+                 q = _mm512_loadu_ps(col + 2 * npad + cc);
+    const __m512 a = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(a32 + h * 16), cr), sw);
+    __m512 bnd = _mm512_fmadd_ps(ar, p, _mm512_fmadd_ps(br, q, _mm512_mul_ps(er, sw)));
+    /* the fp32 rounding of the bound, of A +- B and denormals, with room to spare */
+    bnd = _mm512_fmadd_ps(bnd, _mm512_set1_ps(1.f + 0x1p-10f),
+                          _mm512_fmadd_ps(_mm512_abs_ps(a), _mm512_set1_ps(0x1p-20f), _mm512_set1_ps(0x1p-100f)));
+    u[h] = _mm512_add_ps(a, bnd);
+    d[h] = _mm512_sub_ps(a, bnd);
+    best = fmaxf(best, _mm512_mask_reduce_max_ps(valid[h], d[h]));
+  }
+  if (best > c->lo) {
+    c->lo = best;
+    c->los[c->tid * c->stride] = best;
+  }
+  if (c->overflow) return;
+  const float lo = row_lo(c), thr = lo - slack(lo);
+  for (int h = 0; h < 2; h++) {
+    const __mmask16 keep = valid[h] & _mm512_cmp_ps_mask(u[h], _mm512_set1_ps(thr), _CMP_GE_OQ);
+    if (!keep) continue;
+    if (c->n + 16 > cap) {
+      prune(c);
+      if (c->n + 16 > cap) { c->overflow = 1; return; }
+    }
+    const __m512i ids = _mm512_add_epi32(_mm512_set1_epi32((int32_t)(c0 + h * 16)),
+                                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    _mm512_mask_compressstoreu_epi32(c->idx + c->n, keep, ids);
+    _mm512_mask_compressstoreu_ps(c->up + c->n, keep, u[h]);
+    c->n += _mm_popcnt_u32(keep);
+  }
+}
+
+/* the bf16-rounded exact logits of up to 16 columns (lanes past cnt repeat column ids[0]) of one row */
+static __m512 exact16(const uint16_t *x, int64_t k, const uint16_t *wp, const int32_t *ids, int cnt) {
+  const int64_t kbs = k / 32;
+  int32_t base[16];
+  for (int j = 0; j < 16; j++) {
+    const int64_t c = ids[j < cnt ? j : 0];
+    /* dword index of (column c, k pair 0) in the AMX layout: block, half, lane */
+    base[j] = (int32_t)((c / 32) * kbs * 512 + ((c % 32) / 16) * 256 + (c % 16));
+  }
+  const __m512i vb = _mm512_loadu_si512(base);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t p = 0; p < k / 2; p++) {
+    int32_t pair;
+    memcpy(&pair, x + 2 * p, 4);
+    const __m512i off = _mm512_add_epi32(vb, _mm512_set1_epi32((int32_t)((p / 16) * 512 + (p % 16) * 16)));
+    const __m512bh w = (__m512bh)_mm512_i32gather_epi32(off, (const void *)wp, 4);
+    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(pair), w);
+  }
+  return round_bf16(acc);
+}
+
+/* xq [m, k] int8 and sx [m, k / GROUP] fp32: the quantised rows; rowc [m, 4] fp32: (C, a, b, e) per row
+ * (head.py); x [m, k] bf16 (row stride ldx): the rows themselves; wq: the int8 head for n columns, col
+ * [3, npad] fp32: (sw, p, q) per column (npad = n rounded up to 32); wp: the AMX-layout bf16 head.
+ * Writes tokens[m]; overflow[r] = 1 where row r's candidates did not fit in cap (its token is then not
+ * written). Returns the number of such rows, or -1 when out of memory. */
+int64_t ih_head_argmax_i8(const int8_t *xq, const float *sx, const float *rowc, const uint16_t *x, int64_t ldx,
+                          int64_t m, int64_t k, const uint8_t *wq, const float *col, const uint16_t *wp, int64_t n,
+                          int64_t cap, int64_t *tokens, int32_t *overflow) {
+  const int64_t nbs = (n + 31) / 32, npad = nbs * 32, groups = k / GROUP, rgroups = (m + HR_MAX - 1) / HR_MAX;
+  const int nt = omp_get_max_threads();
+  cands *all = calloc((size_t)(nt * m), sizeof(cands));
+  int32_t *idx = malloc((size_t)(nt * m * cap) * sizeof(int32_t));
+  float *up = malloc((size_t)(nt * m * cap) * sizeof(float));
+  float *los = malloc((size_t)(nt * m) * sizeof(float));
+  if (!all || !idx || !up || !los) { free(all); free(idx); free(up); free(los); return -1; }
+  for (int64_t i = 0; i < nt * m; i++) {
+    all[i] = (cands){idx + i * cap, up + i * cap, 0, -INFINITY, los + i % m, m, (int)(i / m), nt, 0};
+    los[i] = -INFINITY;
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    cands *mine = all + omp_get_thread_num() * m;
+    float a[HR_MAX * 32] __attribute__((aligned(64)));
+#pragma omp for schedule(static)
+    for (int64_t nb = 0; nb < nbs; nb++) {
+      const uint8_t *b = wq + nb * (k / 4) * 128;
+      for (int64_t g = 0; g < rgroups; g++) {
+        const int64_t r0 = m * g / rgroups, r1 = m * (g + 1) / rgroups;
+        SCREEN_FN[r1 - r0](xq + r0 * k, k, sx + r0 * groups, groups, b, a);
+        for (int64_t r = r0; r < r1; r++) admit(&mine[r], a + (r - r0) * 32, rowc + r * 4, col, npad, nb * 32, n, cap);
+      }
+    }
+  }
+  int64_t flagged = 0;
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : flagged)
+  for (int64_t r = 0; r < m; r++) {
+    int ovf = 0;
+    for (int t = 0; t < nt; t++) ovf |= all[t * m + r].overflow;
+    overflow[r] = ovf;
+    if (ovf) { flagged++; continue; }
+    float best = -INFINITY;
+    int64_t arg = -1;
+    for (int t = 0; t < nt; t++) {
+      cands *c = &all[t * m + r];
+      prune(c); /* under every thread's final lo */
+      for (int64_t i = 0; i < c->n; i += 16) {
+        const int cnt = c->n - i < 16 ? (int)(c->n - i) : 16;
+        float v[16];
+        _mm512_storeu_ps(v, exact16(x + r * ldx, k, wp, c->idx + i, cnt));
+        for (int j = 0; j < cnt; j++)
+          if (v[j] > best || (v[j] == best && c->idx[i + j] < arg) || arg < 0) { best = v[j]; arg = c->idx[i + j]; }
+      }
+    }
+    tokens[r] = arg;
+  }
+  free(all); free(idx); free(up); free(los);
+  return flagged;
+}
+
+/* The screen's copy of a bf16 head w [n, k] (row stride ldw): wq packed as above (int8 + 128; padding
+ * columns 128), col [3, npad] = (sw, ||dw|| + gamma_K ||w||, ||wh||) per row, rounded up (head.py). Returns
+ * -1, or the first row holding a non-finite value (no bound holds then). */
+int64_t ih_head_quantize(const uint16_t *w, int64_t n, int64_t k, int64_t ldw, uint8_t *wq, float *col) {
+  const int64_t nbs = (n + 31) / 32, npad = nbs * 32;
+  const double u = 0x1p-24, gamma = k * u / (1 - k * u), up = 1 + 0x1p-20;
+  int64_t bad = n;
+  memset(col, 0, (size_t)(3 * npad) * sizeof(float));
+#pragma omp parallel for schedule(static) reduction(min : bad)
+  for (int64_t r = 0; r < npad; r++) {
+    uint8_t *dst = wq + (r / 32) * (k / 4) * 128 + (r % 32) * 4; /* (block, quad 0, column, k 0) */
+    if (r >= n) {
+      for (int64_t q = 0; q < k / 4; q++) memset(dst + q * 128, 128, 4);
+      continue;
+    }
+    const uint16_t *row = w + r * ldw;
+    double amax = 0;
+    for (int64_t j = 0; j < k; j++) {
+      uint32_t bits = (uint32_t)row[j] << 16;
+      float v;
+      memcpy(&v, &bits, 4);
+      if (!isfinite(v)) { bad = r < bad ? r : bad; amax = NAN; break; }
+      amax = fmax(amax, fabs((double)v));
+    }
+    if (isnan(amax)) continue;
+    const float sw = (float)(amax / 127);
+    double dw2 = 0, w2 = 0, wh2 = 0;
+    for (int64_t j = 0; j < k; j++) {
+      uint32_t bits = (uint32_t)row[j] << 16;
+      float v;
+      memcpy(&v, &bits, 4);
+      double q = sw > 0 ? nearbyint((double)v / sw) : 0;
+      q = q > 127 ? 127 : (q < -127 ? -127 : q);
+      const double wh = q * (double)sw, d = (double)v - wh;
+      dw2 += d * d; w2 += (double)v * v; wh2 += wh * wh;
+      dst[(j / 4) * 128 + (j % 4)] = (uint8_t)((int)q + 128);
+    }
+    col[r] = sw;
+    col[npad + r] = (float)((sqrt(dw2) + gamma * sqrt(w2)) * up);
+    col[2 * npad + r] = (float)(sqrt(wh2) * up);
+  }
+  return bad < n ? bad : -1;
+}

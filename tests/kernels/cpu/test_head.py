@@ -1,0 +1,123 @@
+"""The greedy LM head (kernels/cpu/head.py, head_argmax.c) against the full head it replaces: the argmax
+(first index on ties) of the bf16-rounded logits the AVX-512 product writes. Its int8 screen only narrows
+the columns; the result must be equal, token for token, never merely close.
+
+These run the kernel for real where the CPU has AVX512-BF16 and AVX512-VNNI and a C compiler builds it;
+elsewhere they skip with the reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferhal.backends.reference.ops import argmax_rows
+from inferhal.kernels.cpu import amx, head, lib
+
+_ST = lib.avx512_status()
+pytestmark = pytest.mark.skipif(not (_ST.available and head.available()),
+                                reason=f"the greedy head's kernels are unavailable here: "
+                                       f"{_ST.reason if not _ST.available else 'this CPU lacks avx512_vnni'}")
+
+
+def _full(x: torch.Tensor, wp: torch.Tensor, n: int) -> torch.Tensor:
+    return argmax_rows(amx.linear(x, wp, n, torch.float32, bf16_values=True, kernel="avx512"))
+
+
+def _check(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    wp, qh = amx.pack(w), head.quantize(w)
+    tokens, overflow = head.argmax(x, wp, qh)
+    assert not overflow.any()
+    assert torch.equal(tokens, _full(x, wp, w.shape[0]))
+    return tokens
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 64), (1, 33, 128), (2, 1000, 64), (5, 31, 640), (6, 4096, 640),
+                                   (7, 40000, 640), (13, 2049, 256), (32, 40000, 640)])
+def test_tokens_equal_the_full_heads_argmax(m, n, k):
+    g = torch.Generator().manual_seed(m * 100003 + n + k)
+    x = (torch.randn(m, k, generator=g) * 2).bfloat16()
+    x[:, 3] *= 40  # an outlier channel, as final-normed hidden states have
+    w = (torch.randn(n, k, generator=g) * 0.03).bfloat16()
+    _check(x, w)
+
+
+def test_exact_ties_go_to_the_lowest_index():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 640, generator=g).bfloat16()
+    w = (torch.randn(5000, 640, generator=g) * 0.03).bfloat16()
+    for i in range(4):  # row i's winner at 4000 + i, copied to 3000 + i and 100 + i: the copy at 100 + i wins
+        w[4000 + i] = (x[i].float() / x[i].float().norm()).bfloat16()
+        w[3000 + i] = w[4000 + i]
+        w[100 + i] = w[4000 + i]
+    assert _check(x, w).tolist() == [100, 101, 102, 103]
+
+
+def test_logits_that_round_to_the_same_bf16_tie_and_the_lowest_index_wins():
+    """Columns whose fp32 logits differ but round to one bf16 value: the screen must keep all of them
+    (its slack covers the rounding) and the lowest index wins, as it does over the full logits, although
+    its fp32 logit is the smallest of them."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 640, generator=g).bfloat16()
+    w = (torch.randn(3000, 640, generator=g) * 0.03).bfloat16()
+    top = (x[0].float() / x[0].float().norm() * 2).bfloat16()
+    w[300] = top
+    for j, c in enumerate((2500, 1500, 700, 2900)):  # nudged copies: fp32 logits a hair above column 300's
+        wc = top.clone()
+        wc[j] = (wc[j].float() * (1 + 2 ** -7)).bfloat16()
+        w[c] = wc
+    fp32 = amx.linear(x, amx.pack(w), w.shape[0], torch.float32, kernel="avx512")[0]
+    near = fp32[[300, 700, 1500, 2500, 2900]]
+    assert near.unique().numel() == 5 and int(fp32.argmax()) != 300  # apart in fp32 ...
+    assert near.bfloat16().unique().numel() == 1  # ... one value in bf16
+    assert int(_check(x, w)[0]) == 300
+
+
+def test_zero_rows_and_zero_weights():
+    w = (torch.randn(300, 64) * 0.03).bfloat16()
+    w[:10] = 0
+    x = torch.zeros(2, 64).bfloat16()  # every logit 0: the first column
+    assert _check(x, w).tolist() == [0, 0]
+    x[1, 5] = 1.0
+    _check(x, w)
+
+
+def test_rows_past_the_candidate_capacity_are_flagged_not_guessed(monkeypatch):
+    """Every logit equal: each column is a candidate. Past the capacity the row is flagged for the caller
+    (which runs the full head), not given a token."""
+    w = torch.full((40000, 64), 0.5).bfloat16()
+    x = torch.ones(2, 64).bfloat16()
+    x[1] = 0.0
+    monkeypatch.setattr(head, "CAPACITY", 1024)
+    tokens, overflow = head.argmax(x, amx.pack(w), head.quantize(w))
+    assert overflow.tolist() == [True, True]  # row 1: all logits 0, a tie too
+    monkeypatch.setattr(head, "CAPACITY", 65536)
+    tokens, overflow = head.argmax(x, amx.pack(w), head.quantize(w))
+    assert overflow.tolist() == [False, False] and tokens.tolist() == [0, 0]
+
+
+def test_strided_rows_and_batch_invariance():
+    g = torch.Generator().manual_seed(3)
+    wide = torch.randn(9, 1280, generator=g).bfloat16()
+    x = wide[:, 640:]  # rows of stride 1280
+    w = (torch.randn(3000, 640, generator=g) * 0.05).bfloat16()
+    tokens = _check(x, w)
+    wp, qh = amx.pack(w), head.quantize(w)
+    alone = torch.cat([head.argmax(x[i : i + 1], wp, qh)[0] for i in range(9)])
+    assert torch.equal(tokens, alone)
+
+
+def test_a_head_with_a_non_finite_value_has_no_screen():
+    w = torch.randn(100, 64).bfloat16()
+    w[37, 5] = float("inf")
+    assert head.quantize(w) is None
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises(ValueError, match="k % 64"):
+        head.quantize(torch.randn(10, 96).bfloat16())
+    with pytest.raises(ValueError, match="bf16 CPU head"):
+        head.quantize(torch.randn(10, 64))
+    w = torch.randn(10, 64).bfloat16()
+    with pytest.raises(ValueError, match=r"x \[m, 64\]"):
+        head.argmax(torch.randn(2, 64), amx.pack(w), head.quantize(w))
