@@ -44,13 +44,16 @@ def add_compute_bounds(rows: Sequence[dict], flops_per_token: dict[str, int]) ->
 
 def bound_lines(rows: Sequence[dict]) -> list[str]:
     """One line per bound of a row (:func:`add_weight_bounds`, :func:`add_compute_bounds`): what it rests on,
-    the step it implies, and the share of it reached."""
+    the step it implies, and the share of it reached. A row with ``bounds_without_head`` says that its
+    bytes and flops leave the LM head out (its greedy steps run ``lm_head.argmax`` instead)."""
     out = []
     for r in rows:
+        products = "its products other than the LM head" if r.get("bounds_without_head") else "its products"
+        weights = "weights other than the LM head" if r.get("bounds_without_head") else "weights"
         if "compute_bound_tok_s" in r:
             step_ms = 1e3 * r["concurrency"] / r["compute_bound_tok_s"]
             share = r["tok_s"] / r["compute_bound_tok_s"]
-            out.append(f"{r['engine']} c={r['concurrency']}: its products cost "
+            out.append(f"{r['engine']} c={r['concurrency']}: {products} cost "
                        f"{r['product_flops_per_token'] / 1e6:.0f} MFLOP a token; at the {r['product_gflops']:.0f} "
                        f"GFLOP/s they reach on a large product that is >= {step_ms:.0f} ms a step, "
                        f"<= {r['compute_bound_tok_s']:.0f} tok/s; reached {r['tok_s']:.1f} "
@@ -59,7 +62,8 @@ def bound_lines(rows: Sequence[dict]) -> list[str]:
         if "bound_tok_s" not in r:
             continue
         step_ms = 1e3 * r["concurrency"] / r["bound_tok_s"]
-        line = (f"{r['engine']} c={r['concurrency']}: reads {r['weight_bytes_per_step'] / 1e6:.0f} MB of weights "
+        mb = r["weight_bytes_per_step"] / 1e6
+        line = (f"{r['engine']} c={r['concurrency']}: reads {mb:.0f} MB of {weights} "
                 f"per decode step; at the host's {r['read_gbs']:.1f} GB/s that is >= {step_ms:.0f} ms a step, "
                 f"<= {r['bound_tok_s']:.0f} tok/s; reached {r['tok_s']:.1f} ")
         if r["tok_s"] <= r["bound_tok_s"]:

@@ -42,10 +42,10 @@ class ModelRunner:
         self.model, self.ops, self.kv = model, ops, kv
         self.specs, self.block_size, self.device = tuple(specs), block_size, device
         self._logits = torch.empty(0, model.vocab_size, dtype=torch.float32, device=device)
-        # greedy steps skip the logits only where lm_head.argmax agrees with this backend's own lm_head:
-        # native, or both the reference's (a native head with the reference's argmax is another product)
+        # whether all-greedy steps skip the logits: only where lm_head.argmax agrees with this backend's own
+        # lm_head: native, or both the reference's (a native head with the reference's argmax is another product)
         fallbacks = set(ops.fallbacks()) if hasattr(ops, "fallbacks") else set()
-        self._greedy = (hasattr(model, "forward_greedy")
+        self.greedy_head = (hasattr(model, "forward_greedy")
                         and ("lm_head.argmax" not in fallbacks or "lm_head" in fallbacks))
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
@@ -80,7 +80,7 @@ class ModelRunner:
             for first, _ in group:
                 rows.extend(range(first, first + n_draft + 1))
         # every row greedy, no logprobs, no drafts: the model's tokens straight from lm_head.argmax
-        greedy = (self._greedy and bool(plain_reqs) and not spec
+        greedy = (self.greedy_head and bool(plain_reqs) and not spec
                   and all(r.params.temperature <= 0.0 and not r.params.logprobs for r in plain_reqs))
         batch = ForwardBatch(
             input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),  # [T]

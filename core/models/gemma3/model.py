@@ -119,27 +119,30 @@ class Gemma3ForCausalLM:
     def kv_groups(self) -> Sequence[KVGroupSpec]:
         return kv_groups_for(self.cfg, self.dtype)
 
-    def step_weight_bytes(self) -> int:
+    def step_weight_bytes(self, head: bool = True) -> int:
         """Bytes of weights one decode step reads, each once: every layer's products and norms, the final
         norm and the whole tied table as the LM head (the embedding itself gathers only the step's rows).
-        With the host's read bandwidth, the floor of a step that streams its weights from memory."""
+        With the host's read bandwidth, the floor of a step that streams its weights from memory.
+        ``head=False`` leaves the table out: a greedy step's ``lm_head.argmax`` may read a cheaper copy of it
+        (cpu_avx512's int8 screen), so only the rest is a floor then."""
         def nbytes(t) -> int:
             return t.nbytes() if isinstance(t, QuantWeight) else t.nbytes
 
         # every field once: q|k|v and gate|up are views splitting the fused products, so they add up to them
         per_layer = sum(nbytes(getattr(w, f.name)) for w in self.layers for f in fields(w))
-        return per_layer + nbytes(self.final_norm) + nbytes(self.embed_table)
+        return per_layer + nbytes(self.final_norm) + (nbytes(self.embed_table) if head else 0)
 
-    def token_product_flops(self) -> int:
+    def token_product_flops(self, head: bool = True) -> int:
         """Floating-point operations of the weight products one decoded token costs (2 per weight of every
         layer's q, k, v, o, gate, up and down, and of the tied LM head): with the rate a host's products
         reach, the floor of a decode step that computes them (attention over the context, norms and the
-        rest left out)."""
+        rest left out). ``head=False`` leaves the head out (see :meth:`step_weight_bytes`)."""
         def numel(t) -> int:
             return math.prod(t.shape)
 
         products = ("q", "k", "v", "o", "gate", "up", "down")
-        return 2 * (sum(numel(getattr(w, f)) for w in self.layers for f in products) + numel(self.embed_table))
+        layers = sum(numel(getattr(w, f)) for w in self.layers for f in products)
+        return 2 * (layers + (numel(self.embed_table) if head else 0))
 
     # -- forward -----------------------------------------------------------------------------------
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:

@@ -35,3 +35,15 @@ def test_compute_bounds_are_the_product_rate_over_each_tokens_product_flops():
     assert "<= 800 tok/s" in first and "(50% of that bound)" in first and ">= 1 ms a step" in second
     rows[0]["tok_s"] = 900.0
     assert "above it" in bound_lines(rows)[0] and "% of that bound" not in bound_lines(rows)[0]
+
+
+def test_bounds_that_leave_the_head_out_say_so():
+    row = {**summarize("inferhal", 1, 1.0, [(0.0, 0.0, 20)]), "read_gbs": 10.0, "product_gflops": 100.0,
+           "bounds_without_head": True}
+    add_weight_bounds([row], {"inferhal": 200_000_000})
+    add_compute_bounds([row], {"inferhal": 400_000_000})
+    compute, weights = bound_lines([row])
+    assert "products other than the LM head cost 400 MFLOP" in compute
+    assert "200 MB of weights other than the LM head" in weights
+    del row["bounds_without_head"]
+    assert "LM head" not in " ".join(bound_lines([row]))

@@ -102,6 +102,7 @@ def test_token_product_flops_are_two_per_weight_of_every_product_and_the_head(op
     matrices = sum(p.numel() for p in hf.parameters() if p.dim() == 2)  # every Linear and the tied table once
     assert ours.token_product_flops() == 2 * matrices == 2 * (7 * (192 * 64 + 64 * 128 + 192 * 64 + 64 * 96)
                                                               + 300 * 64)
+    assert ours.token_product_flops(head=False) == 2 * matrices - 2 * 300 * 64  # greedy steps: the head left out
 
 
 def test_step_weight_bytes_counts_every_weight_once_and_the_tied_table_as_the_head(ops):
@@ -109,6 +110,7 @@ def test_step_weight_bytes_counts_every_weight_once_and_the_tied_table_as_the_he
     want = sum(p.numel() * p.element_size() for p in hf.parameters())  # the tied table once
     assert ours.step_weight_bytes() == want == (7 * (4 * 64 + 2 * 32 + 192 * 64 + 64 * 128 + 192 * 64 + 64 * 96)
                                                 + 64 + 300 * 64) * 4
+    assert ours.step_weight_bytes(head=False) == want - 300 * 64 * 4
     from inferhal.backends.reference.quant import quantize_fp8_block
 
     ours.layers[0].o = qo = quantize_fp8_block(ours.layers[0].o, (32, 32))  # a weight kept quantised: its own bytes
