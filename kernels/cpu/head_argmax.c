@@ -122,6 +122,12 @@ static void admit(cands *c, const float *a32, const float *rc, const float *col,
                           _mm512_fmadd_ps(_mm512_abs_ps(a), _mm512_set1_ps(0x1p-20f), _mm512_set1_ps(0x1p-100f)));
     u[h] = _mm512_add_ps(a, bnd);
     d[h] = _mm512_sub_ps(a, bnd);
+    /* a logit or bound past fp32's range (huge inputs): no bound holds, the caller runs the full head */
+    const __m512 span = _mm512_sub_ps(u[h], d[h]);
+    if (_mm512_mask_cmp_ps_mask(valid[h], _mm512_sub_ps(span, span), _mm512_setzero_ps(), _CMP_NEQ_UQ)) {
+      c->overflow = 1;
+      return;
+    }
     best = fmaxf(best, _mm512_mask_reduce_max_ps(valid[h], d[h]));
   }
   if (best > c->lo) {
@@ -169,8 +175,9 @@ static __m512 exact16(const uint16_t *x, int64_t k, const uint16_t *wp, const in
 /* xq [m, k] int8 and sx [m, k / GROUP] fp32: the quantised rows; rowc [m, 4] fp32: (C, a, b, e) per row
  * (head.py); x [m, k] bf16 (row stride ldx): the rows themselves; wq: the int8 head for n columns, col
  * [3, npad] fp32: (sw, p, q) per column (npad = n rounded up to 32); wp: the AMX-layout bf16 head.
- * Writes tokens[m]; overflow[r] = 1 where row r's candidates did not fit in cap (its token is then not
- * written). Returns the number of such rows, or -1 when out of memory. */
+ * Writes tokens[m]; overflow[r] = 1 where row r's candidates did not fit in cap, or none survived (logits
+ * past fp32's range), and its token is then not written. Returns the number of such rows, or -1 when out
+ * of memory. */
 int64_t ih_head_argmax_i8(const int8_t *xq, const float *sx, const float *rowc, const uint16_t *x, int64_t ldx,
                           int64_t m, int64_t k, const uint8_t *wq, const float *col, const uint16_t *wp, int64_t n,
                           int64_t cap, int64_t *tokens, int32_t *overflow) {
@@ -219,7 +226,12 @@ int64_t ih_head_argmax_i8(const int8_t *xq, const float *sx, const float *rowc, 
           if (v[j] > best || (v[j] == best && c->idx[i + j] < arg) || arg < 0) { best = v[j]; arg = c->idx[i + j]; }
       }
     }
-    tokens[r] = arg;
+    if (arg < 0) { /* no candidate survived: logits past fp32's range make the bounds inf or NaN */
+      overflow[r] = 1;
+      flagged++;
+    } else {
+      tokens[r] = arg;
+    }
   }
   free(all); free(idx); free(up); free(los);
   return flagged;

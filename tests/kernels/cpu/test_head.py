@@ -96,6 +96,17 @@ def test_rows_past_the_candidate_capacity_are_flagged_not_guessed(monkeypatch):
     assert overflow.tolist() == [False, False] and tokens.tolist() == [0, 0]
 
 
+def test_logits_past_fp32s_range_are_flagged_and_the_op_falls_back_to_the_full_head():
+    from inferhal.backends.cpu_avx512 import ops as avx
+
+    w = torch.randn(500, 64).bfloat16() * 1e18
+    x = torch.randn(3, 64).bfloat16() * 1e21  # finite inputs, logits past 3.4e38
+    x[1] /= 1e30  # an ordinary row beside them
+    tokens, overflow = head.argmax(x, amx.pack(w), head.quantize(w))
+    assert overflow.tolist() == [True, False, True]
+    assert torch.equal(avx.lm_head_argmax(x, w), _full(x, amx.pack(w), 500))
+
+
 def test_strided_rows_and_batch_invariance():
     g = torch.Generator().manual_seed(3)
     wide = torch.randn(9, 1280, generator=g).bfloat16()
