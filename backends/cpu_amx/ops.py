@@ -62,7 +62,7 @@ def products(kernel: str):
 
     def lm_head_argmax(x: torch.Tensor, w) -> torch.Tensor:
         if kernel == "avx512" and isinstance(w, torch.Tensor) and amx.supports(x, w) and head.supports(x, w) \
-                and head.available() and bool(torch.isfinite(x).all()):
+                and head.available() and head.screens(x):
             wp, qh = PACKS.get(w), HEADS.get(w)
             if wp is not None and qh is not None:  # the int8 screen, then its candidates exactly
                 tokens, overflow = head.argmax(x, wp, qh)
@@ -122,7 +122,7 @@ def provide(level, kernel: str = "amx") -> dict:
     row = "one AVX-512 pass per row (kernels/cpu/elementwise.c) for bf16; other dtypes run the reference op"
     greedy_note = ("an exact int8 screen of the head (kernels/cpu/head_argmax.c, AVX512-VNNI) and its candidates "
                    "recomputed by the product's own instruction and order, for bf16 with K % 64 == 0 and finite "
-                   "x; other calls take the argmax of lm_head" if kernel == "avx512"
+                   "x and heads (|v| <= 2^60); other calls take the argmax of lm_head" if kernel == "avx512"
                    else "the argmax of this backend's lm_head (first index on ties)")
     return {"linear": OpImpl(lin, level, note),
             "lm_head": OpImpl(lmh, level, "the kernel writes the bf16-rounded logits into the fp32 buffer in "

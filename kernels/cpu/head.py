@@ -32,6 +32,9 @@ GROUP = 64
 CAPACITY = 16384
 #: /proc/cpuinfo flag the screen needs beyond the AVX-512 kernels' own
 VNNI_FLAG = "avx512_vnni"
+#: largest |value| of a head or a hidden row the screen takes: the bf16 kernels treat denormal inputs as zero
+#: and flush tiny results, which moves a logit by less than 2 K 2^-126 MAX_ABS, inside the bound's slack
+MAX_ABS = 2.0 ** 60
 _U = 2.0 ** -24  # fp32 unit roundoff
 
 
@@ -54,6 +57,11 @@ def available() -> bool:
     return VNNI_FLAG in cpu_flags()
 
 
+def screens(x: torch.Tensor) -> bool:
+    """Whether the hidden rows are within what the screen's bound covers (finite, ``|x| <= MAX_ABS``)."""
+    return x.numel() == 0 or bool(x.abs().amax() <= MAX_ABS)
+
+
 def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether :func:`argmax` takes ``x [m, k]`` against the head ``w [n, k]`` (bf16 on the CPU)."""
     return (x.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 and x.is_cpu and w.is_cpu and x.dim() == 2
@@ -68,8 +76,8 @@ def _up(t: torch.Tensor) -> torch.Tensor:
 
 def quantize(w: torch.Tensor) -> QuantHead | None:
     """The screen's copy of a bf16 head ``w [n, k]`` (``head_argmax.c``'s ``ih_head_quantize``, rows in
-    parallel, float64 norms); None when ``w`` has a non-finite value (no bound holds then, and the caller
-    runs the full head)."""
+    parallel, float64 norms); None when ``w`` has a value that is not finite or past :data:`MAX_ABS` (no
+    bound is kept then, and the caller runs the full head)."""
     if not supports(w[:1], w):
         raise ValueError(f"head quantize: needs a bf16 CPU head [n, k] with k % {GROUP} == 0, got {w.dtype} "
                          f"{tuple(w.shape)} on {w.device}")
@@ -107,8 +115,9 @@ def _rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def argmax(x: torch.Tensor, packed: torch.Tensor, head: QuantHead) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [m, k]`` bf16 against the head (``packed``: its AMX-layout copy, :func:`amx.pack`; ``head``: its
     :func:`quantize`) -> ``(tokens [m] int64, overflow [m] bool)``: where ``overflow`` is set, that row's
-    candidates did not fit and its token is not computed (the caller runs the full head for it). Needs
-    finite ``x`` (the caller checks)."""
+    candidates did not fit (or its logits left fp32's range) and its token is not computed (the caller runs
+    the full head for it). Needs every ``|x|`` finite and within :data:`MAX_ABS` (the caller checks:
+    :func:`screens`)."""
     lib = library()
     if not (x.dtype == torch.bfloat16 and x.is_cpu and x.dim() == 2 and x.shape[1] == head.k):
         raise ValueError(f"head argmax: needs bf16 CPU x [m, {head.k}], got {x.dtype} {tuple(x.shape)}")

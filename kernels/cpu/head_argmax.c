@@ -117,9 +117,10 @@ static void admit(cands *c, const float *a32, const float *rc, const float *col,
                  q = _mm512_loadu_ps(col + 2 * npad + cc);
     const __m512 a = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(a32 + h * 16), cr), sw);
     __m512 bnd = _mm512_fmadd_ps(ar, p, _mm512_fmadd_ps(br, q, _mm512_mul_ps(er, sw)));
-    /* the fp32 rounding of the bound, of A +- B and denormals, with room to spare */
+    /* the fp32 rounding of the bound and of A +- B, with room to spare; 2^-40 covers the bf16 kernels'
+       denormals-are-zero and flush-to-zero (< 2 K 2^-126 2^60 with every |x|, |w| <= 2^60: head.py) */
     bnd = _mm512_fmadd_ps(bnd, _mm512_set1_ps(1.f + 0x1p-10f),
-                          _mm512_fmadd_ps(_mm512_abs_ps(a), _mm512_set1_ps(0x1p-20f), _mm512_set1_ps(0x1p-100f)));
+                          _mm512_fmadd_ps(_mm512_abs_ps(a), _mm512_set1_ps(0x1p-20f), _mm512_set1_ps(0x1p-40f)));
     u[h] = _mm512_add_ps(a, bnd);
     d[h] = _mm512_sub_ps(a, bnd);
     /* a logit or bound past fp32's range (huge inputs): no bound holds, the caller runs the full head */
@@ -239,7 +240,8 @@ int64_t ih_head_argmax_i8(const int8_t *xq, const float *sx, const float *rowc, 
 
 /* The screen's copy of a bf16 head w [n, k] (row stride ldw): wq packed as above (int8 + 128; padding
  * columns 128), col [3, npad] = (sw, ||dw|| + gamma_K ||w||, ||wh||) per row, rounded up (head.py). Returns
- * -1, or the first row holding a non-finite value (no bound holds then). */
+ * -1, or the first row holding a value that is not finite or past 2^60 in magnitude (head.py's MAX_ABS:
+ * no bound is kept then). */
 int64_t ih_head_quantize(const uint16_t *w, int64_t n, int64_t k, int64_t ldw, uint8_t *wq, float *col) {
   const int64_t nbs = (n + 31) / 32, npad = nbs * 32;
   const double u = 0x1p-24, gamma = k * u / (1 - k * u), up = 1 + 0x1p-20;
@@ -258,7 +260,7 @@ int64_t ih_head_quantize(const uint16_t *w, int64_t n, int64_t k, int64_t ldw, u
       uint32_t bits = (uint32_t)row[j] << 16;
       float v;
       memcpy(&v, &bits, 4);
-      if (!isfinite(v)) { bad = r < bad ? r : bad; amax = NAN; break; }
+      if (!(fabsf(v) <= 0x1p60f)) { bad = r < bad ? r : bad; amax = NAN; break; } /* see head.py: MAX_ABS */
       amax = fmax(amax, fabs((double)v));
     }
     if (isnan(amax)) continue;

@@ -99,12 +99,14 @@ def test_rows_past_the_candidate_capacity_are_flagged_not_guessed(monkeypatch):
 def test_logits_past_fp32s_range_are_flagged_and_the_op_falls_back_to_the_full_head():
     from inferhal.backends.cpu_avx512 import ops as avx
 
-    w = torch.randn(500, 64).bfloat16() * 1e18
-    x = torch.randn(3, 64).bfloat16() * 1e21  # finite inputs, logits past 3.4e38
-    x[1] /= 1e30  # an ordinary row beside them
+    g = torch.Generator().manual_seed(4)
+    big = 1.5 * 2.0 ** 59  # within MAX_ABS, but 1024 aligned products pass fp32's 3.4e38
+    w = (torch.randint(0, 2, (500, 1024), generator=g) * 2 - 1).float().mul(big).bfloat16()
+    x = torch.stack((w[7], torch.randn(1024, generator=g).bfloat16(), -w[3]))
     tokens, overflow = head.argmax(x, amx.pack(w), head.quantize(w))
     assert overflow.tolist() == [True, False, True]
-    assert torch.equal(avx.lm_head_argmax(x, w), _full(x, amx.pack(w), 500))
+    full = _full(x, amx.pack(w), 500)
+    assert torch.equal(avx.lm_head_argmax(x, w), full) and int(tokens[1]) == int(full[1])
 
 
 def test_strided_rows_and_batch_invariance():
@@ -118,10 +120,16 @@ def test_strided_rows_and_batch_invariance():
     assert torch.equal(tokens, alone)
 
 
-def test_a_head_with_a_non_finite_value_has_no_screen():
+def test_a_head_with_a_value_the_bound_does_not_cover_has_no_screen():
     w = torch.randn(100, 64).bfloat16()
     w[37, 5] = float("inf")
     assert head.quantize(w) is None
+    w[37, 5] = 2.0 ** 61  # past MAX_ABS
+    assert head.quantize(w) is None
+    w[37, 5] = 2.0 ** 60
+    assert head.quantize(w) is not None
+    assert head.screens(torch.full((2, 64), 2.0 ** 60)) and not head.screens(torch.full((2, 64), 2.0 ** 61))
+    assert not head.screens(torch.tensor([[float("nan")]])) and head.screens(torch.empty(0, 64))
 
 
 def test_bad_input_is_a_clear_error():
