@@ -5,7 +5,8 @@ Layer ``i`` (``x`` = ``hc_mult`` streams ``[T, N, D]``)::
     a, post, comb = mhc.pre(x, attn_hc)   ->  x = mhc.post(attention(rms(a)), x, post, comb)
     f, post, comb = mhc.pre(x, ffn_hc)    ->  x = mhc.post(moe(rms(f)), x, post, comb)
 
-then ``mhc.head`` → RMSNorm → ``lm_head``. MTP layer ``k`` (DeepSeek's ``MTPBlock``) takes the main
+then ``mhc.head`` → RMSNorm → ``lm_head`` (``lm_head.argmax`` in :meth:`DeepseekV4ForCausalLM.forward_greedy`,
+which the runner calls for an all-greedy step). MTP layer ``k`` (DeepSeek's ``MTPBlock``) takes the main
 model's final streams at position ``p`` and the embedding of the token at ``p + 1``:
 ``x = e_proj(enorm(embed(next))) + h_proj(hnorm(streams))`` per stream, one sliding-window block (KV
 layer ``num_layers + k`` of ``swa``), its own HC head and norm, the shared LM head → draft logits for
@@ -116,6 +117,12 @@ class DeepseekV4ForCausalLM:
         streams = self.forward_hidden(batch, kv)
         return self.head("", streams[batch.logits_indices.long()], batch.logits_out)
 
+    def forward_greedy(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
+        """Each logits row's greedy token ``[len(batch.logits_indices)]`` int64 through ``lm_head.argmax``: the
+        token ``sample``'s greedy rows would take from :meth:`forward`'s logits (a backend may skip them)."""
+        streams = self.forward_hidden(batch, kv)
+        return self.head("", streams[batch.logits_indices.long()], greedy=True)
+
     def forward_hidden(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """The final residual streams ``[T, hc_mult, D]`` of every token (MTP reads them)."""
         ops, cfg = self.ops, self.cfg
@@ -168,12 +175,14 @@ class DeepseekV4ForCausalLM:
 
     # ------------------------------------------------------------------ pieces
 
-    def head(self, pre: str, streams: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def head(self, pre: str, streams: torch.Tensor, out: torch.Tensor | None = None,
+             greedy: bool = False) -> torch.Tensor:
+        """fp32 logits of the streams' rows (into ``out`` when given), or with ``greedy`` their greedy tokens."""
         ops, w = self.ops, self.weights
         x = ops["mhc.head"](streams, w[pre + "hc_head.hc_fn"], w[pre + "hc_head.hc_base"], w[pre + "hc_head.hc_scale"],
                             self.mhc_p)
         x = ops["norm.rms"](x, w[pre + "norm.weight"], self.norm_p)
-        return ops["lm_head"](x, self.lm_head, out)
+        return ops["lm_head.argmax"](x, self.lm_head) if greedy else ops["lm_head"](x, self.lm_head, out)
 
     def block(self, pre: str, layer: int, streams: torch.Tensor, ids: torch.Tensor, batch: ForwardBatch,
               kv: KVCache) -> torch.Tensor:
