@@ -36,7 +36,7 @@ OP_IDS = ("linear", "lm_head", "lm_head.argmax", "norm.rms", "act.gated", "rope.
 
 #: packed bf16 weights in the AMX tile layout
 PACKS = matmul.PackCache(amx.pack)
-#: the int8 copies of LM heads that lm_head.argmax screens (kernels/cpu/head.py; None: a non-finite head)
+#: the int8 copies of LM heads that lm_head.argmax screens (kernels/cpu/head.py; None: a head the bound does not cover)
 HEADS = matmul.PackCache(head.quantize)
 
 
