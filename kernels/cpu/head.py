@@ -48,9 +48,6 @@ class QuantHead:
     n: int
     k: int
 
-    def nbytes(self) -> int:
-        return self.wq.numel() + self.col.numel() * 4
-
 
 def available() -> bool:
     """Whether this CPU has the screen's instructions (the library itself is checked by its callers)."""
