@@ -30,23 +30,18 @@ import torch
 
 def capture(llm, prompts: Sequence[str], max_tokens: int) -> torch.Tensor:
     """The hidden rows ``[R, K]`` that reach ``lm_head.argmax`` while ``prompts`` run greedy."""
-    import dataclasses
-
     from inferhal.core.sampling.params import SamplingParams
 
-    table = llm.engine.loaded.model.ops
-    entry = table.entry("lm_head.argmax")
     seen: list[torch.Tensor] = []
 
-    def spy(x, w, *a, **kw):
-        seen.append(x.detach().clone())
-        return entry.fn(x, w, *a, **kw)
+    def spy(entry):
+        def call(x, w, *a, **kw):
+            seen.append(x.detach().clone())
+            return entry.fn(x, w, *a, **kw)
+        return call
 
-    table._entries["lm_head.argmax"] = dataclasses.replace(entry, fn=spy)
-    try:
+    with llm.engine.loaded.model.ops.intercept(spy, ["lm_head.argmax"]):
         llm.generate(list(prompts), SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
-    finally:
-        table._entries["lm_head.argmax"] = entry
     if not seen:
         raise RuntimeError("bench greedy_head: no step reached lm_head.argmax (does the model have forward_greedy, "
                            "and is the backend's lm_head.argmax native or its lm_head the reference's?)")

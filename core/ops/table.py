@@ -6,9 +6,11 @@ per op, and is refused under ``strict``.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from inferhal.core.ops.vocabulary import OPS, check_op_id
 from inferhal.core.profile import ExecLevel
@@ -94,3 +96,28 @@ class OpTable:
 
     def fallbacks(self) -> list[str]:
         return [op for op, e in self._entries.items() if not e.native]
+
+    @contextlib.contextmanager
+    def intercept(self, wrap: Callable[[OpEntry], Callable[..., Any]],
+                  ops: Iterable[str] | None = None) -> Iterator[list[str]]:
+        """Within the block, calls to each op (``ops``, default every one this table has) go to
+        ``wrap(entry)`` instead, a callable that usually calls ``entry.fn`` itself: a timer, a spy.
+
+        Level, nativeness and note stay the entry's. Only lookups made inside the block see the wrapper (the
+        models look their ops up per call). Interceptions nest; on leaving, also by an exception, each op
+        gets back the entry it had on entering. Yields the op IDs wrapped. An op ID outside the vocabulary, or
+        one this table lacks, is refused before anything changes.
+        """
+        chosen = list(self._entries) if ops is None else list(ops)
+        for op_id in chosen:
+            check_op_id(op_id)
+            if op_id not in self._entries:
+                raise NotImplementedError(f"intercept: op {op_id!r} is implemented neither by backend "
+                                          f"{self.backend!r} nor by reference")
+        saved = {op_id: self._entries[op_id] for op_id in chosen}
+        try:
+            for op_id, e in saved.items():
+                self._entries[op_id] = dataclasses.replace(e, fn=wrap(e))
+            yield list(saved)
+        finally:
+            self._entries.update(saved)

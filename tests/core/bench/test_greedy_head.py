@@ -69,23 +69,20 @@ def test_capture_keeps_the_rows_that_reach_the_greedy_head_and_restores_the_op()
 
 
 def test_capture_without_a_greedy_step_is_a_clear_error():
-    from inferhal.core.ops.table import OpEntry
+    from inferhal.core.ops.table import OpTable
     from inferhal.core.profile import ExecLevel
 
-    class Ops:
-        _entries: dict = {}
-
-        def entry(self, op):
-            return OpEntry(op, lambda *a: None, ExecLevel.FALLBACK, False)
+    ops = OpTable("fake", {}, {"lm_head.argmax": lambda *a: None}, ExecLevel.FALLBACK)
 
     class Fake:  # an engine whose steps never reach lm_head.argmax (a model without forward_greedy)
         class engine:
             class loaded:
                 class model:
-                    ops = Ops()
+                    ops = None
 
         def generate(self, *a):
             return []
 
+    Fake.engine.loaded.model.ops = ops
     with pytest.raises(RuntimeError, match="no step reached lm_head.argmax"):
         greedy_head.capture(Fake(), ["x"], 2)
