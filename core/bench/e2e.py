@@ -68,6 +68,12 @@ PROMPTS = (
 PEERS = ("transformers", "llama_cpp")
 
 
+def prompt_ids(tok, n: int) -> list[list[int]]:
+    """``n`` prompts as token ids: :data:`PROMPTS` in turn, marked ``(take k)`` from their second round on."""
+    return [tok.encode(PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" (take {i // len(PROMPTS) + 1})"))
+            for i in range(n)]
+
+
 def _pct(xs: Sequence[float], q: float) -> float:
     if not xs:
         return float("nan")
@@ -90,7 +96,10 @@ def summarize(engine: str, c: int, wall: float, per_req: Sequence[tuple[float, f
 
 # -- engines -------------------------------------------------------------------------------------------
 
-def run_inferhal(llm, prompts: Sequence[list[int]], c: int, max_tokens: int) -> tuple[float, list]:
+def run_inferhal(llm, prompts: Sequence[list[int]], c: int, max_tokens: int,
+                 steps: list[int] | None = None) -> tuple[float, list]:
+    """The closed loop at concurrency ``c`` → (wall seconds, per request (TTFT, TPOT, tokens)); the number of
+    engine steps it took is appended to ``steps`` when given."""
     from inferhal.core.sampling.params import SamplingParams
 
     eng = llm.engine
@@ -106,9 +115,10 @@ def run_inferhal(llm, prompts: Sequence[list[int]], c: int, max_tokens: int) -> 
 
     for _ in range(min(c, len(pending))):
         add()
-    done = 0
+    done = n_steps = 0
     while done < len(prompts):
         outs = eng.step()
+        n_steps += 1
         now = time.perf_counter()
         for o in outs:
             n = len(o.token_ids)
@@ -120,6 +130,8 @@ def run_inferhal(llm, prompts: Sequence[list[int]], c: int, max_tokens: int) -> 
                 if pending:
                     add()
     wall = time.perf_counter() - t0
+    if steps is not None:
+        steps.append(n_steps)
     per = [(first[r] - submit[r], (last[r] - first[r]) / max(count[r] - 1, 1), count[r]) for r in submit]
     return wall, per
 
@@ -319,9 +331,7 @@ def run(cfg) -> int:
         if tok is None:
             tok = llm.tokenizer
             info = dict(llm.engine.loaded.info)
-            prompts = [tok.encode(PROMPTS[i % len(PROMPTS)]
-                                  + ("" if i < len(PROMPTS) else f" (take {i // len(PROMPTS) + 1})"))
-                       for i in range(n_max)]
+            prompts = prompt_ids(tok, n_max)
         notes[engine] = f"backend={cfg.backend.name}, dtype={dtype}, load {time.perf_counter() - t:.1f} s"
         if cfg.spec.method != "none":
             notes[engine] += f", spec={cfg.spec.method} ({cfg.spec.num_speculative_tokens} drafts per step)"

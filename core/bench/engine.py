@@ -57,7 +57,8 @@ def _model(cfg) -> tuple[Any, Any, str]:
         return mod.make_toy(backend), backend, f"toy model (deepseek_v4_tiny unavailable: {exc})"
 
 
-def _prompt(i: int, n: int, vocab: int) -> list[int]:
+def prompt(i: int, n: int, vocab: int) -> list[int]:
+    """Prompt ``i``: ``n`` token ids spread over the vocabulary (ids from 3 up)."""
     return [3 + (i * 7919 + j * 104729) % (vocab - 3) for j in range(n)]
 
 
@@ -69,7 +70,7 @@ def bookkeeping(loaded, backend, running: int, block_size: int) -> dict:
                              (-(-per_req // block_size) + 2) + 8))
     sp = SamplingParams(max_tokens=DECODE_STEPS + 4, temperature=0.0, ignore_eos=True)
     for i in range(running):
-        eng.add_request(_prompt(i, PROMPT_LEN, vocab), sp)
+        eng.add_request(prompt(i, PROMPT_LEN, vocab), sp)
     eng.step()  # every prompt in one prefill step
     rows = []
     for _ in range(DECODE_STEPS):
@@ -98,7 +99,7 @@ def throughput(loaded, backend, concurrency: int, num_prompts: int, max_tokens: 
                                  num_blocks=concurrency * len(loaded.model.kv_groups()) *
                                  (-(-(PROMPT_LEN + max_tokens) // block_size) + 2) + 8))
         for i in range(num_prompts):
-            eng.add_request(_prompt(i, PROMPT_LEN, vocab), sp)
+            eng.add_request(prompt(i, PROMPT_LEN, vocab), sp)
         t0 = time.perf_counter()
         n = 0
         while eng.has_unfinished():
