@@ -62,11 +62,11 @@ def products(kernel: str):
 
     def lm_head_argmax(x: torch.Tensor, w) -> torch.Tensor:
         if kernel == "avx512" and isinstance(w, torch.Tensor) and amx.supports(x, w) and head.supports(x, w) \
-                and head.available() and head.screens(x):
+                and head.available():
             wp, qh = PACKS.get(w), HEADS.get(w)
             if wp is not None and qh is not None:  # the int8 screen, then its candidates exactly
                 tokens, overflow = head.argmax(x, wp, qh)
-                if bool(overflow.any()):  # too many candidates: those rows' full logits
+                if bool(overflow.any()):  # too many candidates, or not screened: those rows' full logits
                     rows = overflow.nonzero()[:, 0]
                     tokens[rows] = ref.argmax_rows(lm_head(x[rows], w))
                 return tokens

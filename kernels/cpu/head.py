@@ -54,11 +54,6 @@ def available() -> bool:
     return VNNI_FLAG in cpu_flags()
 
 
-def screens(x: torch.Tensor) -> bool:
-    """Whether the hidden rows are within what the screen's bound covers (finite, ``|x| <= MAX_ABS``)."""
-    return x.numel() == 0 or bool(x.abs().amax() <= MAX_ABS)
-
-
 def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether :func:`argmax` takes ``x [m, k]`` against the head ``w [n, k]`` (bf16 on the CPU)."""
     return (x.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 and x.is_cpu and w.is_cpu and x.dim() == 2
@@ -90,42 +85,54 @@ def quantize(w: torch.Tensor) -> QuantHead | None:
     return QuantHead(wq, col, n, k)
 
 
-def _rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each row's int8 quantisation ``xq [m, k]``, scales ``sx [m, k / GROUP]`` and constants ``[m, 4]``:
-    ``C`` (the +128 offset of the weights: ``sum_g sx_g 128 sum xq``), ``||x||``, ``||dx||`` and the
-    screen arithmetic's ``e = (groups + 6) u (P + |C|)``, ``P = sum_g sx_g 255 sum |xq|``."""
+def rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The screen's copy of bf16 rows ``x [m, k]`` (``head_argmax.c``'s ``ih_head_rows``, float64): int8
+    ``xq [m, k]``, one scale per :data:`GROUP` channels ``sx [m, k / GROUP]``, per row ``[m, 4]`` = ``C``
+    (the +128 offset of the weights: ``sum_g sx_g 128 sum xq``), ``||x||``, ``||dx||`` and the screen
+    arithmetic's ``e = (groups + 6) u 1.02 (P + |C|)``, ``P = sum_g sx_g 255 sum |xq|`` (the last three
+    rounded up), and ``bad [m]``: rows holding a value that is not finite or past :data:`MAX_ABS`, which
+    the bound does not cover (zeros elsewhere in their place)."""
     m, k = x.shape
-    groups = k // GROUP
-    xf = x.double().view(m, groups, GROUP)
-    sx = (xf.abs().amax(dim=2) / 127).float()
-    s = sx.double()[:, :, None]
-    xq = torch.where(s > 0, torch.round(xf / torch.where(s > 0, s, 1.0)), 0.0).clamp_(-127, 127)
-    dx = xf - xq * s
-    c = (s[:, :, 0] * 128 * xq.sum(dim=2)).sum(dim=1)
-    p = (s[:, :, 0] * 255 * xq.abs().sum(dim=2)).sum(dim=1)
-    e = (groups + 6) * _U * 1.02 * (p + c.abs())
-    norms = (_up(xf.reshape(m, k).norm(dim=1)), _up(dx.reshape(m, k).norm(dim=1)))
-    consts = torch.stack((c.float(), *norms, _up(e)), dim=1)
-    return xq.reshape(m, k).to(torch.int8).contiguous(), sx.contiguous(), consts.contiguous()
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    xq = torch.empty(m, k, dtype=torch.int8)
+    sx = torch.empty(m, k // GROUP, dtype=torch.float32)
+    consts = torch.empty(m, 4, dtype=torch.float32)
+    bad = torch.empty(m, dtype=torch.int32)
+    library().ih_head_rows(x.data_ptr(), x.stride(0), m, k, xq.data_ptr(), sx.data_ptr(), consts.data_ptr(),
+                           bad.data_ptr())
+    return xq, sx, consts, bad.bool()
 
 
 def argmax(x: torch.Tensor, packed: torch.Tensor, head: QuantHead) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [m, k]`` bf16 against the head (``packed``: its AMX-layout copy, :func:`amx.pack`; ``head``: its
     :func:`quantize`) -> ``(tokens [m] int64, overflow [m] bool)``: where ``overflow`` is set, that row's
     candidates did not fit (or its logits left fp32's range) and its token is not computed (the caller runs
-    the full head for it). Needs every ``|x|`` finite and within :data:`MAX_ABS` (the caller checks:
-    :func:`screens`)."""
+    the full head for it); so is it for a row the bound does not cover (a value not finite or past
+    :data:`MAX_ABS`)."""
     lib = library()
     if not (x.dtype == torch.bfloat16 and x.is_cpu and x.dim() == 2 and x.shape[1] == head.k):
         raise ValueError(f"head argmax: needs bf16 CPU x [m, {head.k}], got {x.dtype} {tuple(x.shape)}")
     m = x.shape[0]
-    tokens = torch.empty(m, dtype=torch.int64)
-    overflow = torch.zeros(m, dtype=torch.int32)
+    tokens = torch.zeros(m, dtype=torch.int64)
     if m == 0:
-        return tokens, overflow.bool()
+        return tokens, torch.zeros(0, dtype=torch.bool)
     if x.stride(1) != 1:
         x = x.contiguous()
-    xq, sx, consts = _rows(x)
+    xq, sx, consts, bad = rows(x)
+    if bool(bad.any()):  # rows the bound does not cover go back to the caller; the others are screened
+        keep = (~bad).nonzero()[:, 0]
+        if keep.numel():
+            t, o = _screen(x[keep], xq[keep], sx[keep], consts[keep], packed, head, lib)
+            tokens[keep], bad[keep] = t, o
+        return tokens, bad
+    return _screen(x, xq, sx, consts, packed, head, lib)
+
+
+def _screen(x, xq, sx, consts, packed, head, lib) -> tuple[torch.Tensor, torch.Tensor]:
+    m = x.shape[0]
+    tokens = torch.empty(m, dtype=torch.int64)
+    overflow = torch.zeros(m, dtype=torch.int32)
     rc = lib.ih_head_argmax_i8(xq.data_ptr(), sx.data_ptr(), consts.data_ptr(), x.data_ptr(), x.stride(0), m,
                                head.k, head.wq.data_ptr(), head.col.data_ptr(), packed.data_ptr(), head.n,
                                CAPACITY, tokens.data_ptr(), overflow.data_ptr())

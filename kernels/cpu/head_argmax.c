@@ -29,6 +29,13 @@
 #define HR_MAX 6  /* rows per pass: 4 x HR_MAX accumulators (int and fp32, two 16-column halves) */
 #define GROUP 64  /* activation channels per scale (head.py's GROUP) */
 
+static inline float bf16_value(uint16_t b) {
+  const uint32_t bits = (uint32_t)b << 16;
+  float v;
+  memcpy(&v, &bits, 4);
+  return v;
+}
+
 /* A [mr][32] for one 32-column block: sum over groups of sx[r, g] * (int32 sums of the group) */
 static inline __attribute__((always_inline)) void screen_block(const int8_t *xq, int64_t k, const float *sx,
                                                                int64_t groups, const uint8_t *b, int mr,
@@ -257,9 +264,7 @@ int64_t ih_head_quantize(const uint16_t *w, int64_t n, int64_t k, int64_t ldw, u
     const uint16_t *row = w + r * ldw;
     double amax = 0;
     for (int64_t j = 0; j < k; j++) {
-      uint32_t bits = (uint32_t)row[j] << 16;
-      float v;
-      memcpy(&v, &bits, 4);
+      const float v = bf16_value(row[j]);
       if (!(fabsf(v) <= 0x1p60f)) { bad = r < bad ? r : bad; amax = NAN; break; } /* see head.py: MAX_ABS */
       amax = fmax(amax, fabs((double)v));
     }
@@ -267,9 +272,7 @@ int64_t ih_head_quantize(const uint16_t *w, int64_t n, int64_t k, int64_t ldw, u
     const float sw = (float)(amax / 127);
     double dw2 = 0, w2 = 0, wh2 = 0;
     for (int64_t j = 0; j < k; j++) {
-      uint32_t bits = (uint32_t)row[j] << 16;
-      float v;
-      memcpy(&v, &bits, 4);
+      const float v = bf16_value(row[j]);
       double q = sw > 0 ? nearbyint((double)v / sw) : 0;
       q = q > 127 ? 127 : (q < -127 ? -127 : q);
       const double wh = q * (double)sw, d = (double)v - wh;
@@ -281,4 +284,57 @@ int64_t ih_head_quantize(const uint16_t *w, int64_t n, int64_t k, int64_t ldw, u
     col[2 * npad + r] = (float)(sqrt(wh2) * up);
   }
   return bad < n ? bad : -1;
+}
+
+/* The screen's copy of bf16 activation rows x [m, k] (row stride ldx): xq [m, k] int8, one scale per GROUP
+ * channels sx [m, k / GROUP] = (fp32) (max |x| / 127) (round half to even, as torch.round), and per row
+ * rowc [4] = (C, ||x||, ||dx||, e), the last three rounded up (head.py's bound: C = sum_g sx_g 128 sum xq,
+ * P = sum_g sx_g 255 sum |xq|, e = (groups + 6) u 1.02 (P + |C|)), all in float64. A row holding a value that
+ * is not finite or past 2^60 in magnitude (head.py's MAX_ABS) gets bad[r] = 1 and zeros. Returns the number
+ * of such rows. */
+int64_t ih_head_rows(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, int8_t *xq, float *sx, float *rowc,
+                     int32_t *bad) {
+  const int64_t groups = k / GROUP;
+  const double u = 0x1p-24, up = 1 + 0x1p-20;
+  int64_t nbad = 0;
+  for (int64_t r = 0; r < m; r++) {
+    const uint16_t *row = x + r * ldx;
+    int8_t *q8 = xq + r * k;
+    float *s8 = sx + r * groups, *rc = rowc + r * 4;
+    bad[r] = 0;
+    for (int64_t j = 0; j < k; j++)
+      if (!(fabsf(bf16_value(row[j])) <= 0x1p60f)) { bad[r] = 1; break; }
+    if (bad[r]) {
+      nbad++;
+      memset(q8, 0, (size_t)k);
+      memset(s8, 0, (size_t)groups * sizeof(float));
+      memset(rc, 0, 4 * sizeof(float));
+      continue;
+    }
+    double c = 0, p = 0, x2 = 0, dx2 = 0;
+    for (int64_t g = 0; g < groups; g++) {
+      const uint16_t *v = row + g * GROUP;
+      double amax = 0;
+      for (int j = 0; j < GROUP; j++) amax = fmax(amax, fabs((double)bf16_value(v[j])));
+      const float sf = (float)(amax / 127);
+      const double s = sf;
+      double sq = 0, sa = 0;
+      for (int j = 0; j < GROUP; j++) {
+        const double xf = bf16_value(v[j]);
+        double q = s > 0 ? nearbyint(xf / s) : 0;
+        q = q > 127 ? 127 : (q < -127 ? -127 : q);
+        const double d = xf - q * s;
+        sq += q; sa += fabs(q); x2 += xf * xf; dx2 += d * d;
+        q8[g * GROUP + j] = (int8_t)q;
+      }
+      s8[g] = sf;
+      c += s * 128 * sq;
+      p += s * 255 * sa;
+    }
+    rc[0] = (float)c;
+    rc[1] = (float)(sqrt(x2) * up);
+    rc[2] = (float)(sqrt(dx2) * up);
+    rc[3] = (float)((groups + 6) * u * 1.02 * (p + fabs(c)) * up);
+  }
+  return nbad;
 }

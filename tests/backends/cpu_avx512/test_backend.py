@@ -78,16 +78,21 @@ def test_greedy_head_is_the_argmax_of_its_own_logits_and_falls_back_per_call(reg
     monkeypatch.setattr(head_kernel, "argmax", spy)
     assert torch.equal(greedy(x, w), full(x)) and screened == [(9, 0)]
     # rows whose candidates overflow get the full head, the others keep the screen's tokens
+    capacity = head_kernel.CAPACITY
     monkeypatch.setattr(head_kernel, "CAPACITY", 16)
     assert torch.equal(greedy(x, w), full(x)) and len(screened) == 2 and screened[1][1] > 0
-    # a NaN (no bound holds), fp32, or a K the screen does not take: the argmax of lm_head, as sample's greedy rows
+    monkeypatch.setattr(head_kernel, "CAPACITY", capacity)
+    # a row with a NaN (no bound holds) is handed back alone and gets the argmax of its full logits, as
+    # sample's greedy rows would; the other rows keep the screen's tokens
     xn = x.clone()
     xn[2, 7] = float("nan")
     assert torch.equal(greedy(xn, w), full(xn)) and int(greedy(xn, w)[2]) == 0
+    assert screened[2:] == [(9, 1), (9, 1)]
+    # fp32, or a K the screen does not take: the argmax of lm_head
     assert torch.equal(greedy(x.float(), w.float()), ref.argmax_rows(ref.lm_head(x.float(), w.float())))
     x96, w96 = x[:, :96].contiguous(), w[:, :96].contiguous()
     assert torch.equal(greedy(x96, w96), ref.argmax_rows(be.ops["lm_head"](x96, w96)))
-    assert len(screened) == 2
+    assert len(screened) == 4
 
 
 @needs_avx512

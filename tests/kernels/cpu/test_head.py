@@ -128,8 +128,59 @@ def test_a_head_with_a_value_the_bound_does_not_cover_has_no_screen():
     assert head.quantize(w) is None
     w[37, 5] = 2.0 ** 60
     assert head.quantize(w) is not None
-    assert head.screens(torch.full((2, 64), 2.0 ** 60)) and not head.screens(torch.full((2, 64), 2.0 ** 61))
-    assert not head.screens(torch.tensor([[float("nan")]])) and head.screens(torch.empty(0, 64))
+
+
+def _rows_reference(x):
+    """head.rows' formulas in torch float64 (torch.round: half to even)."""
+    m, k = x.shape
+    groups = k // head.GROUP
+    xf = x.double().view(m, groups, head.GROUP)
+    sx = (xf.abs().amax(dim=2) / 127).float()
+    s = sx.double()[:, :, None]
+    xq = torch.where(s > 0, torch.round(xf / torch.where(s > 0, s, 1.0)), 0.0).clamp_(-127, 127)
+    dx = xf - xq * s
+    c = (s[:, :, 0] * 128 * xq.sum(dim=2)).sum(dim=1)
+    p = (s[:, :, 0] * 255 * xq.abs().sum(dim=2)).sum(dim=1)
+    up = 1 + 2.0 ** -20
+    e = (groups + 6) * 2.0 ** -24 * 1.02 * (p + c.abs()) * up
+    norms = (xf.reshape(m, k).norm(dim=1) * up, dx.reshape(m, k).norm(dim=1) * up)
+    return xq.reshape(m, k).to(torch.int8), sx, torch.stack((c, *norms, e), dim=1).float()
+
+
+def test_rows_quantise_as_the_bound_assumes_and_flag_the_rows_it_does_not_cover():
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(7, 640, generator=g) * torch.logspace(-3, 2, 640)).bfloat16()
+    x[2, 64:128] = 0  # a group of zeros: scale 0
+    x[3, 10] = 2.0 ** 60  # the largest value covered
+    x[4, 7] = 2.0 ** 61  # past MAX_ABS
+    x[5, 600] = float("nan")
+    x[6, 0] = float("-inf")
+    xq, sx, consts, bad = head.rows(x)
+    assert bad.tolist() == [False, False, False, False, True, True, True]
+    want_q, want_s, want_c = _rows_reference(x[:4])
+    assert torch.equal(xq[:4], want_q) and torch.equal(sx[:4], want_s)
+    torch.testing.assert_close(consts[:4], want_c, rtol=2 ** -22, atol=0)  # float64 sums in another order
+    assert not xq[4:].any() and not sx[4:].any() and not consts[4:].any()
+    strided = torch.cat((x, x), dim=1)[:, 640:]
+    assert all(torch.equal(a, b) for a, b in zip(head.rows(strided), (xq, sx, consts, bad)))
+
+
+def test_rows_the_bound_does_not_cover_are_handed_back_and_the_others_screened():
+    from inferhal.backends.cpu_avx512 import ops as avx
+
+    g = torch.Generator().manual_seed(6)
+    w = (torch.randn(3000, 640, generator=g) * 0.05).bfloat16()
+    x = torch.randn(5, 640, generator=g).bfloat16()
+    x[1, 3], x[3, 9] = float("nan"), 2.0 ** 62
+    wp, qh = amx.pack(w), head.quantize(w)
+    tokens, overflow = head.argmax(x, wp, qh)
+    assert overflow.tolist() == [False, True, False, True, False]
+    full = _full(x, wp, 3000)
+    keep = [0, 2, 4]
+    assert torch.equal(tokens[keep], full[keep])
+    assert torch.equal(avx.lm_head_argmax(x, w), full)  # the op gives the handed-back rows the full head's token
+    tokens, overflow = head.argmax(x[[1, 3]], wp, qh)
+    assert overflow.tolist() == [True, True]
 
 
 def test_bad_input_is_a_clear_error():
