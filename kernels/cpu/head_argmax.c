@@ -28,6 +28,7 @@
 
 #define HR_MAX 6  /* rows per pass: 4 x HR_MAX accumulators (int and fp32, two 16-column halves) */
 #define GROUP 64  /* activation channels per scale (head.py's GROUP) */
+#define PF_QUADS 128 /* prefetch distance in k quads of 128 bytes: 16 KB, most of a 32-column block (k = 640: 20 KB) ahead */
 
 static inline float bf16_value(uint16_t b) {
   const uint32_t bits = (uint32_t)b << 16;
@@ -47,8 +48,8 @@ static inline __attribute__((always_inline)) void screen_block(const int8_t *xq,
     for (int i = 0; i < mr; i++) { t[i][0] = _mm512_setzero_si512(); t[i][1] = _mm512_setzero_si512(); }
     for (int q = 0; q < GROUP / 4; q++) {
       const int64_t kq = g * (GROUP / 4) + q;
-      _mm_prefetch((const char *)(b + (kq + 16) * 128), _MM_HINT_T1);
-      _mm_prefetch((const char *)(b + (kq + 16) * 128) + 64, _MM_HINT_T1);
+      _mm_prefetch((const char *)(b + (kq + PF_QUADS) * 128), _MM_HINT_T1);
+      _mm_prefetch((const char *)(b + (kq + PF_QUADS) * 128) + 64, _MM_HINT_T1);
       const __m512i w0 = _mm512_loadu_si512(b + kq * 128), w1 = _mm512_loadu_si512(b + kq * 128 + 64);
       for (int i = 0; i < mr; i++) {
         int32_t quad;
