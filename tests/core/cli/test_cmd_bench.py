@@ -1,0 +1,39 @@
+"""``inferhal bench KIND``: the kinds it finds, and bench settings that cannot run refused before anything
+loads, with the field named."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferhal.core.cli import cmd_bench
+from inferhal.core.cli.main import main
+
+
+def test_kinds_are_the_bench_modules_with_a_run():
+    kinds = cmd_bench.kinds()
+    assert {"e2e", "engine", "eplb", "greedy_head", "ops", "cpu_linear"} <= set(kinds)
+    assert "host" not in kinds and "bounds" not in kinds
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("bench.concurrency=[]", "bench.concurrency: needs one or more levels, each >= 1; got []"),
+    ("bench.concurrency=[1,0]", "bench.concurrency: needs one or more levels, each >= 1; got [1, 0]"),
+    ("bench.num_prompts=0", "bench.num_prompts must be >= 1; got 0"),
+    ("bench.max_tokens=-3", "bench.max_tokens must be >= 1; got -3"),
+    ("bench.repeats=0", "bench.repeats must be >= 1; got 0"),
+    ("bench.warmup=-1", "bench.warmup must be >= 0; got -1"),
+])
+@pytest.mark.parametrize("kind", ["ops", "e2e"])
+def test_bench_settings_that_cannot_run_are_refused_with_the_field_named(kind, override, needle, capsys,
+                                                                       monkeypatch):
+    import inferhal.core.engine.llm as llm
+
+    monkeypatch.setattr(llm.LLM, "from_config", lambda *a, **k: pytest.fail("loaded a model for bad settings"))
+    assert main(["bench", kind, override]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_an_unknown_kind_lists_the_kinds(capsys):
+    assert main(["bench", "opz"]) == 2
+    err = capsys.readouterr().err
+    assert "got 'opz'" in err and "greedy_head" in err and "ops" in err
