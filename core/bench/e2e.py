@@ -19,7 +19,8 @@ With ``model.dtype=float32`` (the default) inferhal also runs a second time in b
 with AVX512-BF16 run ~2-4x faster; transformers runs in both, so every dtype has a like-for-like ratio.
 Fidelity tests stay fp32.
 
-Every engine is loaded first; then each level runs ``bench.repeats`` times with the engines interleaved
+inferhal runs without prefix caching: the repeats send the same prompts, and a cached block would spare
+inferhal prefill work that transformers and llama.cpp redo. Every engine is loaded first; then each level runs ``bench.repeats`` times with the engines interleaved
 (their order rotated each repeat), so a slow spell of a shared machine falls on all of them. A row is the
 repeat with the median tok/s; a ratio is the median over repeats of the paired ratios.
 
@@ -313,6 +314,7 @@ def run(cfg) -> int:
         raise UserError(f"bench.peers: unknown peer(s) {unknown}; known: {', '.join(PEERS)}")
 
     cfg.scheduler.max_num_seqs = max(levels)
+    cfg.cache.enable_prefix_caching = False  # every repeat prefills every prompt, as the peers do
     notes: dict[str, str] = {}
     info: dict = {}
     prompts: list[list[int]] = []

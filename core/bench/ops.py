@@ -16,7 +16,9 @@ Per op and level: calls per step, ms per step, share of the profiled wall, and t
 runner's batch building, Python between ops. **Overhead** = profiled wall / plain wall: how much the timers
 themselves cost (median over repeats); the level's row is the repeat with the median profiled wall.
 
-A model without a tokenizer gets token-id prompts of 8-16 ids instead. Steps are engine steps; at a level they mix prefill (the first ``c`` requests' prompts) and decode.
+Prefix caching is off (the runs repeat the same prompts, and each should prefill them all). A model
+without a tokenizer gets token-id prompts of 8-16 ids instead. Steps are engine steps; at a level they mix
+prefill (the first ``c`` requests' prompts) and decode.
 Reported: a table per level, ``<bench.output_dir>/ops.json`` (or ``output=``) and ``ops.png`` (each level's
 step split by op). Wall-clock times on whatever runs it: a CPU result on the CPU backends.
 """
@@ -146,6 +148,7 @@ def run(cfg) -> int:
     levels = [int(c) for c in b.concurrency]
     num_prompts, max_tokens, repeats = int(b.num_prompts), int(b.max_tokens), max(1, int(b.repeats))
     cfg.scheduler.max_num_seqs = max(cfg.scheduler.max_num_seqs, max(levels))
+    cfg.cache.enable_prefix_caching = False  # the runs repeat their prompts: each must prefill them all
     llm = LLM.from_config(cfg)
     sync = device_sync(llm.engine.device)
     where = f"{cfg.model.name} ({cfg.model.dtype}) on backend {cfg.backend.name}, device {llm.engine.device}"

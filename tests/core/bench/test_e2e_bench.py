@@ -79,3 +79,37 @@ def test_the_plot_draws_one_level_as_bars_and_several_as_lines(tmp_path, levels)
     path = tmp_path / "e2e.png"
     _plot(rows, str(path), "toy")
     assert path.stat().st_size > 10_000 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_inferhal_runs_without_prefix_caching(monkeypatch):
+    """The repeats send the same prompts: a cached block would spare inferhal prefill the peers redo."""
+    from inferhal.core.bench import e2e
+    from inferhal.core.engine.llm import LLM, compose_config
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def load(cfg):
+        seen.append(bool(cfg.cache.enable_prefix_caching))
+        raise Stop
+
+    monkeypatch.setattr(LLM, "from_config", staticmethod(load))
+    cfg = compose_config("deepseek_v4_tiny", "reference", overrides=["bench.peers=[transformers]"])
+    assert cfg.cache.enable_prefix_caching  # on by default
+    with pytest.raises(Stop):
+        e2e.run(cfg)
+    assert seen == [False]
+
+
+def test_prompt_ids_mark_later_rounds():
+    from inferhal.core.bench.e2e import PROMPTS, prompt_ids
+
+    class Tok:  # one id per character
+        def encode(self, text):
+            return [ord(ch) for ch in text]
+
+    texts = ["".join(map(chr, p)) for p in prompt_ids(Tok(), len(PROMPTS) + 2)]
+    assert texts[: len(PROMPTS)] == list(PROMPTS)
+    assert texts[len(PROMPTS):] == [PROMPTS[0] + " (take 2)", PROMPTS[1] + " (take 2)"]

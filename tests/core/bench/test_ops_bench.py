@@ -76,6 +76,7 @@ def test_bench_ops_runs_the_engine_and_writes_a_table_json_and_plot(tmp_path, ca
         "cache.num_blocks=64", "bench.concurrency=[1,3]", "bench.num_prompts=4", "bench.max_tokens=3",
         "bench.repeats=2", f"+output={out}"])
     assert bench_ops.run(cfg) == 0
+    assert cfg.cache.enable_prefix_caching is False  # the runs repeat their prompts: each prefills them all
     result = json.loads(out.read_text())
     assert (tmp_path / "ops.png").stat().st_size > 0
     assert result["backend"] == "reference" and result["synchronised_per_op"] is False
