@@ -12,9 +12,12 @@ alternating order:
   overlap of host and device that a plain run has; the report says so.
 
 Per op and level: calls per step, ms per step, share of the profiled wall, and the op's execution level
-(a fallback shows as ``fallback``). **Outside ops** = profiled wall − all ops' time: scheduling, the
-runner's batch building, Python between ops. **Overhead** = profiled wall / plain wall: how much the timers
-themselves cost (median over repeats); the level's row is the repeat with the median profiled wall.
+(a fallback shows as ``fallback``); the products (``linear``, ``lm_head``, ``lm_head.argmax``) also by
+weight shape ``NxK``, each with the rate it reaches (``2 M N K`` flops over its own time; for
+``lm_head.argmax`` the flops of the head it stands for, whatever it computes instead). **Outside ops** =
+profiled wall − all ops' time: scheduling, the runner's batch building, Python between ops. **Overhead** =
+profiled wall / plain wall: how much the timers themselves cost (median over repeats); the level's row is
+the repeat with the median profiled wall.
 
 Prefix caching is off (the runs repeat the same prompts, and each should prefill them all). A model
 without a tokenizer gets token-id prompts of 8-16 ids instead. Steps are engine steps; at a level they mix
@@ -37,22 +40,41 @@ import torch
 PLOT_OPS = 8
 
 
+#: ops whose time is also split by weight shape ``x [M, K] . w [N, K]^T``, with the rate they reach
+PRODUCT_OPS = ("linear", "lm_head", "lm_head.argmax")
+
+
+def product_shape(args) -> tuple[str, int] | None:
+    """``("NxK", flops)`` of a product call ``(x, w, ...)`` with a 2-D weight (None otherwise)."""
+    if len(args) < 2:
+        return None
+    x, shape = args[0], getattr(args[1], "shape", None)
+    if shape is None or len(shape) != 2 or not hasattr(x, "numel"):
+        return None
+    n, k = int(shape[0]), int(shape[1])
+    return f"{n}x{k}", 2 * (x.numel() // max(k, 1)) * n * k
+
+
 class OpTimer:
-    """``wrap`` for :meth:`OpTable.intercept`: per op, calls and own seconds (nested op calls excluded)."""
+    """``wrap`` for :meth:`OpTable.intercept`: per op, calls and own seconds (nested op calls excluded); for
+    :data:`PRODUCT_OPS` also per weight shape (``parts[(op, "NxK")] = [calls, seconds, flops]``)."""
 
     def __init__(self, sync: Callable[[], None] | None = None) -> None:
         self.sync = sync
         self.calls: dict[str, int] = {}
         self.seconds: dict[str, float] = {}
+        self.parts: dict[tuple[str, str], list] = {}
         self._child = [0.0]  # per open call: time spent in the ops it called
 
     def reset(self) -> None:
         self.calls.clear()
         self.seconds.clear()
+        self.parts.clear()
         self._child = [0.0]
 
     def __call__(self, entry):
         op_id, fn, sync = entry.op_id, entry.fn, self.sync
+        product = op_id in PRODUCT_OPS
 
         def timed(*args, **kwargs):
             if sync is not None:
@@ -65,10 +87,16 @@ class OpTimer:
                 if sync is not None:
                     sync()
                 dt = time.perf_counter() - t
-                inner = self._child.pop()
-                self.seconds[op_id] = self.seconds.get(op_id, 0.0) + dt - inner
+                own = dt - self._child.pop()
+                self.seconds[op_id] = self.seconds.get(op_id, 0.0) + own
                 self.calls[op_id] = self.calls.get(op_id, 0) + 1
                 self._child[-1] += dt
+                shape = product_shape(args) if product else None
+                if shape is not None:
+                    part = self.parts.setdefault((op_id, shape[0]), [0, 0.0, 0])
+                    part[0] += 1
+                    part[1] += own
+                    part[2] += shape[1]
 
         return timed
 
@@ -84,13 +112,20 @@ def device_sync(device: torch.device) -> Callable[[], None] | None:
 
 def level_row(c: int, requests: int, tokens: int, plain: Sequence[float], profiled: Sequence[dict],
               levels: dict[str, str]) -> dict:
-    """A level's row from its repeats: ``plain`` walls, ``profiled`` = [{wall, steps, calls, seconds}]."""
+    """A level's row from its repeats: ``plain`` walls, ``profiled`` = [{wall, steps, calls, seconds,
+    parts}] (``parts``: :attr:`OpTimer.parts`, optional)."""
     ranked = sorted(profiled, key=lambda r: r["wall"])
     rep = ranked[(len(ranked) - 1) // 2]
     steps = max(rep["steps"], 1)
     ops = [{"op": op, "level": levels.get(op, "?"), "calls_per_step": rep["calls"][op] / steps,
             "ms_per_step": s * 1e3 / steps, "share": s / rep["wall"]}
            for op, s in rep["seconds"].items()]
+    for o in ops:  # products: their time by weight shape, and the rate each reaches (flops / own time)
+        parts = [{"shape": shape, "calls_per_step": c / steps, "ms_per_step": sec * 1e3 / steps,
+                  "share": sec / rep["wall"], "gflops": fl / sec / 1e9 if sec > 0 else 0.0}
+                 for (op, shape), (c, sec, fl) in rep.get("parts", {}).items() if op == o["op"]]
+        if parts:
+            o["parts"] = sorted(parts, key=lambda q: -q["ms_per_step"])
     ops.sort(key=lambda o: -o["ms_per_step"])
     inside = sum(rep["seconds"].values())
     return {"concurrency": c, "requests": requests, "tokens": tokens, "steps": rep["steps"],
@@ -124,7 +159,8 @@ def measure(llm, prompts: Sequence[list[int]], levels: Sequence[int], num_prompt
                     with table.intercept(timer):
                         wall, _ = run_inferhal(llm, prompts[:n], c, max_tokens, steps)
                     profiled.append({"wall": wall, "steps": steps[0], "calls": dict(timer.calls),
-                                     "seconds": dict(timer.seconds)})
+                                     "seconds": dict(timer.seconds),
+                                     "parts": {k: list(v) for k, v in timer.parts.items()}})
                 else:
                     wall, _ = run_inferhal(llm, prompts[:n], c, max_tokens)
                     plain.append(wall)
@@ -168,12 +204,16 @@ def run(cfg) -> int:
     for r in rows:
         table = Table(title=f"c={r['concurrency']}: {r['steps']} steps, {r['step_ms']:.2f} ms per step profiled, "
                             f"{r['tok_s_plain']:.1f} tok/s plain, timer overhead {r['overhead']:.2f}×")
-        for col in ("op", "level", "calls/step", "ms/step", "share"):
+        for col in ("op", "level", "calls/step", "ms/step", "share", "GFLOP/s"):
             table.add_column(col, justify="left" if col in ("op", "level") else "right")
         for o in r["ops"]:
             table.add_row(o["op"], o["level"], f"{o['calls_per_step']:.1f}", f"{o['ms_per_step']:.3f}",
-                          f"{100 * o['share']:.1f}%")
-        table.add_row("(outside ops)", "", "", f"{r['outside_ms_per_step']:.3f}", f"{100 * r['outside_share']:.1f}%")
+                          f"{100 * o['share']:.1f}%", "")
+            for q in o.get("parts", ()):
+                table.add_row(f"  {q['shape']}", "", f"{q['calls_per_step']:.1f}", f"{q['ms_per_step']:.3f}",
+                              f"{100 * q['share']:.1f}%", f"{q['gflops']:.0f}")
+        table.add_row("(outside ops)", "", "", f"{r['outside_ms_per_step']:.3f}", f"{100 * r['outside_share']:.1f}%",
+                      "")
         console.print(table)
     out = cfg.get("output") or os.path.join(str(b.output_dir), "ops.json")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)

@@ -44,6 +44,30 @@ def test_a_failing_op_still_counts_and_leaves_the_timer_balanced():
     assert timer.calls == {"linear": 1, "embed": 1} and timer._child == [timer._child[0]]
 
 
+def test_products_are_also_split_by_weight_shape_with_their_rate():
+    table = OpTable("fake", {}, {"linear": lambda x, w: time.sleep(0.01) or x,
+                                 "norm.rms": lambda x, w, p: x}, ExecLevel.FALLBACK)
+    timer = bench_ops.OpTimer()
+    x3, x5, w = torch.zeros(3, 64), torch.zeros(5, 1, 64), torch.zeros(96, 64)
+    with table.intercept(timer):
+        table["linear"](x3, w)
+        table["linear"](x5, w)
+        table["linear"](x3, torch.zeros(8, 64))
+        table["norm.rms"](x3, w, None)  # not a product: no parts
+    assert set(timer.parts) == {("linear", "96x64"), ("linear", "8x64")}
+    calls, seconds, flops = timer.parts[("linear", "96x64")]
+    assert calls == 2 and flops == 2 * (3 + 5) * 96 * 64 and seconds >= 0.02
+    assert bench_ops.product_shape((x3,)) is None and bench_ops.product_shape((x3, torch.zeros(4))) is None
+    rep = {"wall": 1.0, "steps": 2, "calls": dict(timer.calls), "seconds": dict(timer.seconds),
+           "parts": {k: list(v) for k, v in timer.parts.items()}}
+    row = bench_ops.level_row(1, 1, 2, [1.0], [rep], {})
+    lin = next(o for o in row["ops"] if o["op"] == "linear")
+    assert [q["shape"] for q in lin["parts"]] == ["96x64", "8x64"]  # the larger time first
+    q = lin["parts"][0]
+    assert q["calls_per_step"] == 1.0 and q["gflops"] == pytest.approx(flops / seconds / 1e9)
+    assert "parts" not in next(o for o in row["ops"] if o["op"] == "norm.rms")
+
+
 def test_device_sync_only_off_the_cpu():
     assert bench_ops.device_sync(torch.device("cpu")) is None
     assert bench_ops.device_sync(torch.device("meta")) is None  # torch has no torch.meta.synchronize
@@ -87,6 +111,10 @@ def test_bench_ops_runs_the_engine_and_writes_a_table_json_and_plot(tmp_path, ca
         ops = {o["op"]: o for o in r["ops"]}
         assert {"embed", "linear", "norm.rms", "lm_head.argmax"} <= set(ops)  # greedy steps skip the logits
         assert "lm_head" not in ops and "sample" not in ops
+        shapes = {q["shape"] for q in ops["linear"]["parts"]}
+        assert shapes and all(q["gflops"] > 0 for q in ops["linear"]["parts"])
+        assert sum(q["calls_per_step"] for q in ops["linear"]["parts"]) == pytest.approx(
+            ops["linear"]["calls_per_step"])
         assert all(o["level"] == "device" and o["ms_per_step"] > 0 for o in ops.values())  # reference: the CPU
         assert r["ops_ms_per_step"] + r["outside_ms_per_step"] == pytest.approx(r["step_ms"])
         assert 0 < r["outside_share"] < 1 and r["overhead"] > 0
