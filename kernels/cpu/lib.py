@@ -64,7 +64,9 @@ def _cpuinfo(field: str) -> str | None:
     return None
 
 
+@functools.cache
 def cpu_flags() -> frozenset[str]:
+    """This CPU's /proc/cpuinfo flags, read once (the greedy head asks at every step)."""
     return frozenset((_cpuinfo("flags") or "").split())
 
 
