@@ -20,9 +20,10 @@ with AVX512-BF16 run ~2-4x faster; transformers runs in both, so every dtype has
 Fidelity tests stay fp32.
 
 inferhal runs without prefix caching: the repeats send the same prompts, and a cached block would spare
-inferhal prefill work that transformers and llama.cpp redo. Every engine is loaded first; then each level runs ``bench.repeats`` times with the engines interleaved
-(their order rotated each repeat), so a slow spell of a shared machine falls on all of them. A row is the
-repeat with the median tok/s; a ratio is the median over repeats of the paired ratios.
+inferhal prefill work that transformers and llama.cpp redo. Every engine is loaded first; then each level
+runs ``bench.repeats`` times with the engines interleaved (their order rotated each repeat), so a slow
+spell of a shared machine falls on all of them. A row is the repeat with the median tok/s; a ratio is
+the median over repeats of the paired ratios.
 
 Aggregate tok/s = output tokens / wall time of the level. Reported: a rich table, ratios
 (every inferhal engine / every peer row) per level, ``<bench.output_dir>/e2e.json`` (or ``output=``) and ``e2e.png``.

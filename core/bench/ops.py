@@ -121,9 +121,9 @@ def level_row(c: int, requests: int, tokens: int, plain: Sequence[float], profil
             "ms_per_step": s * 1e3 / steps, "share": s / rep["wall"]}
            for op, s in rep["seconds"].items()]
     for o in ops:  # products: their time by weight shape, and the rate each reaches (flops / own time)
-        parts = [{"shape": shape, "calls_per_step": c / steps, "ms_per_step": sec * 1e3 / steps,
+        parts = [{"shape": shape, "calls_per_step": calls / steps, "ms_per_step": sec * 1e3 / steps,
                   "share": sec / rep["wall"], "gflops": fl / sec / 1e9 if sec > 0 else 0.0}
-                 for (op, shape), (c, sec, fl) in rep.get("parts", {}).items() if op == o["op"]]
+                 for (op, shape), (calls, sec, fl) in rep.get("parts", {}).items() if op == o["op"]]
         if parts:
             o["parts"] = sorted(parts, key=lambda q: -q["ms_per_step"])
     ops.sort(key=lambda o: -o["ms_per_step"])
@@ -138,8 +138,9 @@ def level_row(c: int, requests: int, tokens: int, plain: Sequence[float], profil
 
 
 def measure(llm, prompts: Sequence[list[int]], levels: Sequence[int], num_prompts: int, max_tokens: int,
-            repeats: int, progress: Callable[[str], None] = lambda s: None) -> list[dict]:
-    """One :func:`level_row` per level (see the module docstring)."""
+            repeats: int, progress: Callable[[str], None] = lambda s: None, warmup: int = 1) -> list[dict]:
+    """One :func:`level_row` per level (see the module docstring); before each level, ``warmup`` untimed
+    runs of its first ``c`` prompts, 2 tokens each (first-call packing and allocation)."""
     from inferhal.core.bench.e2e import run_inferhal
 
     table = llm.engine.loaded.model.ops
@@ -148,7 +149,8 @@ def measure(llm, prompts: Sequence[list[int]], levels: Sequence[int], num_prompt
     rows = []
     for c in levels:
         n = max(c, min(num_prompts, 4 * c))
-        run_inferhal(llm, prompts[:c], c, 2)  # warm-up: first-call packing and allocation outside the timings
+        for _ in range(warmup):
+            run_inferhal(llm, prompts[:c], c, 2)
         plain: list[float] = []
         profiled: list[dict] = []
         for r in range(repeats):
@@ -199,7 +201,8 @@ def run(cfg) -> int:
         vocab = int(llm.engine.loaded.model.vocab_size)
         prompts = [prompt(i, 8 + i % 9, vocab) for i in range(n_max)]
         console.print(f"  no tokenizer: {n_max} prompts of 8-16 token ids")
-    rows = measure(llm, prompts, levels, num_prompts, max_tokens, repeats, lambda s: console.print(f"  {s}"))
+    rows = measure(llm, prompts, levels, num_prompts, max_tokens, repeats, lambda s: console.print(f"  {s}"),
+                   warmup=int(b.warmup))
 
     for r in rows:
         table = Table(title=f"c={r['concurrency']}: {r['steps']} steps, {r['step_ms']:.2f} ms per step profiled, "

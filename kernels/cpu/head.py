@@ -35,7 +35,6 @@ VNNI_FLAG = "avx512_vnni"
 #: largest |value| of a head or a hidden row the screen takes: the bf16 kernels treat denormal inputs as zero
 #: and flush tiny results, which moves a logit by less than 2 K 2^-126 MAX_ABS, inside the bound's slack
 MAX_ABS = 2.0 ** 60
-_U = 2.0 ** -24  # fp32 unit roundoff
 
 
 @dataclass(frozen=True)
@@ -59,11 +58,6 @@ def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
     return (x.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 and x.is_cpu and w.is_cpu and x.dim() == 2
             and w.dim() == 2 and x.shape[1] == w.shape[1] and w.shape[1] % GROUP == 0 and w.shape[0] > 0
             and w.shape[0] < 2 ** 31)
-
-
-def _up(t: torch.Tensor) -> torch.Tensor:
-    """float64 -> fp32, never below the value (bounds only grow)."""
-    return (t * (1 + 2.0 ** -20)).float()
 
 
 def quantize(w: torch.Tensor) -> QuantHead | None:
@@ -91,7 +85,7 @@ def rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tor
     (the +128 offset of the weights: ``sum_g sx_g 128 sum xq``), ``||x||``, ``||dx||`` and the screen
     arithmetic's ``e = (groups + 6) u 1.02 (P + |C|)``, ``P = sum_g sx_g 255 sum |xq|`` (the last three
     rounded up), and ``bad [m]``: rows holding a value that is not finite or past :data:`MAX_ABS`, which
-    the bound does not cover (zeros elsewhere in their place)."""
+    the bound does not cover (their ``xq``, scales and constants are zeros)."""
     m, k = x.shape
     if x.stride(1) != 1:
         x = x.contiguous()
@@ -114,13 +108,13 @@ def argmax(x: torch.Tensor, packed: torch.Tensor, head: QuantHead) -> tuple[torc
     if not (x.dtype == torch.bfloat16 and x.is_cpu and x.dim() == 2 and x.shape[1] == head.k):
         raise ValueError(f"head argmax: needs bf16 CPU x [m, {head.k}], got {x.dtype} {tuple(x.shape)}")
     m = x.shape[0]
-    tokens = torch.zeros(m, dtype=torch.int64)
     if m == 0:
-        return tokens, torch.zeros(0, dtype=torch.bool)
+        return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.bool)
     if x.stride(1) != 1:
         x = x.contiguous()
     xq, sx, consts, bad = rows(x)
     if bool(bad.any()):  # rows the bound does not cover go back to the caller; the others are screened
+        tokens = torch.zeros(m, dtype=torch.int64)
         keep = (~bad).nonzero()[:, 0]
         if keep.numel():
             t, o = _screen(x[keep], xq[keep], sx[keep], consts[keep], packed, head, lib)
