@@ -82,7 +82,7 @@ def run(cfg) -> int:
     from rich.table import Table
 
     from inferhal.backends.reference.ops import argmax_rows
-    from inferhal.core.bench.e2e import PROMPTS
+    from inferhal.core.bench.clients import PROMPTS
     from inferhal.core.engine.llm import LLM
 
     console = Console(width=max(Console().width, 110))

@@ -141,7 +141,7 @@ def measure(llm, prompts: Sequence[list[int]], levels: Sequence[int], num_prompt
             repeats: int, progress: Callable[[str], None] = lambda s: None, warmup: int = 1) -> list[dict]:
     """One :func:`level_row` per level (see the module docstring); before each level, ``warmup`` untimed
     runs of its first ``c`` prompts, 2 tokens each (first-call packing and allocation)."""
-    from inferhal.core.bench.e2e import run_inferhal
+    from inferhal.core.bench.clients import run_inferhal
 
     table = llm.engine.loaded.model.ops
     timer = OpTimer(device_sync(llm.engine.device))
@@ -178,7 +178,7 @@ def run(cfg) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from inferhal.core.bench.e2e import prompt_ids
+    from inferhal.core.bench.clients import prompt_ids
     from inferhal.core.engine.llm import LLM
 
     console = Console(width=max(Console().width, 110))

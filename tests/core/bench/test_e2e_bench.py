@@ -101,15 +101,3 @@ def test_inferhal_runs_without_prefix_caching(monkeypatch):
     with pytest.raises(Stop):
         e2e.run(cfg)
     assert seen == [False]
-
-
-def test_prompt_ids_mark_later_rounds():
-    from inferhal.core.bench.e2e import PROMPTS, prompt_ids
-
-    class Tok:  # one id per character
-        def encode(self, text):
-            return [ord(ch) for ch in text]
-
-    texts = ["".join(map(chr, p)) for p in prompt_ids(Tok(), len(PROMPTS) + 2)]
-    assert texts[: len(PROMPTS)] == list(PROMPTS)
-    assert texts[len(PROMPTS):] == [PROMPTS[0] + " (take 2)", PROMPTS[1] + " (take 2)"]
