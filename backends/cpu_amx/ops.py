@@ -64,8 +64,9 @@ def products(kernel: str):
         if kernel == "avx512" and isinstance(w, torch.Tensor) and amx.supports(x, w) and head.supports(x, w) \
                 and head.available():
             wp, qh = PACKS.get(w), HEADS.get(w)
-            if wp is not None and qh is not None:  # the int8 screen, then its candidates exactly
-                tokens, overflow = head.argmax(x, wp, qh)
+            if wp is not None and qh is not None:  # the int8 screen, then its candidates exactly (from w's rows;
+                # the packed copy must exist all the same, so that lm_head's own rows run the same product)
+                tokens, overflow = head.argmax(x, w, qh)
                 if bool(overflow.any()):  # too many candidates, or not screened: those rows' full logits
                     rows = overflow.nonzero()[:, 0]
                     tokens[rows] = ref.argmax_rows(lm_head(x[rows], w))

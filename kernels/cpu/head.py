@@ -4,7 +4,8 @@
 
 An int8 screen (AVX512-VNNI) reads half the bytes of the bf16 head and gives, per logit, an estimate with a
 rigorous error bound; only the columns whose upper bound reaches the row's best lower bound are recomputed
-exactly with the bf16 kernel's own instruction and order. At decode sizes the head is bound by memory,
+exactly with the bf16 kernel's own instruction and order, from the head itself (row-major: a candidate's
+values are contiguous). At decode sizes the head is bound by memory,
 so halving its bytes nearly halves its time (see docs/performance.md).
 
 The bound on ``|A - L|``, for activations ``x`` (one int8 scale per :data:`GROUP` channels, residual
@@ -54,10 +55,11 @@ def available() -> bool:
 
 
 def supports(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether :func:`argmax` takes ``x [m, k]`` against the head ``w [n, k]`` (bf16 on the CPU)."""
+    """Whether :func:`argmax` takes ``x [m, k]`` against the head ``w [n, k]`` (bf16 on the CPU, rows
+    contiguous at an even stride, every pair of it within a 32-bit gather index of the exact step)."""
     return (x.dtype == torch.bfloat16 and w.dtype == torch.bfloat16 and x.is_cpu and w.is_cpu and x.dim() == 2
             and w.dim() == 2 and x.shape[1] == w.shape[1] and w.shape[1] % GROUP == 0 and w.shape[0] > 0
-            and w.shape[0] < 2 ** 31)
+            and w.stride(1) == 1 and w.stride(0) % 2 == 0 and w.stride(0) * (w.shape[0] - 1) + w.shape[1] < 2 ** 32)
 
 
 def quantize(w: torch.Tensor) -> QuantHead | None:
@@ -65,13 +67,11 @@ def quantize(w: torch.Tensor) -> QuantHead | None:
     parallel, float64 norms); None when ``w`` has a value that is not finite or past :data:`MAX_ABS` (no
     bound is kept then, and the caller runs the full head)."""
     if not supports(w[:1], w):
-        raise ValueError(f"head quantize: needs a bf16 CPU head [n, k] with k % {GROUP} == 0, got {w.dtype} "
-                         f"{tuple(w.shape)} on {w.device}")
+        raise ValueError(f"head quantize: needs a bf16 CPU head [n, k] with k % {GROUP} == 0 and contiguous rows "
+                         f"at an even stride, got {w.dtype} {tuple(w.shape)} stride {w.stride()} on {w.device}")
     lib = library()
     n, k = w.shape
     npad = -(-n // 32) * 32
-    if w.stride(1) != 1:
-        w = w.contiguous()
     wq = torch.empty(npad // 32, k // 4, 32, 4, dtype=torch.uint8)
     col = torch.empty(3, npad, dtype=torch.float32)
     if lib.ih_head_quantize(w.data_ptr(), n, k, w.stride(0), wq.data_ptr(), col.data_ptr()) >= 0:
@@ -98,8 +98,8 @@ def rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tor
     return xq, sx, consts, bad.bool()
 
 
-def argmax(x: torch.Tensor, packed: torch.Tensor, head: QuantHead) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x [m, k]`` bf16 against the head (``packed``: its AMX-layout copy, :func:`amx.pack`; ``head``: its
+def argmax(x: torch.Tensor, w: torch.Tensor, head: QuantHead) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [m, k]`` bf16 against the head ``w [n, k]`` (as :func:`supports` takes it; ``head``: its
     :func:`quantize`) -> ``(tokens [m] int64, overflow [m] bool)``: where ``overflow`` is set, that row's
     candidates did not fit (or its logits left fp32's range) and its token is not computed (the caller runs
     the full head for it); so is it for a row the bound does not cover (a value not finite or past
@@ -107,6 +107,9 @@ def argmax(x: torch.Tensor, packed: torch.Tensor, head: QuantHead) -> tuple[torc
     lib = library()
     if not (x.dtype == torch.bfloat16 and x.is_cpu and x.dim() == 2 and x.shape[1] == head.k):
         raise ValueError(f"head argmax: needs bf16 CPU x [m, {head.k}], got {x.dtype} {tuple(x.shape)}")
+    if tuple(w.shape) != (head.n, head.k) or not supports(x, w):
+        raise ValueError(f"head argmax: needs the quantised head's own bf16 CPU w [{head.n}, {head.k}] with "
+                         f"contiguous rows at an even stride, got {w.dtype} {tuple(w.shape)} stride {w.stride()}")
     m = x.shape[0]
     if m == 0:
         return torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.bool)
@@ -117,18 +120,18 @@ def argmax(x: torch.Tensor, packed: torch.Tensor, head: QuantHead) -> tuple[torc
         tokens = torch.zeros(m, dtype=torch.int64)
         keep = (~bad).nonzero()[:, 0]
         if keep.numel():
-            t, o = _screen(x[keep], xq[keep], sx[keep], consts[keep], packed, head, lib)
+            t, o = _screen(x[keep], xq[keep], sx[keep], consts[keep], w, head, lib)
             tokens[keep], bad[keep] = t, o
         return tokens, bad
-    return _screen(x, xq, sx, consts, packed, head, lib)
+    return _screen(x, xq, sx, consts, w, head, lib)
 
 
-def _screen(x, xq, sx, consts, packed, head, lib) -> tuple[torch.Tensor, torch.Tensor]:
+def _screen(x, xq, sx, consts, w, head, lib) -> tuple[torch.Tensor, torch.Tensor]:
     m = x.shape[0]
     tokens = torch.empty(m, dtype=torch.int64)
     overflow = torch.zeros(m, dtype=torch.int32)
     rc = lib.ih_head_argmax_i8(xq.data_ptr(), sx.data_ptr(), consts.data_ptr(), x.data_ptr(), x.stride(0), m,
-                               head.k, head.wq.data_ptr(), head.col.data_ptr(), packed.data_ptr(), head.n,
+                               head.k, head.wq.data_ptr(), head.col.data_ptr(), w.data_ptr(), w.stride(0), head.n,
                                CAPACITY, tokens.data_ptr(), overflow.data_ptr())
     if rc < 0:
         raise MemoryError(f"head argmax: no memory for {m} rows' candidates")

@@ -10,8 +10,10 @@
  * its rows' candidates (index, U) while it walks its columns, pruning them as lo rises.
  *
  * Exact step: every surviving candidate's dot product is recomputed with vdpbf16ps on its own lane, from
- * the AMX-layout packed copy, in avx512_linear.c's order (k pairs ascending from zero), so its value is
- * bit-identical to that kernel's, then rounded to bf16 as the head's output is. A row whose candidates
+ * the head itself (row-major bf16: a candidate's k values are contiguous, so 16 candidates touch 16 runs
+ * of 2 K bytes, where the AMX-layout copy would spread each over K / 2 cache lines), in avx512_linear.c's
+ * order (k pairs ascending from zero), so its value is bit-identical to that kernel's, then rounded to
+ * bf16 as the head's output is. A row whose candidates
  * overflow the buffer is flagged for the caller, which then runs the full head for it.
  *
  * Weights: wq [nb][k/4][32 columns][4 k] uint8 (32-column blocks, k in quads: one 64-byte load holds a k
@@ -87,6 +89,7 @@ typedef struct {
   float *up;
   int64_t n;
   float lo;              /* this thread's lower bound of the row's largest logit: the max of its columns' D */
+  float thr;             /* lo - slack(lo) for some lo no larger than the latest (the candidates' cut) */
   volatile float *los;   /* every thread's lo for this row (thread t at los[t * stride]) */
   int64_t stride;
   int tid, nt;
@@ -110,14 +113,14 @@ static void prune(cands *c) {
   c->n = j;
 }
 
-/* one row's 32 columns of a block: bounds, lo, and the candidates they leave */
-static void admit(cands *c, const float *a32, const float *rc, const float *col, int64_t npad, int64_t c0,
-                  int64_t n, int64_t cap) {
+/* one row's 32 columns of a block: bounds, lo, and the candidates they leave. Most blocks hold none: they
+ * are rejected against c->thr, a threshold from an earlier (so no larger) lo, which only keeps more. */
+static inline void admit(cands *c, const float *a32, const float *rc, const float *col, int64_t npad, int64_t c0,
+                         int64_t n, int64_t cap) {
   const __m512 cr = _mm512_set1_ps(rc[0]), ar = _mm512_set1_ps(rc[1]), br = _mm512_set1_ps(rc[2]),
                er = _mm512_set1_ps(rc[3]);
   __m512 u[2], d[2];
-  __mmask16 valid[2];
-  float best = -INFINITY;
+  __mmask16 valid[2], nonfinite = 0;
   for (int h = 0; h < 2; h++) {
     const int64_t cc = c0 + h * 16;
     valid[h] = tail_mask(n - cc > 0 ? n - cc : 0);
@@ -130,66 +133,68 @@ static void admit(cands *c, const float *a32, const float *rc, const float *col,
     bnd = _mm512_fmadd_ps(bnd, _mm512_set1_ps(1.f + 0x1p-10f),
                           _mm512_fmadd_ps(_mm512_abs_ps(a), _mm512_set1_ps(0x1p-20f), _mm512_set1_ps(0x1p-40f)));
     u[h] = _mm512_add_ps(a, bnd);
-    d[h] = _mm512_sub_ps(a, bnd);
-    /* a logit or bound past fp32's range (huge inputs): no bound holds, the caller runs the full head */
+    d[h] = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), valid[h], _mm512_sub_ps(a, bnd));
     const __m512 span = _mm512_sub_ps(u[h], d[h]);
-    if (_mm512_mask_cmp_ps_mask(valid[h], _mm512_sub_ps(span, span), _mm512_setzero_ps(), _CMP_NEQ_UQ)) {
-      c->overflow = 1;
-      return;
-    }
-    best = fmaxf(best, _mm512_mask_reduce_max_ps(valid[h], d[h]));
+    nonfinite |= _mm512_mask_cmp_ps_mask(valid[h], _mm512_sub_ps(span, span), _mm512_setzero_ps(), _CMP_NEQ_UQ);
   }
-  if (best > c->lo) {
-    c->lo = best;
-    c->los[c->tid * c->stride] = best;
+  /* a logit or bound past fp32's range (huge inputs): no bound holds, the caller runs the full head */
+  if (nonfinite) { c->overflow = 1; return; }
+  const __m512 dmax = _mm512_max_ps(d[0], d[1]);
+  if (_mm512_cmp_ps_mask(dmax, _mm512_set1_ps(c->lo), _CMP_GT_OQ)) {
+    c->lo = _mm512_reduce_max_ps(dmax);
+    c->los[c->tid * c->stride] = c->lo;
+    c->thr = c->lo - slack(c->lo);
   }
-  if (c->overflow) return;
-  const float lo = row_lo(c), thr = lo - slack(lo);
+  __mmask16 keep[2];
+  for (int h = 0; h < 2; h++) keep[h] = _mm512_mask_cmp_ps_mask(valid[h], u[h], _mm512_set1_ps(c->thr), _CMP_GE_OQ);
+  if (!(keep[0] | keep[1])) return;
+  const float lo = row_lo(c), thr = lo - slack(lo); /* the other threads' lo too */
+  c->thr = thr;
   for (int h = 0; h < 2; h++) {
-    const __mmask16 keep = valid[h] & _mm512_cmp_ps_mask(u[h], _mm512_set1_ps(thr), _CMP_GE_OQ);
-    if (!keep) continue;
+    keep[h] &= _mm512_cmp_ps_mask(u[h], _mm512_set1_ps(thr), _CMP_GE_OQ);
+    if (!keep[h]) continue;
     if (c->n + 16 > cap) {
       prune(c);
       if (c->n + 16 > cap) { c->overflow = 1; return; }
     }
     const __m512i ids = _mm512_add_epi32(_mm512_set1_epi32((int32_t)(c0 + h * 16)),
                                          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    _mm512_mask_compressstoreu_epi32(c->idx + c->n, keep, ids);
-    _mm512_mask_compressstoreu_ps(c->up + c->n, keep, u[h]);
-    c->n += _mm_popcnt_u32(keep);
+    _mm512_mask_compressstoreu_epi32(c->idx + c->n, keep[h], ids);
+    _mm512_mask_compressstoreu_ps(c->up + c->n, keep[h], u[h]);
+    c->n += _mm_popcnt_u32(keep[h]);
   }
 }
 
-/* the bf16-rounded exact logits of up to 16 columns (lanes past cnt repeat column ids[0]) of one row */
-static __m512 exact16(const uint16_t *x, int64_t k, const uint16_t *wp, const int32_t *ids, int cnt) {
-  const int64_t kbs = k / 32;
+/* the bf16-rounded exact logits of up to 16 columns (lanes past cnt repeat column ids[0]) of one row, from
+ * the row-major head w (row stride ldw; every dword index c ldw / 2 + k / 2 below 2^31: head.py) */
+static __m512 exact16(const uint16_t *x, int64_t k, const uint16_t *w, int64_t ldw, const int32_t *ids, int cnt) {
   int32_t base[16];
   for (int j = 0; j < 16; j++) {
     const int64_t c = ids[j < cnt ? j : 0];
-    /* dword index of (column c, k pair 0) in the AMX layout: block, half, lane */
-    base[j] = (int32_t)((c / 32) * kbs * 512 + ((c % 32) / 16) * 256 + (c % 16));
+    base[j] = (int32_t)(c * (ldw / 2));
   }
   const __m512i vb = _mm512_loadu_si512(base);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t p = 0; p < k / 2; p++) {
     int32_t pair;
     memcpy(&pair, x + 2 * p, 4);
-    const __m512i off = _mm512_add_epi32(vb, _mm512_set1_epi32((int32_t)((p / 16) * 512 + (p % 16) * 16)));
-    const __m512bh w = (__m512bh)_mm512_i32gather_epi32(off, (const void *)wp, 4);
-    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(pair), w);
+    const __m512i off = _mm512_add_epi32(vb, _mm512_set1_epi32((int32_t)p));
+    const __m512bh wv = (__m512bh)_mm512_i32gather_epi32(off, (const void *)w, 4);
+    acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32(pair), wv);
   }
   return round_bf16(acc);
 }
 
 /* xq [m, k] int8 and sx [m, k / GROUP] fp32: the quantised rows; rowc [m, 4] fp32: (C, a, b, e) per row
  * (head.py); x [m, k] bf16 (row stride ldx): the rows themselves; wq: the int8 head for n columns, col
- * [3, npad] fp32: (sw, p, q) per column (npad = n rounded up to 32); wp: the AMX-layout bf16 head.
+ * [3, npad] fp32: (sw, p, q) per column (npad = n rounded up to 32); w [n, k]: the bf16 head (row stride
+ * ldw, even).
  * Writes tokens[m]; overflow[r] = 1 where row r's candidates did not fit in cap, or none survived (logits
  * past fp32's range), and its token is then not written. Returns the number of such rows, or -1 when out
  * of memory. */
 int64_t ih_head_argmax_i8(const int8_t *xq, const float *sx, const float *rowc, const uint16_t *x, int64_t ldx,
-                          int64_t m, int64_t k, const uint8_t *wq, const float *col, const uint16_t *wp, int64_t n,
-                          int64_t cap, int64_t *tokens, int32_t *overflow) {
+                          int64_t m, int64_t k, const uint8_t *wq, const float *col, const uint16_t *w, int64_t ldw,
+                          int64_t n, int64_t cap, int64_t *tokens, int32_t *overflow) {
   const int64_t nbs = (n + 31) / 32, npad = nbs * 32, groups = k / GROUP, rgroups = (m + HR_MAX - 1) / HR_MAX;
   const int nt = omp_get_max_threads();
   cands *all = calloc((size_t)(nt * m), sizeof(cands));
@@ -198,7 +203,7 @@ int64_t ih_head_argmax_i8(const int8_t *xq, const float *sx, const float *rowc, 
   float *los = malloc((size_t)(nt * m) * sizeof(float));
   if (!all || !idx || !up || !los) { free(all); free(idx); free(up); free(los); return -1; }
   for (int64_t i = 0; i < nt * m; i++) {
-    all[i] = (cands){idx + i * cap, up + i * cap, 0, -INFINITY, los + i % m, m, (int)(i / m), nt, 0};
+    all[i] = (cands){idx + i * cap, up + i * cap, 0, -INFINITY, -INFINITY, los + i % m, m, (int)(i / m), nt, 0};
     los[i] = -INFINITY;
   }
 #pragma omp parallel num_threads(nt)
@@ -230,7 +235,7 @@ int64_t ih_head_argmax_i8(const int8_t *xq, const float *sx, const float *rowc, 
       for (int64_t i = 0; i < c->n; i += 16) {
         const int cnt = c->n - i < 16 ? (int)(c->n - i) : 16;
         float v[16];
-        _mm512_storeu_ps(v, exact16(x + r * ldx, k, wp, c->idx + i, cnt));
+        _mm512_storeu_ps(v, exact16(x + r * ldx, k, w, ldw, c->idx + i, cnt));
         for (int j = 0; j < cnt; j++)
           if (v[j] > best || (v[j] == best && c->idx[i + j] < arg) || arg < 0) { best = v[j]; arg = c->idx[i + j]; }
       }

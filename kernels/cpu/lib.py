@@ -135,7 +135,7 @@ def _bind(path: Path) -> ctypes.CDLL:
     lib.ih_head_rows.restype = I
     lib.ih_head_rows.argtypes = [P, I, I, I, P, P, P, P]
     lib.ih_head_argmax_i8.restype = I
-    lib.ih_head_argmax_i8.argtypes = [P, P, P, P, I, I, I, P, P, P, I, I, P, P]
+    lib.ih_head_argmax_i8.argtypes = [P, P, P, P, I, I, I, P, P, P, I, I, I, P, P]
     lib.ih_attn_paged_bf16.restype = I
     lib.ih_attn_paged_bf16.argtypes = [P, I, I, I, I, I, P, I, I, I, P, I, P, I, P, I, ctypes.c_float, ctypes.c_float, P]
     return lib

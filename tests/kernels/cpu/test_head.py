@@ -26,7 +26,7 @@ def _full(x: torch.Tensor, wp: torch.Tensor, n: int) -> torch.Tensor:
 
 def _check(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     wp, qh = amx.pack(w), head.quantize(w)
-    tokens, overflow = head.argmax(x, wp, qh)
+    tokens, overflow = head.argmax(x, w, qh)
     assert not overflow.any()
     assert torch.equal(tokens, _full(x, wp, w.shape[0]))
     return tokens
@@ -89,10 +89,10 @@ def test_rows_past_the_candidate_capacity_are_flagged_not_guessed(monkeypatch):
     x = torch.ones(2, 64).bfloat16()
     x[1] = 0.0
     monkeypatch.setattr(head, "CAPACITY", 1024)
-    tokens, overflow = head.argmax(x, amx.pack(w), head.quantize(w))
+    tokens, overflow = head.argmax(x, w, head.quantize(w))
     assert overflow.tolist() == [True, True]  # row 1: all logits 0, a tie too
     monkeypatch.setattr(head, "CAPACITY", 65536)
-    tokens, overflow = head.argmax(x, amx.pack(w), head.quantize(w))
+    tokens, overflow = head.argmax(x, w, head.quantize(w))
     assert overflow.tolist() == [False, False] and tokens.tolist() == [0, 0]
 
 
@@ -103,7 +103,7 @@ def test_logits_past_fp32s_range_are_flagged_and_the_op_falls_back_to_the_full_h
     big = 1.5 * 2.0 ** 59  # within MAX_ABS, but 1024 aligned products pass fp32's 3.4e38
     w = (torch.randint(0, 2, (500, 1024), generator=g) * 2 - 1).float().mul(big).bfloat16()
     x = torch.stack((w[7], torch.randn(1024, generator=g).bfloat16(), -w[3]))
-    tokens, overflow = head.argmax(x, amx.pack(w), head.quantize(w))
+    tokens, overflow = head.argmax(x, w, head.quantize(w))
     assert overflow.tolist() == [True, False, True]
     full = _full(x, amx.pack(w), 500)
     assert torch.equal(avx.lm_head_argmax(x, w), full) and int(tokens[1]) == int(full[1])
@@ -115,9 +115,30 @@ def test_strided_rows_and_batch_invariance():
     x = wide[:, 640:]  # rows of stride 1280
     w = (torch.randn(3000, 640, generator=g) * 0.05).bfloat16()
     tokens = _check(x, w)
-    wp, qh = amx.pack(w), head.quantize(w)
-    alone = torch.cat([head.argmax(x[i : i + 1], wp, qh)[0] for i in range(9)])
+    qh = head.quantize(w)
+    alone = torch.cat([head.argmax(x[i : i + 1], w, qh)[0] for i in range(9)])
     assert torch.equal(tokens, alone)
+
+
+def test_a_head_viewed_from_a_wider_tensor_reads_its_rows_at_their_stride():
+    """The exact step reads candidates' values from w's own rows: at a row stride past k, the values
+    between the rows (here large, so any misread would win) are never taken."""
+    g = torch.Generator().manual_seed(7)
+    wide = torch.full((4000, 704), 50.0).bfloat16()
+    wide[:, :640] = (torch.randn(4000, 640, generator=g) * 0.05).bfloat16()
+    w = wide[:, :640]
+    x = torch.randn(6, 640, generator=g).bfloat16()
+    assert w.stride(0) == 704 and head.supports(x, w)
+    tokens, overflow = head.argmax(x, w, head.quantize(w))
+    assert not overflow.any() and torch.equal(tokens, _full(x, amx.pack(w.contiguous()), 4000))
+
+
+def test_heads_the_exact_step_cannot_index_are_not_taken():
+    x = torch.randn(2, 64).bfloat16()
+    w = torch.randn(100, 64).bfloat16()
+    assert head.supports(x, w)
+    assert not head.supports(x, torch.randn(64, 100).bfloat16().t())  # columns, not rows, contiguous
+    assert not head.supports(x, torch.randn(100, 65).bfloat16()[:, :64])  # an odd row stride: no k pairs
 
 
 def test_a_head_with_a_value_the_bound_does_not_cover_has_no_screen():
@@ -173,13 +194,13 @@ def test_rows_the_bound_does_not_cover_are_handed_back_and_the_others_screened()
     x = torch.randn(5, 640, generator=g).bfloat16()
     x[1, 3], x[3, 9] = float("nan"), 2.0 ** 62
     wp, qh = amx.pack(w), head.quantize(w)
-    tokens, overflow = head.argmax(x, wp, qh)
+    tokens, overflow = head.argmax(x, w, qh)
     assert overflow.tolist() == [False, True, False, True, False]
     full = _full(x, wp, 3000)
     keep = [0, 2, 4]
     assert torch.equal(tokens[keep], full[keep])
     assert torch.equal(avx.lm_head_argmax(x, w), full)  # the op gives the handed-back rows the full head's token
-    tokens, overflow = head.argmax(x[[1, 3]], wp, qh)
+    tokens, overflow = head.argmax(x[[1, 3]], w, qh)
     assert overflow.tolist() == [True, True]
 
 
@@ -188,6 +209,12 @@ def test_bad_input_is_a_clear_error():
         head.quantize(torch.randn(10, 96).bfloat16())
     with pytest.raises(ValueError, match="bf16 CPU head"):
         head.quantize(torch.randn(10, 64))
+    with pytest.raises(ValueError, match="contiguous rows"):
+        head.quantize(torch.randn(64, 10).bfloat16().t())
     w = torch.randn(10, 64).bfloat16()
     with pytest.raises(ValueError, match=r"x \[m, 64\]"):
-        head.argmax(torch.randn(2, 64), amx.pack(w), head.quantize(w))
+        head.argmax(torch.randn(2, 64), w, head.quantize(w))
+    with pytest.raises(ValueError, match=r"own bf16 CPU w \[10, 64\]"):
+        head.argmax(torch.randn(2, 64).bfloat16(), w[:9], head.quantize(w))
+    with pytest.raises(ValueError, match="even stride"):
+        head.argmax(torch.randn(2, 64).bfloat16(), torch.randn(10, 65).bfloat16()[:, :64], head.quantize(w))
