@@ -13,8 +13,8 @@
  * the head itself (row-major bf16: a candidate's k values are contiguous, so 16 candidates touch 16 runs
  * of 2 K bytes, where the AMX-layout copy would spread each over K / 2 cache lines), in avx512_linear.c's
  * order (k pairs ascending from zero), so its value is bit-identical to that kernel's, then rounded to
- * bf16 as the head's output is. A row whose candidates
- * overflow the buffer is flagged for the caller, which then runs the full head for it.
+ * bf16 as the head's output is. A row whose candidates overflow the buffer is flagged for the caller,
+ * which then runs the full head for it.
  *
  * Weights: wq [nb][k/4][32 columns][4 k] uint8 (32-column blocks, k in quads: one 64-byte load holds a k
  * quad of 16 columns, vpdpbusd's unsigned operand against a broadcast quad of signed activations).
@@ -145,7 +145,7 @@ static inline void admit(cands *c, const float *a32, const float *rc, const floa
   if (_mm512_cmp_ps_mask(dmax, _mm512_set1_ps(c->lo), _CMP_GT_OQ)) {
     c->lo = _mm512_reduce_max_ps(dmax);
     c->los[c->tid * c->stride] = c->lo;
-    c->thr = c->lo - slack(c->lo);
+    c->thr = fmaxf(c->thr, c->lo - slack(c->lo)); /* it may already hold another thread's larger lo */
   }
   __mmask16 keep[2];
   for (int h = 0; h < 2; h++) keep[h] = _mm512_mask_cmp_ps_mask(valid[h], u[h], _mm512_set1_ps(c->thr), _CMP_GE_OQ);
