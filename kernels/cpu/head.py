@@ -6,7 +6,7 @@ An int8 screen (AVX512-VNNI) reads half the bytes of the bf16 head and gives, pe
 rigorous error bound; only the columns whose upper bound reaches the row's best lower bound are recomputed
 exactly with the bf16 kernel's own instruction and order, from the head itself (row-major: a candidate's
 values are contiguous). At decode sizes the head is bound by memory, so halving its bytes nearly halves
-its time; from about 8 rows on it is bound by the screen's int8 multiply-adds (see docs/performance.md).
+its time; from 8-16 rows on it is bound by the screen's int8 multiply-adds (see docs/performance.md).
 
 The bound on ``|A - L|``, for activations ``x`` (one int8 scale per :data:`GROUP` channels, residual
 ``dx``) and a head row ``w`` (one int8 scale ``sw``, residual ``dw``), with ``x . w - xh . wh = x . dw +
