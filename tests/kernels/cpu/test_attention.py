@@ -56,6 +56,30 @@ def test_matches_the_reference(new, ctx, window, softcap):
     assert (got == want).float().mean() > 0.95
 
 
+@pytest.mark.parametrize("h,hk,d", [
+    (1, 1, 128),  # one head a KV head: 16 keys a tile, 8 of 16 value chunks live (the rest masked off)
+    (2, 1, 64),  # 8 keys a tile, 4 of 8 chunks live
+    (8, 1, 128),  # 2 keys a tile
+    (16, 2, 96),  # 8 heads a KV head, D not a multiple of 32: the second KV head's keys sit D elements in
+    (6, 2, 64),  # 3 heads a KV head: the plain loop
+    (4, 1, 72),  # D % 16 != 0: the plain loop
+])
+@pytest.mark.parametrize("window,softcap", [(0, 0.0), (200, 50.0)])
+def test_every_head_layout_matches_the_reference_past_the_prefetch_threshold(h, hk, d, window, softcap):
+    """Spans from 1 key to past attention.c's PF_MIN (128), none a multiple of a key tile, so the tiles'
+    short last tile, the prefetch ahead and its end are all reached, with and without a window."""
+    g = torch.Generator().manual_seed(h * 1000 + d + window)
+    bs, ctx = 16, [1, 7, 130, 333, 129, 290]
+    nb = sum(-(-c // bs) for c in ctx) + 2
+    batch = _batch(g, [1, 1, 3, 1, 1, 2], ctx, bs, nb)
+    cache = torch.randn(nb, bs, 2, hk, d, generator=g).bfloat16()
+    q = torch.randn(9, h, d, generator=g).bfloat16()
+    p = AttnParams(scale=d ** -0.5, num_kv_heads=hk, window=window, softcap=softcap)
+    got, want = attention.attn_paged(q, cache, batch, p), reference(q, cache, batch, p)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-3)
+    assert (got == want).float().mean() > 0.95
+
+
 def test_gqa_heads_read_their_own_kv_head_and_strided_queries():
     g = torch.Generator().manual_seed(7)
     bs, hk, h, d = 8, 2, 8, 64
