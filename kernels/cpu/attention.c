@@ -144,18 +144,19 @@ int64_t ih_attn_paged_bf16(const uint16_t *q, int64_t ldq_t, int64_t ldq_h, int6
       if (bad < 0 || row < bad) bad = row;
       continue;
     }
+    /* the row's logits, then (tiled path) each visible key's address */
+    float *lg = (float *)malloc(sizeof(float) * rep * span + sizeof(uint16_t *) * span);
+    if (!lg) {
+#pragma omp atomic write
+      oom = 1;
+      continue;
+    }
     if (d % 16 == 0 && (rep == 1 || rep == 2 || rep == 4 || rep == 8)) {
       float qrow[MAX_REP * MAX_D] __attribute__((aligned(64)));
       for (int64_t r = 0; r < rep; r++)
         for (int64_t c = 0; c < d; c += 16)
           _mm512_store_ps(qrow + r * d + c, load_bf16(q + row * ldq_t + (g * rep + r) * ldq_h + c, 0xffff));
-      /* the logits, then each visible key's address (the block table walked once, no division per key) */
-      float *lg = (float *)malloc(sizeof(float) * rep * span + sizeof(uint16_t *) * span);
-      if (!lg) {
-#pragma omp atomic write
-        oom = 1;
-        continue;
-      }
+      /* the block table walked once: no division per key */
       const uint16_t **kp = (const uint16_t **)(lg + rep * span);
       for (int64_t s = 0, blk = first / bs, off = first % bs; s < span; s++) {
         kp[s] = cache + (int64_t)bt[blk] * block_stride + off * entry + g * d;
@@ -174,12 +175,6 @@ int64_t ih_attn_paged_bf16(const uint16_t *q, int64_t ldq_t, int64_t ldq_h, int6
     __m512 qf[MAX_REP][MAX_D / 16], acc[MAX_REP];
     for (int64_t r = 0; r < rep; r++)
       for (int64_t c = 0; c < nd; c++) qf[r][c] = load_bf16(q + row * ldq_t + (g * rep + r) * ldq_h + c * 16, tail_mask(d - c * 16));
-    float *logit = (float *)malloc(sizeof(float) * rep * span);
-    if (!logit) {
-#pragma omp atomic write
-      oom = 1;
-      continue;
-    }
     for (int64_t s = 0; s < span; s++) {
       const int64_t pos = first + s;
       const uint16_t *k = cache + (int64_t)bt[pos / bs] * block_stride + (pos % bs) * entry + g * d;
@@ -191,11 +186,11 @@ int64_t ih_attn_paged_bf16(const uint16_t *q, int64_t ldq_t, int64_t ldq_h, int6
       for (int64_t r = 0; r < rep; r++) {
         float l = _mm512_reduce_add_ps(acc[r]) * scale;
         if (softcap > 0) l = softcap * tanhf(l / softcap);
-        logit[r * span + s] = l;
+        lg[r * span + s] = l;
       }
     }
     float inv[MAX_REP];
-    for (int64_t r = 0; r < rep; r++) inv[r] = softmax_row(logit + r * span, span);
+    for (int64_t r = 0; r < rep; r++) inv[r] = softmax_row(lg + r * span, span);
     for (int64_t r = 0; r < rep; r++)
       for (int64_t c = 0; c < nd; c++) qf[r][c] = _mm512_setzero_ps(); /* reused as the output accumulator */
     for (int64_t s = 0; s < span; s++) {
@@ -203,10 +198,10 @@ int64_t ih_attn_paged_bf16(const uint16_t *q, int64_t ldq_t, int64_t ldq_h, int6
       const uint16_t *v = cache + (int64_t)bt[pos / bs] * block_stride + (pos % bs) * entry + hk * d + g * d;
       for (int64_t c = 0; c < nd; c++) {
         const __m512 vv = load_bf16(v + c * 16, tail_mask(d - c * 16));
-        for (int64_t r = 0; r < rep; r++) qf[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(logit[r * span + s]), vv, qf[r][c]);
+        for (int64_t r = 0; r < rep; r++) qf[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(lg[r * span + s]), vv, qf[r][c]);
       }
     }
-    free(logit);
+    free(lg);
     for (int64_t r = 0; r < rep; r++)
       for (int64_t c = 0; c < nd; c++)
         store_bf16(out + (row * h + g * rep + r) * d + c * 16, _mm512_mul_ps(qf[r][c], _mm512_set1_ps(inv[r])), tail_mask(d - c * 16));
