@@ -28,8 +28,9 @@ import torch
 from inferhal.backends.reference import matmul
 from inferhal.backends.reference import ops as ref
 from inferhal.backends.reference.attention import attn_paged as reference_attn_paged
+from inferhal.backends.reference.quant import dequantize
 from inferhal.core.ops.params import ActParams, AttnBatch, AttnParams, KVWriteParams, RmsNormParams, RopeParams
-from inferhal.kernels.cpu import amx, attention, elementwise, head
+from inferhal.kernels.cpu import amx, attention, elementwise, head, int_block
 
 #: the ops this backend provides (each falls back to the reference per call outside its kernel's cases)
 OP_IDS = ("linear", "lm_head", "lm_head.argmax", "norm.rms", "act.gated", "rope.apply", "attn.paged", "kv.write")
@@ -38,6 +39,10 @@ OP_IDS = ("linear", "lm_head", "lm_head.argmax", "norm.rms", "act.gated", "rope.
 PACKS = matmul.PackCache(amx.pack)
 #: the int8 copies of LM heads that lm_head.argmax screens (kernels/cpu/head.py; None: a head the bound does not cover)
 HEADS = matmul.PackCache(head.quantize)
+#: int_block weights (a GGUF's integer blocks, cpu_avx512) in the in-register kernel's layout, and as the bf16
+#: weight they dequantise to, packed for the product: each kept under the weight's int8 data
+INT_PACKS = matmul.PackCache(int_block.pack)
+INT_DENSE = matmul.PackCache(lambda w: amx.pack(dequantize(w, torch.bfloat16)))
 
 
 def products(kernel: str):
@@ -47,6 +52,16 @@ def products(kernel: str):
     def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
         if bias is None and isinstance(w, torch.Tensor) and amx.supports(x, w):
             wp = PACKS.get(w)
+            if wp is not None:
+                return amx.linear(x, wp, w.shape[0], kernel=kernel)
+        elif bias is None and kernel == "avx512" and int_block.supports(x, w):
+            # a few rows read one byte a weight and unpack it in registers; more run its bf16 copy (both
+            # bit-identical to the product over the dequantised weight)
+            if x.numel() // x.shape[-1] <= int_block.FUSED_MAX_ROWS:
+                wp = INT_PACKS.get(w.data, source=w)
+                if wp is not None:
+                    return int_block.linear(x, wp)
+            wp = INT_DENSE.get(w.data, source=w)
             if wp is not None:
                 return amx.linear(x, wp, w.shape[0], kernel=kernel)
         return ref.linear(x, w, bias)
@@ -120,6 +135,9 @@ def provide(level, kernel: str = "amx") -> dict:
     what = {"amx": "AMX bf16 kernel (kernels/cpu/amx_linear.c)",
             "avx512": "AVX512-BF16 kernel (kernels/cpu/avx512_linear.c)"}[kernel]
     note = f"{what} for bf16 dense weights with K % 32 == 0 and no bias; other calls run the reference product"
+    if kernel == "avx512":
+        note += ("; int_block weights (GGUF integer blocks) unpacked in registers at 1-4 rows "
+                 "(kernels/cpu/int_block.py), their bf16 copy past that")
     row = "one AVX-512 pass per row (kernels/cpu/elementwise.c) for bf16; other dtypes run the reference op"
     greedy_note = ("an exact int8 screen of the head (kernels/cpu/head_argmax.c, AVX512-VNNI) and its candidates "
                    "recomputed by the product's own instruction and order, for bf16 with K % 64 == 0 and finite "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from inferhal.backends.cpu_amx import device as amx_device
 from inferhal.core.profile import DeviceProfile, Probe
 from inferhal.kernels.cpu import lib
@@ -18,4 +20,6 @@ def check_config(config) -> None:
 
 
 def profile() -> DeviceProfile:
-    return amx_device.profile("cpu_avx512", "AVX512-BF16", "avx512_bf16")
+    p = amx_device.profile("cpu_avx512", "AVX512-BF16", "avx512_bf16")
+    # its linear takes int_block weights (a GGUF's integer blocks, kept by the gemma3 loader for bf16 models)
+    return replace(p, features=p.features | {"int_block_linear"})

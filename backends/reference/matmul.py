@@ -70,8 +70,9 @@ class PackCache:
         if hit is not None:
             self.nbytes -= hit[2]
 
-    def get(self, w: torch.Tensor):
-        """The packed copy of ``w``, packed now if new; None when it cannot be kept."""
+    def get(self, w: torch.Tensor, source=None):
+        """The packed copy of ``w``, packed now if new; None when it cannot be kept. ``source``: what is packed
+        when that is not ``w`` itself (a quantised weight, kept under its data tensor ``w``)."""
         key = self._key(w)
         if key is None:
             return None
@@ -82,7 +83,7 @@ class PackCache:
         size = w.numel() * w.element_size()
         if self.nbytes + size > self.max_bytes:
             return None
-        wp = self.pack(w)
+        wp = self.pack(w if source is None else source)
         self._forget(key)
         self.entries[key] = (weakref.ref(base), wp, size)
         self.nbytes += size

@@ -34,6 +34,12 @@ def dequantize(w: QuantWeight | torch.Tensor, dtype: torch.dtype = torch.float32
         group = w.block[1]
         vals = unpack_e2m1(w.data)[..., :k]
         return (vals * w.scale.float().repeat_interleave(group, dim=-1)[..., :k]).to(dtype)
+    if w.format == "int_block":  # two fp32 roundings, as the GGUF block formats dequantise
+        bk = w.block[1]
+        v = w.data.float().view(n, k // bk, bk) * w.scale[..., None]
+        if w.offset is not None:
+            v = v - w.offset[..., None]
+        return v.view(n, k).to(dtype)
     raise ValueError(f"unknown quantisation format {w.format!r}")
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-FORMATS = ("fp8_block", "fp4_group")
+FORMATS = ("fp8_block", "fp4_group", "int_block")
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,10 @@ class QuantWeight:
       ``[..., ceil(N/block[0]), ceil(K/block[1])]``, w = data * scale per block (DeepSeek's 128x128).
     - ``fp4_group``: ``data`` uint8 ``[..., N, K/2]``, two e2m1 codes per byte (low nibble = even
       column); ``scale`` ``[..., N, K/group]`` (fp32 or float8_e8m0fnu), one per ``block[1]`` elements.
+    - ``int_block``: ``data`` int8 ``[N, K]``; ``scale`` fp32 ``[N, K/block[1]]`` and ``offset`` fp32 of the
+      same shape or None; w = fl(fl(data * scale) - offset) per block of ``block[1]`` (16 or 32) along K,
+      two fp32 roundings (w = fl(data * scale) without an offset). This is how GGUF's Q8_0, Q5_0, Q6_K and
+      Q4_K blocks dequantise (``gguf.quants``), so a GGUF loader can keep their integers exactly.
     """
 
     data: torch.Tensor
@@ -25,14 +29,57 @@ class QuantWeight:
     format: str
     shape: tuple[int, ...]
     block: tuple[int, int] = (128, 128)
+    offset: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise ValueError(f"unknown quantisation format {self.format!r}; known: {', '.join(FORMATS)}")
+        if self.offset is not None and self.format != "int_block":
+            raise ValueError(f"a {self.format} weight has no offset; only int_block weights take one")
 
     @property
     def dtype(self) -> torch.dtype:
         return self.data.dtype
 
     def nbytes(self) -> int:
-        return self.data.numel() * self.data.element_size() + self.scale.numel() * self.scale.element_size()
+        parts = (self.data, self.scale) + (() if self.offset is None else (self.offset,))
+        return sum(t.numel() * t.element_size() for t in parts)
+
+    def rows(self, start: int, stop: int) -> "QuantWeight":
+        """Output rows ``[start, stop)`` of a 2-D int_block weight, as views."""
+        if self.format != "int_block" or len(self.shape) != 2:
+            raise ValueError(f"rows: takes a 2-D int_block weight, got {self.format} {self.shape}")
+        cut = (lambda t: None if t is None else t[start:stop])
+        return QuantWeight(self.data[start:stop], self.scale[start:stop], self.format, (stop - start, self.shape[1]),
+                           self.block, cut(self.offset))
+
+
+def int_block(data: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None = None) -> QuantWeight:
+    """An int_block weight ``[N, K]`` from int8 ``data [N, K]`` and fp32 ``scale`` (and ``offset``) ``[N, K/bk]``,
+    checked (bk = K / scale's columns: 16 or 32)."""
+    if data.dtype != torch.int8 or data.dim() != 2:
+        raise ValueError(f"int_block: data must be int8 [N, K], got {data.dtype} {tuple(data.shape)}")
+    n, k = data.shape
+    for name, t in (("scale", scale), ("offset", offset)):
+        if t is not None and (t.dtype != torch.float32 or t.dim() != 2 or t.shape[0] != n or t.shape[1] == 0
+                              or k % t.shape[1] or k // t.shape[1] not in (16, 32)):
+            raise ValueError(f"int_block: {name} must be fp32 [{n}, K/16 or K/32] for data [{n}, {k}], got "
+                             f"{t.dtype} {tuple(t.shape)}")
+    if offset is not None and offset.shape != scale.shape:
+        raise ValueError(f"int_block: offset {tuple(offset.shape)} and scale {tuple(scale.shape)} differ")
+    return QuantWeight(data, scale, "int_block", (n, k), (1, k // scale.shape[1]), offset)
+
+
+def cat_rows(ws) -> torch.Tensor | QuantWeight:
+    """Weights ``[N_i, K]`` stacked along N: ``torch.cat`` for tensors; int_block weights of one block size
+    (a zero offset stands in where one has none and another has one: fl(v - 0) = v)."""
+    ws = list(ws)
+    if all(isinstance(w, torch.Tensor) for w in ws):
+        return torch.cat(ws)
+    if not all(isinstance(w, QuantWeight) and w.format == "int_block" for w in ws) or len({w.block for w in ws}) != 1:
+        raise ValueError(f"cat_rows: takes tensors, or int_block weights of one block size; got "
+                         f"{[type(w).__name__ if isinstance(w, torch.Tensor) else (w.format, w.block) for w in ws]}")
+    off = None
+    if any(w.offset is not None for w in ws):
+        off = torch.cat([torch.zeros_like(w.scale) if w.offset is None else w.offset for w in ws])
+    return int_block(torch.cat([w.data for w in ws]), torch.cat([w.scale for w in ws]), off)

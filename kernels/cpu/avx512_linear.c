@@ -88,3 +88,141 @@ void ih_avx512_linear(const uint16_t *x, int64_t m, int64_t k, int64_t ldx, cons
     }
   }
 }
+
+/* ---- int8 block weights, dequantised in registers ----
+ *
+ * A GGUF weight of Q8_0, Q5_0, Q6_K or Q4_K blocks is, per output column and block of bk (16 or 32) k
+ * values, small integers v with one fp32 scale a (and for Q4_K an fp32 offset o): the loader's fp32 weight
+ * is fl(fl(v a) - o) (o = 0: fl(v a)). The kernel keeps v as int8 (1 byte a weight instead of 2), forms
+ * those fp32 values with the same two roundings (no fused multiply-add: -ffp-contract=off), rounds them to
+ * bf16 to nearest even as torch casts, and runs the bf16 product above on them: the result is bit-identical
+ * to ih_avx512_linear over the bf16 weight. At a few rows the product is bound by reading weights, and the
+ * unpacking (7 vector operations a k pair of 16 columns) fits in the time the halved bytes save.
+ *
+ * Packed layout (ih_q8_pack): per 32-column block, per k pair one 64-byte line: 16 columns x 2 k (column
+ * 0's pair first) for columns 0-15, then for 16-31; scales (and offsets) [block][k / bk][32] fp32.
+ */
+#ifndef Q8_FUSED_MAX
+#define Q8_FUSED_MAX 4
+#endif
+#define Q8_PF_LINES 16 /* lines (k pairs) of the column block prefetched ahead */
+
+typedef struct {
+  __m512 s[2][2], o[2][2]; /* [half][lo: columns 0-7 of the half, hi: 8-15], each scale twice (the k pair) */
+} q8_scales;
+
+static inline __attribute__((always_inline)) void q8_load_scales(const float *sc, const float *of, q8_scales *q) {
+  const __m512i lo = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+  for (int h = 0; h < 2; h++) {
+    const __m512 s = _mm512_loadu_ps(sc + 16 * h);
+    q->s[h][0] = _mm512_permutexvar_ps(lo, s);
+    q->s[h][1] = _mm512_permutexvar_ps(hi, s);
+    if (of) {
+      const __m512 o = _mm512_loadu_ps(of + 16 * h);
+      q->o[h][0] = _mm512_permutexvar_ps(lo, o);
+      q->o[h][1] = _mm512_permutexvar_ps(hi, o);
+    }
+  }
+}
+
+/* one half's k pair of 16 columns (32 int8) as the bf16 operand of vdpbf16ps */
+static inline __attribute__((always_inline)) __m512bh q8_operand(const int8_t *v, const q8_scales *q, int h, int off) {
+  __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)v)));
+  __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(v + 16))));
+  lo = _mm512_mul_ps(lo, q->s[h][0]);
+  hi = _mm512_mul_ps(hi, q->s[h][1]);
+  if (off) {
+    lo = _mm512_sub_ps(lo, q->o[h][0]);
+    hi = _mm512_sub_ps(hi, q->o[h][1]);
+  }
+  return _mm512_cvtne2ps_pbh(hi, lo); /* lo in the low 16 lanes */
+}
+
+static inline __attribute__((always_inline)) void q8_rows_block(const uint16_t *x, int64_t ldx, const int8_t *b,
+                                                                const float *sc, const float *of, int64_t k,
+                                                                int64_t bk, int mr, float *out) {
+  __m512 acc[MR_MAX][2];
+  for (int i = 0; i < mr; i++) { acc[i][0] = _mm512_setzero_ps(); acc[i][1] = _mm512_setzero_ps(); }
+  q8_scales q;
+  for (int64_t j = 0; j < k / bk; j++) {
+    q8_load_scales(sc + j * 32, of ? of + j * 32 : 0, &q);
+    for (int64_t p = j * bk / 2; p < (j + 1) * bk / 2; p++) {
+      _mm_prefetch((const char *)(b + (p + Q8_PF_LINES) * 64), _MM_HINT_T0);
+      const __m512bh w0 = q8_operand(b + p * 64, &q, 0, of != 0), w1 = q8_operand(b + p * 64 + 32, &q, 1, of != 0);
+      const uint16_t *xp = x + 2 * p;
+      for (int i = 0; i < mr; i++) {
+        int32_t pair;
+        memcpy(&pair, xp + i * ldx, 4);
+        const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], a, w0);
+        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], a, w1);
+      }
+    }
+  }
+  for (int i = 0; i < mr; i++) {
+    _mm512_storeu_ps(out + i * 32, acc[i][0]);
+    _mm512_storeu_ps(out + i * 32 + 16, acc[i][1]);
+  }
+}
+
+#define Q8_ROWS(n) \
+  static void q8_rows_##n(const uint16_t *x, int64_t ldx, const int8_t *b, const float *sc, const float *of, int64_t k, \
+                          int64_t bk, float *out) { \
+    q8_rows_block(x, ldx, b, sc, of, k, bk, n, out); \
+  }
+Q8_ROWS(1) Q8_ROWS(2) Q8_ROWS(3) Q8_ROWS(4)
+typedef void (*q8_rows_fn)(const uint16_t *, int64_t, const int8_t *, const float *, const float *, int64_t, int64_t, float *);
+static const q8_rows_fn Q8_ROWS_FN[Q8_FUSED_MAX + 1] = {0, q8_rows_1, q8_rows_2, q8_rows_3, q8_rows_4};
+
+int64_t ih_q8_packed_bytes(int64_t n, int64_t k) { return ((n + 31) / 32) * 32 * k; }
+
+/* v [n, k] int8 (row stride ldv), sc and of [n, k / bk] fp32 (row stride k / bk; of may be NULL) -> wq
+ * (ih_q8_packed_bytes), scp and ofp [(n + 31) / 32][k / bk][32] (padding columns: v = 0, scale 0, offset 0) */
+void ih_q8_pack(const int8_t *v, int64_t ldv, const float *sc, const float *of, int64_t n, int64_t k, int64_t bk,
+                int8_t *wq, float *scp, float *ofp) {
+  const int64_t nbs = (n + 31) / 32, nj = k / bk;
+#pragma omp parallel for schedule(static)
+  for (int64_t nb = 0; nb < nbs; nb++)
+    for (int c = 0; c < 32; c++) {
+      const int64_t col = nb * 32 + c;
+      int8_t *dst = wq + nb * 32 * k + (c / 16) * 32 + (c % 16) * 2;
+      for (int64_t p = 0; p < k / 2; p++) {
+        dst[p * 64] = col < n ? v[col * ldv + 2 * p] : 0;
+        dst[p * 64 + 1] = col < n ? v[col * ldv + 2 * p + 1] : 0;
+      }
+      for (int64_t j = 0; j < nj; j++) {
+        scp[(nb * nj + j) * 32 + c] = col < n ? sc[col * nj + j] : 0.f;
+        if (of) ofp[(nb * nj + j) * 32 + c] = col < n ? of[col * nj + j] : 0.f;
+      }
+    }
+}
+
+/* x [m, k] bf16 (row stride ldx, k % 32 == 0) . w^T for w packed by ih_q8_pack (bk 16 or 32; ofp may be
+ * NULL) over n columns -> y [m, n] (row stride ldy) in output mode `mode`: bit-identical to ih_avx512_linear
+ * over the bf16 weight bf16(fl(fl(v a) - o)). Rows run in groups of up to Q8_FUSED_MAX, each unpacking the
+ * weights again: past a few rows the bf16 packed weight is faster (int_block.py picks). */
+void ih_q8_linear(const uint16_t *x, int64_t m, int64_t k, int64_t ldx, const int8_t *wq, const float *scp,
+                  const float *ofp, int64_t bk, int64_t n, void *y, int64_t ldy, int mode) {
+  const int64_t nbs = (n + 31) / 32, nj = k / bk, groups = (m + Q8_FUSED_MAX - 1) / Q8_FUSED_MAX;
+#pragma omp parallel
+  {
+    float sums[Q8_FUSED_MAX * 32] __attribute__((aligned(64)));
+#pragma omp for schedule(static)
+    for (int64_t nb = 0; nb < nbs; nb++) {
+      const int8_t *b = wq + nb * 32 * k;
+      const float *sc = scp + nb * nj * 32, *of = ofp ? ofp + nb * nj * 32 : 0;
+      const int nc0 = n - nb * 32 >= 16 ? 16 : (int)(n - nb * 32);
+      const int nc1 = n - nb * 32 - 16 >= 16 ? 16 : (int)(n - nb * 32 - 16 > 0 ? n - nb * 32 - 16 : 0);
+      for (int64_t g = 0; g < groups; g++) {
+        const int64_t r0 = m * g / groups, r1 = m * (g + 1) / groups;
+        const int mr = (int)(r1 - r0);
+        Q8_ROWS_FN[mr](x + r0 * ldx, ldx, b, sc, of, k, bk, sums);
+        for (int i = 0; i < mr; i++) {
+          store_row(_mm512_loadu_ps(sums + i * 32), y, mode, ldy, r0 + i, nb * 32, tail_mask(nc0));
+          if (nc1) store_row(_mm512_loadu_ps(sums + i * 32 + 16), y, mode, ldy, r0 + i, nb * 32 + 16, tail_mask(nc1));
+        }
+      }
+    }
+  }
+}

@@ -122,6 +122,12 @@ def _bind(path: Path) -> ctypes.CDLL:
     lib.ih_amx_linear.argtypes = [P, I, I, I, I, P, I, P, I, ctypes.c_int]
     lib.ih_avx512_linear.restype = None
     lib.ih_avx512_linear.argtypes = [P, I, I, I, P, I, P, I, ctypes.c_int]
+    lib.ih_q8_packed_bytes.restype = I
+    lib.ih_q8_packed_bytes.argtypes = [I, I]
+    lib.ih_q8_pack.restype = None
+    lib.ih_q8_pack.argtypes = [P, I, P, P, I, I, I, P, P, P]
+    lib.ih_q8_linear.restype = None
+    lib.ih_q8_linear.argtypes = [P, I, I, I, P, P, P, I, I, P, I, ctypes.c_int]
     lib.ih_rms_norm_bf16.restype = None
     lib.ih_rms_norm_bf16.argtypes = [P, I, P, I, P, I, I, ctypes.c_float, P, I, P, I]
     lib.ih_act_gated_bf16.restype = None

@@ -5,7 +5,9 @@ The file is ``model_cfg.path`` when set, else the one the PyPI package ``model_c
 its sha256; we remember a verified file by size and mtime so later runs skip the ~250 MB hash).
 Metadata becomes :class:`~.config.Gemma3Config`; every tensor is dequantised at load to
 ``model_cfg.dtype`` (bit-identical to ``gguf.quants``, see :mod:`.dequant`) and cached on disk, so later
-loads memory-map them (:mod:`.weight_cache`); the tokenizer is rebuilt from the vocabulary
+loads memory-map them (:mod:`.weight_cache`). A bf16 model on a backend whose linear takes integer blocks
+(profile feature ``int_block_linear``: cpu_avx512) keeps the layers' products as int_block weights instead,
+the same values (:func:`.dequant.int_blocks`); the tokenizer is rebuilt from the vocabulary
 (:mod:`.tokenizer`, also cached), in a thread while the weights decode. Problems with the file raise ``UserError`` naming them.
 """
 
@@ -23,11 +25,12 @@ import torch
 from inferhal.core.errors import UserError
 from inferhal.core.models.base import LoadedModel
 from inferhal.core.models.gemma3.config import Gemma3Config, from_gguf_metadata
-from inferhal.core.models.gemma3.dequant import dequantize
+from inferhal.core.models.gemma3.dequant import dequantize, int_blocks
 from inferhal.core.models.gemma3.gguf_file import GGUFError, GGUFFile
 from inferhal.core.models.gemma3.model import Gemma3ForCausalLM, LayerWeights, weight_names
 from inferhal.core.models.gemma3 import weight_cache
 from inferhal.core.models.gemma3.tokenizer import GemmaTokenizer, cache_dir
+from inferhal.core.ops.quant import QuantWeight
 
 if TYPE_CHECKING:
     from inferhal.core.config.schema import ModelConfig
@@ -37,6 +40,10 @@ log = logging.getLogger("inferhal.models.gemma3")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _NORMS = ("attn_norm", "attn_q_norm", "attn_k_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm", "output_norm")
+#: the layers' products: the weights ``int_blocks`` keeps as integer blocks
+_PRODUCTS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+#: the profile feature of a backend whose linear takes int_block weights
+INT_BLOCK_FEATURE = "int_block_linear"
 
 
 def package_file(package: str) -> Path:
@@ -101,9 +108,12 @@ def expected_shapes(cfg: Gemma3Config) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def read_tensors(f: GGUFFile, cfg: Gemma3Config, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def read_tensors(f: GGUFFile, cfg: Gemma3Config, dtype: torch.dtype,
+                 keep_ints: bool = False) -> dict[str, torch.Tensor | QuantWeight]:
     """Every weight the model needs, checked against the config, dequantised to ``dtype`` on the CPU.
-    Norm weights come back minus one (llama.cpp stores Gemma's ``1 + w``; ``unit_offset`` adds it back)."""
+    Norm weights come back minus one (llama.cpp stores Gemma's ``1 + w``; ``unit_offset`` adds it back).
+    ``keep_ints``: the layers' products whose GGUF blocks are integers come back as int_block weights
+    (:func:`~inferhal.core.models.gemma3.dequant.int_blocks`: the same values, checked bit for bit)."""
     out = {}
     for name, shape in expected_shapes(cfg).items():
         if name not in f.tensors:
@@ -112,6 +122,11 @@ def read_tensors(f: GGUFFile, cfg: Gemma3Config, dtype: torch.dtype) -> dict[str
         if tuple(info.shape) != tuple(shape):
             raise GGUFError(f"{f.path}: tensor {name!r} has shape {list(info.shape)}, the config implies {list(shape)}")
         w = dequantize(f, name)  # fp32, bit-identical to gguf.quants
+        if keep_ints and name.split(".")[-2] in _PRODUCTS:
+            q = int_blocks(f, name, w)
+            if q is not None:
+                out[name] = q
+                continue
         if name.split(".")[-2] in _NORMS:
             w = w - 1.0
         out[name] = w if w.dtype == dtype else w.to(dtype)
@@ -126,7 +141,7 @@ def build_model(tensors: dict[str, torch.Tensor], cfg: Gemma3Config, ops, device
             raise UserError(f"weights: tensor {name!r} is missing or misshapen (want {list(shape)})")
     fields = weight_names(cfg)
     dev = torch.device(device)
-    t = {k: (v if v.device == dev else v.to(dev)) for k, v in tensors.items()}
+    t = {k: (v if isinstance(v, QuantWeight) or v.device == dev else v.to(dev)) for k, v in tensors.items()}
     layers = [LayerWeights(**{fields[n]: t[f"blk.{i}.{n}.weight"] for n in fields}) for i in range(cfg.num_layers)]
     return Gemma3ForCausalLM(cfg, ops, t["token_embd.weight"], layers, t["output_norm.weight"], max_model_len)
 
@@ -145,9 +160,15 @@ def load(model_cfg: "ModelConfig", backend: "ActiveBackend") -> LoadedModel:
     max_len = min(int(model_cfg.max_model_len), cfg.max_position_embeddings)
     device = backend.profile.torch_device
     dtype = DTYPES[dtype_name]
+    # a bf16 model on a backend whose linear takes integer blocks keeps them: the same products, bit for bit,
+    # from half the bytes at decode sizes (cpu_avx512: kernels/cpu/int_block.py)
+    keep_ints = dtype == torch.bfloat16 and backend.profile.supports(INT_BLOCK_FEATURE)
     with ThreadPoolExecutor(1) as pool:  # the tokenizer builds (Rust, mostly GIL-free) while weights decode
         tok_future = pool.submit(GemmaTokenizer.from_gguf, f)
-        tensors, hit = weight_cache.cached(cache_dir(), path, dtype, lambda: read_tensors(f, cfg, dtype))
+        if keep_ints:  # decoded from the GGUF each time (~1 s): the disk cache holds dense weights only
+            tensors, hit = read_tensors(f, cfg, dtype, keep_ints=True), False
+        else:
+            tensors, hit = weight_cache.cached(cache_dir(), path, dtype, lambda: read_tensors(f, cfg, dtype))
         model = build_model(tensors, cfg, backend.ops, device, max_len)
         t_weights = time.perf_counter()
         tok = tok_future.result()
@@ -159,7 +180,8 @@ def load(model_cfg: "ModelConfig", backend: "ActiveBackend") -> LoadedModel:
         "path": str(path), "config": cfg, "tensor_types": types,
         "load_seconds": {"parse": t_parse - t0, "weights": t_weights - t_parse,
                          "tokenizer_wait": t_end - t_weights, "total": t_end - t0},
-        "weight_cache": "hit" if hit else ("stored" if weight_cache.enabled(dtype) else "off"),
+        "weight_cache": "hit" if hit else ("stored" if weight_cache.enabled(dtype) and not keep_ints else "off"),
+        "int_block_weights": sum(isinstance(v, QuantWeight) for v in tensors.values()),
         "chat_template": "gguf" if tok.chat_template else "gemma-turns (built in; the GGUF has none)",
     }
     log.info("loaded %s from %s in %.2f s", model_cfg.name, path, t_end - t0)

@@ -31,7 +31,7 @@ import torch
 from inferhal.core.models.base import ForwardBatch, KVCache
 from inferhal.core.models.gemma3.config import FULL, SLIDING, Gemma3Config
 from inferhal.core.ops.params import ActParams, AttnParams, KVWriteParams, RmsNormParams, RopeParams, SampleBatch
-from inferhal.core.ops.quant import QuantWeight
+from inferhal.core.ops.quant import QuantWeight, cat_rows
 from inferhal.core.paging.spec import KVGroupSpec
 
 GROUP_OF = {SLIDING: "sliding", FULL: "full"}
@@ -55,6 +55,14 @@ def rope_table(base: float, dim: int, max_pos: int, scaling: float = 1.0) -> tor
         inv_freq = inv_freq / scaling
     freqs = torch.arange(max_pos, dtype=torch.float)[:, None] * inv_freq[None, :]  # [P, D/2]
     return torch.cat((freqs.cos(), freqs.sin()), dim=-1)
+
+
+def _split_rows(w: torch.Tensor | QuantWeight, sizes: Sequence[int]) -> list:
+    """Views of consecutive output rows of a fused weight, ``sizes`` rows each."""
+    if isinstance(w, torch.Tensor):
+        return list(w.split(tuple(sizes)))
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [w.rows(s, s + n) for s, n in zip(starts, sizes)]
 
 
 @dataclass
@@ -90,9 +98,9 @@ class Gemma3ForCausalLM:
         hkv = cfg.num_kv_heads * cfg.head_dim
         self._qkv_rows = (cfg.num_heads * cfg.head_dim, hkv, hkv)  # q, k, v widths of the fused product
         for w in layers:
-            qkv, gate_up = torch.cat((w.q, w.k, w.v)), torch.cat((w.gate, w.up))
-            q, k, v = qkv.split(self._qkv_rows)
-            gate, up = gate_up.chunk(2)
+            qkv, gate_up = cat_rows((w.q, w.k, w.v)), cat_rows((w.gate, w.up))
+            q, k, v = _split_rows(qkv, self._qkv_rows)
+            gate, up = _split_rows(gate_up, (w.gate.shape[0], w.up.shape[0]))
             self._qkv.append(qkv)
             self._gate_up.append(gate_up)
             self.layers.append(replace(w, q=q, k=k, v=v, gate=gate, up=up))

@@ -56,3 +56,33 @@ def test_every_tensor_type_of_the_real_file_decodes_bit_identically(gemma_path):
         want = np_dequantize(f.raw(name), gguf.GGMLQuantizationType(info.ggml_type)).reshape(info.shape)
         assert np.array_equal(got.numpy().view(np.uint32), np.ascontiguousarray(want, np.float32).view(np.uint32)), name
     assert {"Q8_0", "Q5_0", "Q4_K", "Q6_K", "F32"} <= seen
+
+
+def test_integer_blocks_of_every_product_type_rebuild_the_dequantised_values(gemma_path):
+    from inferhal.backends.reference.quant import dequantize as rebuild
+
+    f = GGUFFile(gemma_path)
+    smallest = {}
+    for name, info in f.tensors.items():
+        if name.startswith("blk.") and len(info.shape) == 2:
+            if info.type_name not in smallest or info.nbytes < f.tensors[smallest[info.type_name]].nbytes:
+                smallest[info.type_name] = name
+    assert set(smallest) == {"Q8_0", "Q5_0", "Q4_K", "Q6_K"}
+    for type_name, name in smallest.items():
+        dense = dequant.dequantize(f, name)
+        w = dequant.int_blocks(f, name, dense)
+        assert w is not None and w.format == "int_block" and w.shape == tuple(dense.shape), name
+        assert w.block == (1, 16 if type_name == "Q6_K" else 32) and (w.offset is not None) == (type_name == "Q4_K")
+        assert torch.equal(rebuild(w).view(torch.int32), dense.view(torch.int32)), name
+        assert int(w.data.abs().max()) <= (32 if type_name == "Q6_K" else 16 if type_name != "Q8_0" else 127)
+
+
+def test_integer_blocks_that_do_not_rebuild_the_values_are_refused(gemma_path, caplog):
+    f = GGUFFile(gemma_path)
+    name = next(n for n, i in f.tensors.items() if i.type_name == "Q5_0")
+    dense = dequant.dequantize(f, name)
+    dense.view(-1)[5] = dense.view(-1)[5] * 1.5 + 1.0
+    assert dequant.int_blocks(f, name, dense) is None
+    assert "do not rebuild" in caplog.text and name in caplog.text
+    norm = next(n for n, i in f.tensors.items() if i.type_name == "F32")
+    assert dequant.int_blocks(f, norm, dequant.dequantize(f, norm)) is None  # no integer blocks
