@@ -136,7 +136,7 @@ def provide(level, kernel: str = "amx") -> dict:
             "avx512": "AVX512-BF16 kernel (kernels/cpu/avx512_linear.c)"}[kernel]
     note = f"{what} for bf16 dense weights with K % 32 == 0 and no bias; other calls run the reference product"
     if kernel == "avx512":
-        note += ("; int_block weights (GGUF integer blocks) unpacked in registers at 1-4 rows "
+        note += ("; int_block weights (GGUF integer blocks) unpacked in registers at 1-8 rows "
                  "(kernels/cpu/int_block.py), their bf16 copy past that")
     row = "one AVX-512 pass per row (kernels/cpu/elementwise.c) for bf16; other dtypes run the reference op"
     greedy_note = ("an exact int8 screen of the head (kernels/cpu/head_argmax.c, AVX512-VNNI) and its candidates "

@@ -102,10 +102,10 @@ void ih_avx512_linear(const uint16_t *x, int64_t m, int64_t k, int64_t ldx, cons
  * Packed layout (ih_q8_pack): per 32-column block, per k pair one 64-byte line: 16 columns x 2 k (column
  * 0's pair first) for columns 0-15, then for 16-31; scales (and offsets) [block][k / bk][32] fp32.
  */
-#ifndef Q8_FUSED_MAX
-#define Q8_FUSED_MAX 4
+#define Q8_FUSED_MAX 8 /* rows a pass: 2 x 8 accumulators, the operands and the scales fit the 32 registers */
+#ifndef Q8_PF_LINES
+#define Q8_PF_LINES 32 /* lines (k pairs) prefetched ahead: 1.08x over 16 at 1 row, measured */
 #endif
-#define Q8_PF_LINES 16 /* lines (k pairs) of the column block prefetched ahead */
 
 typedef struct {
   __m512 s[2][2], o[2][2]; /* [half][lo: columns 0-7 of the half, hi: 8-15], each scale twice (the k pair) */
@@ -171,9 +171,10 @@ static inline __attribute__((always_inline)) void q8_rows_block(const uint16_t *
                           int64_t bk, float *out) { \
     q8_rows_block(x, ldx, b, sc, of, k, bk, n, out); \
   }
-Q8_ROWS(1) Q8_ROWS(2) Q8_ROWS(3) Q8_ROWS(4)
+Q8_ROWS(1) Q8_ROWS(2) Q8_ROWS(3) Q8_ROWS(4) Q8_ROWS(5) Q8_ROWS(6) Q8_ROWS(7) Q8_ROWS(8)
 typedef void (*q8_rows_fn)(const uint16_t *, int64_t, const int8_t *, const float *, const float *, int64_t, int64_t, float *);
-static const q8_rows_fn Q8_ROWS_FN[Q8_FUSED_MAX + 1] = {0, q8_rows_1, q8_rows_2, q8_rows_3, q8_rows_4};
+static const q8_rows_fn Q8_ROWS_FN[Q8_FUSED_MAX + 1] = {0,        q8_rows_1, q8_rows_2, q8_rows_3, q8_rows_4,
+                                                        q8_rows_5, q8_rows_6, q8_rows_7, q8_rows_8};
 
 int64_t ih_q8_packed_bytes(int64_t n, int64_t k) { return ((n + 31) / 32) * 32 * k; }
 

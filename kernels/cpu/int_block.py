@@ -20,7 +20,7 @@ from inferhal.core.ops.quant import QuantWeight
 from inferhal.kernels.cpu.lib import library
 
 #: rows up to which the in-register kernel beats the bf16 copy (Q8_FUSED_MAX in avx512_linear.c)
-FUSED_MAX_ROWS = 4
+FUSED_MAX_ROWS = 8
 
 
 @dataclass(frozen=True)
