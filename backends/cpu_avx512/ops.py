@@ -1,6 +1,9 @@
 """Ops of the cpu_avx512 backend: cpu_amx's ops (:mod:`inferhal.backends.cpu_amx.ops`), with ``linear`` and
 ``lm_head`` run by the AVX512-BF16 product (``kernels/cpu/avx512_linear.c``) over the same packed weights,
 and ``lm_head.argmax`` by the exact int8 screen of the head (``kernels/cpu/head_argmax.c``, AVX512-VNNI).
+``linear`` also takes int_block weights (a GGUF's integer blocks, which the gemma3 loader keeps for a bf16
+model when the profile claims ``int_block_linear``): up to 8 rows unpacked in registers from one byte a
+weight (``kernels/cpu/int_block.py``), more through their bf16 copy; bit-identical either way.
 
 Measured on a 2-core AMD EPYC (Zen 4) VM (``inferhal bench cpu_linear``, docs/performance.md): against
 oneDNN's packed bf16 product at Gemma 3 270M's layer shapes, 1.53-2.16x at 1 row, 1.36-1.50x at 8,

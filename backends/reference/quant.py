@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from inferhal.core.ops.quant import QuantWeight
+from inferhal.core.ops.quant import QuantWeight, int_block
 
 # e2m1 code → value (sign in bit 3): 0, 0.5, 1, 1.5, 2, 3, 4, 6
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
@@ -71,3 +71,20 @@ def quantize_fp4_group(w: torch.Tensor, group: int = 32) -> QuantWeight:
     codes = codes.reshape(*lead, n, k // 2, 2).to(torch.uint8)
     packed = codes[..., 0] | (codes[..., 1] << 4)
     return QuantWeight(packed.contiguous(), scale, "fp4_group", tuple(w.shape), (1, group))
+
+
+def quantize_int_block(w: torch.Tensor, block: int = 32, offset: bool = False) -> QuantWeight:
+    """fp32/bf16 ``[N, K]`` (K % block == 0) → int_block: symmetric int8 (scale amax / 127 per block), or with
+    ``offset`` 4-bit codes 0..15 over each block's range (scale (max - min) / 15, offset -min, Q4_K's shape)."""
+    n, k = w.shape
+    if k % block or block not in (16, 32):
+        raise ValueError(f"int_block needs blocks of 16 or 32 dividing K, got block={block}, K={k}")
+    x = w.float().reshape(n, k // block, block)
+    if offset:
+        lo, hi = x.amin(dim=-1), x.amax(dim=-1)
+        scale = ((hi - lo) / 15.0).clamp(min=1e-12)
+        v = ((x - lo[..., None]) / scale[..., None]).round().clamp(0, 15)
+        return int_block(v.to(torch.int8).reshape(n, k), scale, -lo)
+    scale = (x.abs().amax(dim=-1) / 127.0).clamp(min=1e-12)
+    v = (x / scale[..., None]).round().clamp(-127, 127)
+    return int_block(v.to(torch.int8).reshape(n, k), scale)

@@ -1,4 +1,4 @@
-"""Cases of the dense ops: norm.rms, rope.apply, linear (plain, fp8_block, fp4_group), lm_head,
+"""Cases of the dense ops: norm.rms, rope.apply, linear (plain, fp8_block, fp4_group, int_block), lm_head,
 lm_head.argmax, act.gated, embed, topk.select."""
 
 from __future__ import annotations
@@ -100,8 +100,10 @@ def _weight_of(w: torch.Tensor, fmt: str, dtype: str):
     """fp32 ``w`` as a weight: plain in ``dtype``, or quantised to ``fmt``."""
     if fmt == "plain":
         return w.to(DTYPES[dtype])
-    from inferhal.backends.reference.quant import quantize_fp4_group, quantize_fp8_block
+    from inferhal.backends.reference.quant import quantize_fp4_group, quantize_fp8_block, quantize_int_block
 
+    if fmt.startswith("int_block"):  # "int_block" (symmetric int8, blocks of 32) or "int_block+offset" (16)
+        return quantize_int_block(w, 16, offset=True) if fmt.endswith("+offset") else quantize_int_block(w)
     return quantize_fp8_block(w) if fmt == "fp8_block" else quantize_fp4_group(w)
 
 
@@ -112,7 +114,8 @@ def _product_ulps(dtype: str, fmt: str, k: int, why: str):
 
 
 def _product_cost(rows: int, n: int, k: int, dtype: str, fmt: str) -> tuple[float, float]:
-    w_elem = {"plain": _elem(dtype), "fp8_block": 1.0, "fp4_group": 0.5}[fmt]
+    w_elem = {"plain": _elem(dtype), "fp8_block": 1.0, "fp4_group": 0.5, "int_block": 1.125,
+              "int_block+offset": 1.5}[fmt]
     return matmul_cost(rows, n, k, _elem(dtype), w_elem)
 
 
@@ -122,7 +125,9 @@ def linear() -> list[OpCase]:
     sweep = [(16, 128, 256, False, "plain", "quick"), (5, 96, 64, True, "plain", "quick"),
              (8, 256, 256, False, "fp8_block", "quick"), (8, 128, 256, False, "fp4_group", "quick"),
              (1, 512, 256, False, "plain", "full"), (64, 256, 512, True, "plain", "full"),
-             (33, 200, 384, False, "fp8_block", "full"), (17, 256, 512, False, "fp4_group", "full")]
+             (33, 200, 384, False, "fp8_block", "full"), (17, 256, 512, False, "fp4_group", "full"),
+             (3, 96, 128, False, "int_block", "quick"), (6, 80, 256, False, "int_block+offset", "quick"),
+             (12, 200, 640, False, "int_block", "full")]
     for t, n, k, bias, fmt, level in sweep:
         for dtype in _dtypes(level):
             def build(seed, t=t, n=n, k=k, bias=bias, fmt=fmt, dtype=dtype):
