@@ -165,10 +165,8 @@ def load(model_cfg: "ModelConfig", backend: "ActiveBackend") -> LoadedModel:
     keep_ints = dtype == torch.bfloat16 and backend.profile.supports(INT_BLOCK_FEATURE)
     with ThreadPoolExecutor(1) as pool:  # the tokenizer builds (Rust, mostly GIL-free) while weights decode
         tok_future = pool.submit(GemmaTokenizer.from_gguf, f)
-        if keep_ints:  # decoded from the GGUF each time (~1 s): the disk cache holds dense weights only
-            tensors, hit = read_tensors(f, cfg, dtype, keep_ints=True), False
-        else:
-            tensors, hit = weight_cache.cached(cache_dir(), path, dtype, lambda: read_tensors(f, cfg, dtype))
+        tensors, hit = weight_cache.cached(cache_dir(), path, dtype, lambda: read_tensors(f, cfg, dtype, keep_ints),
+                                           variant="int_blocks" if keep_ints else "")
         model = build_model(tensors, cfg, backend.ops, device, max_len)
         t_weights = time.perf_counter()
         tok = tok_future.result()
@@ -180,7 +178,7 @@ def load(model_cfg: "ModelConfig", backend: "ActiveBackend") -> LoadedModel:
         "path": str(path), "config": cfg, "tensor_types": types,
         "load_seconds": {"parse": t_parse - t0, "weights": t_weights - t_parse,
                          "tokenizer_wait": t_end - t_weights, "total": t_end - t0},
-        "weight_cache": "hit" if hit else ("stored" if weight_cache.enabled(dtype) and not keep_ints else "off"),
+        "weight_cache": "hit" if hit else ("stored" if weight_cache.enabled(dtype) else "off"),
         "int_block_weights": sum(isinstance(v, QuantWeight) for v in tensors.values()),
         "chat_template": "gguf" if tok.chat_template else "gemma-turns (built in; the GGUF has none)",
     }

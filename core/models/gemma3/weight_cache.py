@@ -4,8 +4,9 @@ Dequantising the 270M GGUF to fp32 takes a few seconds; the result (1.07 GB) is 
 ``<cache>/weights/<key>/weights.bin`` (tensors back to back, 64-byte aligned) with ``index.json``
 (name → offset, shape, dtype). ``key`` hashes the GGUF's resolved path, size and mtime, the target
 dtype and :data:`VERSION` (bump it when dequantisation changes), so an edited file or another dtype
-never hits a stale entry. Mapped tensors are read-only views of the page cache: loading is ~0.1 s
-and the pages are shared between processes. Disable with ``INFERHAL_WEIGHT_CACHE=0``.
+never hits a stale entry; int_block weights (a bf16 model's integer blocks, :mod:`.loader`) are stored as
+their int8 and fp32 parts under their own key. Mapped tensors are read-only views of the page cache: loading
+is ~0.1 s and the pages are shared between processes. Disable with ``INFERHAL_WEIGHT_CACHE=0``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
+from inferhal.core.ops.quant import QuantWeight, int_block
+
 log = logging.getLogger("inferhal.models.gemma3")
 
 VERSION = 2  # 2: output_norm stored minus one like every other Gemma norm
@@ -33,13 +36,35 @@ def enabled(dtype: torch.dtype) -> bool:
     return os.environ.get("INFERHAL_WEIGHT_CACHE", "1") != "0" and dtype in _NP
 
 
-def entry_dir(root: Path, gguf: Path, dtype: torch.dtype) -> Path:
+def entry_dir(root: Path, gguf: Path, dtype: torch.dtype, variant: str = "") -> Path:
     st = gguf.stat()
-    raw = f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}|v{VERSION}"
+    raw = f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}|v{VERSION}" + (f"|{variant}" if variant else "")
     return root / "weights" / hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
-def load(d: Path) -> dict[str, torch.Tensor] | None:
+def _flatten(tensors: Mapping[str, torch.Tensor | QuantWeight]) -> dict[str, torch.Tensor]:
+    """int_block weights as their parts (``name#data``, ``name#scale``, ``name#offset``), tensors as they are."""
+    out = {}
+    for name, t in tensors.items():
+        if isinstance(t, QuantWeight):
+            out[f"{name}#data"], out[f"{name}#scale"] = t.data, t.scale
+            if t.offset is not None:
+                out[f"{name}#offset"] = t.offset
+        else:
+            out[name] = t
+    return out
+
+
+def _unflatten(flat: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor | QuantWeight]:
+    out = {name: t for name, t in flat.items() if "#" not in name}
+    for key in flat:
+        name, _, part = key.partition("#")
+        if part == "data":
+            out[name] = int_block(flat[key], flat[f"{name}#scale"], flat.get(f"{name}#offset"))
+    return out
+
+
+def load(d: Path) -> dict[str, torch.Tensor | QuantWeight] | None:
     """The cached tensors of entry ``d``, memory-mapped, or None when the entry is absent or unreadable."""
     try:
         index = json.loads((d / "index.json").read_text())
@@ -55,14 +80,15 @@ def load(d: Path) -> dict[str, torch.Tensor] | None:
                 n = int(np.prod(shape, dtype=np.int64)) * npd.itemsize
                 t = torch.from_numpy(mm[off : off + n].view(npd).reshape(shape))
                 out[name] = t.view(torch.bfloat16) if bf16 else t
-        return out
+        return _unflatten(out)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.debug("weight cache %s unusable: %s", d, exc)
         return None
 
 
-def store(d: Path, tensors: Mapping[str, torch.Tensor]) -> None:
+def store(d: Path, tensors: Mapping[str, torch.Tensor | QuantWeight]) -> None:
     """Write entry ``d`` atomically (a temp dir renamed into place); failures only log."""
+    tensors = _flatten(tensors)
     tmp = d.with_name(d.name + f".tmp{os.getpid()}")
     try:
         tmp.mkdir(parents=True, exist_ok=True)
@@ -89,12 +115,13 @@ def store(d: Path, tensors: Mapping[str, torch.Tensor]) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def cached(root: Path, gguf: Path, dtype: torch.dtype,
-           build: Callable[[], dict[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], bool]:
-    """(tensors, hit): from the cache when possible, else ``build()`` then stored for next time."""
+def cached(root: Path, gguf: Path, dtype: torch.dtype, build: Callable[[], dict[str, torch.Tensor | QuantWeight]],
+           variant: str = "") -> tuple[dict[str, torch.Tensor | QuantWeight], bool]:
+    """(tensors, hit): from the cache when possible, else ``build()`` then stored for next time. ``variant``
+    names what else than the dtype shapes the entry (``int_blocks``: int_block weights, kept as their parts)."""
     if not enabled(dtype):
         return build(), False
-    d = entry_dir(root, gguf, dtype)
+    d = entry_dir(root, gguf, dtype, variant)
     hit = load(d)
     if hit is not None:
         return hit, True

@@ -49,3 +49,27 @@ def test_cache_can_be_turned_off(tmp_path, monkeypatch):
     gguf.write_bytes(b"x")
     _, hit = wc.cached(tmp_path / "c", gguf, torch.float32, lambda: _tensors(torch.float32))
     assert not hit and not (tmp_path / "c").exists()
+
+
+def test_int_block_weights_round_trip_under_their_own_key(tmp_path):
+    from inferhal.core.ops.quant import int_block
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x")
+    g = torch.Generator().manual_seed(1)
+    data = torch.randint(-16, 16, (4, 64), generator=g, dtype=torch.int8)
+    want = {"n.weight": torch.randn(4, generator=g).bfloat16(),
+            "p.weight": int_block(data, torch.rand(4, 2, generator=g)),
+            "o.weight": int_block(data, torch.rand(4, 4, generator=g), torch.rand(4, 4, generator=g))}
+    wc.cached(tmp_path / "c", gguf, torch.bfloat16, lambda: want, variant="int_blocks")
+    got, hit = wc.cached(tmp_path / "c", gguf, torch.bfloat16, lambda: {}, variant="int_blocks")
+    assert hit and set(got) == set(want) and torch.equal(got["n.weight"], want["n.weight"])
+    for name in ("p.weight", "o.weight"):
+        a, b = got[name], want[name]
+        assert a.format == "int_block" and a.block == b.block and torch.equal(a.data, b.data)
+        assert torch.equal(a.scale, b.scale) and (a.offset is None) == (b.offset is None)
+    assert torch.equal(got["o.weight"].offset, want["o.weight"].offset)
+    # the dense entry of the same file and dtype is another one
+    assert wc.entry_dir(tmp_path / "c", gguf, torch.bfloat16) != wc.entry_dir(tmp_path / "c", gguf, torch.bfloat16,
+                                                                                "int_blocks")
+    assert not wc.cached(tmp_path / "c", gguf, torch.bfloat16, lambda: {"x": torch.ones(1)})[1]
