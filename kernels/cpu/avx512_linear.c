@@ -22,6 +22,25 @@
 #define PF_DIST 4 /* k steps (2 KiB each) of the weight block prefetched ahead */
 #endif
 
+/* one k pair of mr rows of x (at xp, row stride ldx) against the operands of columns 0-15 (w0) and 16-31 (w1) */
+static inline __attribute__((always_inline)) void pair_dots(__m512 acc[][2], const uint16_t *xp, int64_t ldx, int mr,
+                                                            __m512bh w0, __m512bh w1) {
+  for (int i = 0; i < mr; i++) {
+    int32_t pair;
+    memcpy(&pair, xp + i * ldx, 4);
+    const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+    acc[i][0] = _mm512_dpbf16_ps(acc[i][0], a, w0);
+    acc[i][1] = _mm512_dpbf16_ps(acc[i][1], a, w1);
+  }
+}
+
+static inline __attribute__((always_inline)) void store_sums(__m512 acc[][2], int mr, float *out /* [mr][32] */) {
+  for (int i = 0; i < mr; i++) {
+    _mm512_storeu_ps(out + i * 32, acc[i][0]);
+    _mm512_storeu_ps(out + i * 32 + 16, acc[i][1]);
+  }
+}
+
 static inline __attribute__((always_inline)) void rows_block(const uint16_t *x, int64_t ldx, const uint16_t *b,
                                                              int64_t kbs, int mr, int fetch, float *out /* [mr][32] */) {
   __m512 acc[MR_MAX][2];
@@ -33,22 +52,11 @@ static inline __attribute__((always_inline)) void rows_block(const uint16_t *x, 
         _mm_prefetch((const char *)(b + PF_DIST * 1024) + kp * 128, _MM_HINT_T1);
         _mm_prefetch((const char *)(b + PF_DIST * 1024) + kp * 128 + 64, _MM_HINT_T1);
       }
-      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(b + kp * 32);
-      const __m512bh w1 = (__m512bh)_mm512_loadu_si512(b + 512 + kp * 32);
-      const uint16_t *xp = x + kb * 32 + kp * 2;
-      for (int i = 0; i < mr; i++) {
-        int32_t pair;
-        memcpy(&pair, xp + i * ldx, 4);
-        const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
-        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], a, w0);
-        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], a, w1);
-      }
+      pair_dots(acc, x + kb * 32 + kp * 2, ldx, mr, (__m512bh)_mm512_loadu_si512(b + kp * 32),
+                (__m512bh)_mm512_loadu_si512(b + 512 + kp * 32));
     }
   }
-  for (int i = 0; i < mr; i++) {
-    _mm512_storeu_ps(out + i * 32, acc[i][0]);
-    _mm512_storeu_ps(out + i * 32 + 16, acc[i][1]);
-  }
+  store_sums(acc, mr, out);
 }
 
 /* one instance per row count, so every loop over rows above is unrolled with its accumulators in registers */
@@ -149,21 +157,10 @@ static inline __attribute__((always_inline)) void q8_rows_block(const uint16_t *
     q8_load_scales(sc + j * 32, of ? of + j * 32 : 0, &q);
     for (int64_t p = j * bk / 2; p < (j + 1) * bk / 2; p++) {
       _mm_prefetch((const char *)(b + (p + Q8_PF_LINES) * 64), _MM_HINT_T0);
-      const __m512bh w0 = q8_operand(b + p * 64, &q, 0, of != 0), w1 = q8_operand(b + p * 64 + 32, &q, 1, of != 0);
-      const uint16_t *xp = x + 2 * p;
-      for (int i = 0; i < mr; i++) {
-        int32_t pair;
-        memcpy(&pair, xp + i * ldx, 4);
-        const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
-        acc[i][0] = _mm512_dpbf16_ps(acc[i][0], a, w0);
-        acc[i][1] = _mm512_dpbf16_ps(acc[i][1], a, w1);
-      }
+      pair_dots(acc, x + 2 * p, ldx, mr, q8_operand(b + p * 64, &q, 0, of != 0), q8_operand(b + p * 64 + 32, &q, 1, of != 0));
     }
   }
-  for (int i = 0; i < mr; i++) {
-    _mm512_storeu_ps(out + i * 32, acc[i][0]);
-    _mm512_storeu_ps(out + i * 32 + 16, acc[i][1]);
-  }
+  store_sums(acc, mr, out);
 }
 
 #define Q8_ROWS(n) \
