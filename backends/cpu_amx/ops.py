@@ -9,8 +9,8 @@ pack each weight once into the kernel's tile layout and keep it
 (:class:`~inferhal.backends.reference.matmul.PackCache`, dropped with its weight), and ``lm_head`` writes the
 bf16-rounded logits straight into the fp32 buffer. With the AVX-512 product (cpu_avx512) ``linear`` also
 runs int_block weights (:mod:`inferhal.kernels.cpu.int_block`). Every other call (fp32, other quantised
-weights, a bias, other K) runs the reference's ``linear``, as the op's note says. ``lm_head.argmax`` is the argmax of this
-``lm_head``; with the AVX-512 product (cpu_avx512) it is :mod:`inferhal.kernels.cpu.head`'s exact int8
+weights, a bias, other K) runs the reference's ``linear``, as the op's note says. ``lm_head.argmax`` is the
+argmax of this ``lm_head``; with the AVX-512 product (cpu_avx512) it is :mod:`inferhal.kernels.cpu.head`'s exact int8
 screen instead, which reads half the head's bytes and writes no logits. ``norm.rms``, ``act.gated`` and ``rope.apply`` run
 :mod:`inferhal.kernels.cpu.elementwise`, ``attn.paged`` and ``kv.write`` :mod:`inferhal.kernels.cpu.attention`,
 for bf16 (the reference's ops otherwise, and for the cases each op's note names): at decode sizes the

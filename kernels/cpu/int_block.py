@@ -67,7 +67,8 @@ def linear(x: torch.Tensor, p: Packed) -> torch.Tensor:
     """``x [..., K]`` bf16 against the packed weight -> ``[..., n]`` bf16 (fp32 sums rounded to nearest even),
     bit-identical to the bf16 product over the dequantised weight, for any number of rows."""
     if not (x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.dim() >= 1 and x.shape[-1] == p.k):
-        raise ValueError(f"int_block linear: needs bf16 CPU x [..., {p.k}], got {x.dtype} {tuple(x.shape)} on {x.device}")
+        raise ValueError(f"int_block linear: needs bf16 CPU x [..., {p.k}], got {x.dtype} {tuple(x.shape)} "
+                         f"on {x.device}")
     flat = x.dim() == 2
     x2 = x if flat else x.reshape(-1, p.k)
     if x2.stride(-1) != 1:
