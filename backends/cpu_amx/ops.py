@@ -48,7 +48,8 @@ INT_DENSE = matmul.PackCache(lambda w: amx.pack(dequantize(w, torch.bfloat16)))
 
 def products(kernel: str):
     """``linear`` and ``lm_head`` over :data:`PACKS`, run by ``kernel`` (``amx``, or ``avx512`` for the
-    cpu_avx512 backend): each falls back to the reference per call outside the kernel's cases."""
+    cpu_avx512 backend, whose ``linear`` also runs int_block weights over :data:`INT_PACKS` and
+    :data:`INT_DENSE`): each falls back to the reference per call outside the kernel's cases."""
 
     def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
         if bias is None and isinstance(w, torch.Tensor) and amx.supports(x, w):

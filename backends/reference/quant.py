@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from inferhal.core.ops.quant import QuantWeight, int_block
+from inferhal.core.ops.quant import QuantWeight, int_block, int_block_values
 
 # e2m1 code → value (sign in bit 3): 0, 0.5, 1, 1.5, 2, 3, 4, 6
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
@@ -35,11 +35,7 @@ def dequantize(w: QuantWeight | torch.Tensor, dtype: torch.dtype = torch.float32
         vals = unpack_e2m1(w.data)[..., :k]
         return (vals * w.scale.float().repeat_interleave(group, dim=-1)[..., :k]).to(dtype)
     if w.format == "int_block":  # two fp32 roundings, as the GGUF block formats dequantise
-        bk = w.block[1]
-        v = w.data.float().view(n, k // bk, bk) * w.scale[..., None]
-        if w.offset is not None:
-            v = v - w.offset[..., None]
-        return v.view(n, k).to(dtype)
+        return int_block_values(w).to(dtype)
     raise ValueError(f"unknown quantisation format {w.format!r}")
 
 

@@ -70,6 +70,16 @@ def int_block(data: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | No
     return QuantWeight(data, scale, "int_block", (n, k), (1, k // scale.shape[1]), offset)
 
 
+def int_block_values(w: QuantWeight) -> torch.Tensor:
+    """An int_block weight's fp32 values, fl(fl(data * scale) - offset) per block (the format's definition)."""
+    n, k = w.shape
+    bk = w.block[1]
+    v = w.data.float().view(n, k // bk, bk) * w.scale[..., None]
+    if w.offset is not None:
+        v = v - w.offset[..., None]
+    return v.view(n, k)
+
+
 def cat_rows(ws) -> torch.Tensor | QuantWeight:
     """Weights ``[N_i, K]`` stacked along N: ``torch.cat`` for tensors; int_block weights of one block size
     (a zero offset stands in where one has none and another has one: fl(v - 0) = v)."""

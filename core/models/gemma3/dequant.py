@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from inferhal.core.models.gemma3.gguf_file import GGUFError, GGUFFile
-from inferhal.core.ops.quant import QuantWeight, int_block
+from inferhal.core.ops.quant import QuantWeight, int_block, int_block_values
 
 log = logging.getLogger("inferhal.models.gemma3")
 
@@ -158,10 +158,7 @@ def int_blocks(file: GGUFFile, name: str, dense: torch.Tensor) -> QuantWeight | 
     scale = torch.from_numpy(np.ascontiguousarray(a)).reshape(n, k // bk)
     offset = None if o is None else torch.from_numpy(np.ascontiguousarray(o)).reshape(n, k // bk)
     w = int_block(data, scale, offset)
-    rebuilt = data.float().view(n, k // bk, bk) * scale[..., None]
-    if offset is not None:
-        rebuilt = rebuilt - offset[..., None]
-    if not torch.equal(rebuilt.view(n, k).view(torch.int32), dense.reshape(n, k).view(torch.int32)):
+    if not torch.equal(int_block_values(w).view(torch.int32), dense.reshape(n, k).view(torch.int32)):
         log.warning("%s: tensor %s's %s integer blocks do not rebuild its dequantised values; kept dense",
                     file.path, name, info.type_name)
         return None
