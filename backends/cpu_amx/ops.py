@@ -80,9 +80,11 @@ def products(kernel: str):
     def lm_head_argmax(x: torch.Tensor, w) -> torch.Tensor:
         if kernel == "avx512" and isinstance(w, torch.Tensor) and amx.supports(x, w) and head.supports(x, w) \
                 and head.available():
-            wp, qh = PACKS.get(w), HEADS.get(w)
-            if wp is not None and qh is not None:  # the int8 screen, then its candidates exactly (from w's rows;
-                # the packed copy must exist all the same, so that lm_head's own rows run the same product)
+            # the int8 screen, then its candidates exactly (from w's rows), when lm_head can run the same product
+            # for the rows the screen hands back: its packed copy is kept (or fits), and is made only for them
+            # (or for logits), so a greedy-only process never holds it
+            qh = HEADS.get(w) if PACKS.keeps(w) else None
+            if qh is not None:
                 tokens, overflow = head.argmax(x, w, qh)
                 if bool(overflow.any()):  # too many candidates, or not screened: those rows' full logits
                     rows = overflow.nonzero()[:, 0]

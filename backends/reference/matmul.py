@@ -90,6 +90,16 @@ class PackCache:
         weakref.finalize(base, self._forget, key)
         return wp
 
+    def keeps(self, w: torch.Tensor) -> bool:
+        """Whether :meth:`get` would give a packed copy of ``w`` (kept already, or room for it), without packing."""
+        key = self._key(w)
+        if key is None:
+            return False
+        hit = self.entries.get(key)
+        if hit is not None and hit[0]() is (w if w._base is None else w._base):
+            return True
+        return self.nbytes + w.numel() * w.element_size() <= self.max_bytes
+
     def clear(self) -> None:
         """Drop every packed copy (they are packed again on next use)."""
         self.entries.clear()

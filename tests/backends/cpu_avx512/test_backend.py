@@ -96,6 +96,28 @@ def test_greedy_head_is_the_argmax_of_its_own_logits_and_falls_back_per_call(reg
 
 
 @needs_avx512
+@pytest.mark.skipif(not head_kernel.available(), reason="this CPU lacks avx512_vnni (the greedy head's screen)")
+def test_greedy_head_packs_the_bf16_head_only_for_the_rows_it_hands_back(reg, monkeypatch):
+    be = reg.select(BackendConfig(name="cpu_avx512"))
+    greedy = be.ops["lm_head.argmax"]
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(6, 640, generator=g).bfloat16(), (torch.randn(3000, 640, generator=g) * 0.05).bfloat16()
+    amx_ops.PACKS.clear()
+    tokens = greedy(x, w)
+    assert not amx_ops.PACKS.entries  # the screen alone: no packed bf16 copy of the head
+    monkeypatch.setattr(head_kernel, "CAPACITY", 16)  # every row hands back: lm_head packs the head for them
+    assert torch.equal(greedy(x, w), tokens) and len(amx_ops.PACKS.entries) == 1
+    assert torch.equal(tokens, ref.argmax_rows(be.ops["lm_head"](x, w)))
+    # a head whose packed copy could not be kept is not screened (its handed-back rows would run another
+    # product): every row gets the argmax of lm_head, the reference's here
+    amx_ops.PACKS.clear()
+    monkeypatch.setattr(amx_ops.PACKS, "max_bytes", 100)
+    monkeypatch.setattr(head_kernel, "argmax", lambda *a: pytest.fail("screened a head lm_head cannot pack"))
+    assert torch.equal(greedy(x, w), ref.argmax_rows(ref.lm_head(x, w)))
+    amx_ops.PACKS.clear()
+
+
+@needs_avx512
 @pytest.mark.parametrize("bad,match", [({"options": {"threads": 4}}, "unknown option.*cpu_avx512"),
                                        ({"batch_invariant": True}, "batch_invariant=true: cpu_avx512")])
 def test_bad_backend_config_is_a_clear_error(reg, bad, match):

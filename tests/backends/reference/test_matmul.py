@@ -77,3 +77,15 @@ def test_products_run_unpacked_past_the_packing_budget(monkeypatch):
     x, w = torch.randn(3, 64, generator=g), torch.randn(32, 64, generator=g)
     assert M.packed(w) is w and not M.ONEDNN_PACKS.entries
     torch.testing.assert_close(product(x, w), F.linear(x, w), rtol=1e-6, atol=1e-5)
+
+
+def test_pack_cache_says_whether_it_would_keep_a_copy_without_packing():
+    packed = []
+    cache = M.PackCache(lambda w: packed.append(1) or w.clone(), max_bytes=64 * 4)
+    small, big = torch.ones(8, 8), torch.ones(9, 8)
+    assert cache.keeps(small) and not cache.keeps(big) and not packed  # asking packs nothing
+    cache.get(small)
+    assert cache.keeps(small) and packed == [1]  # kept: yes, with the budget now spent
+    assert not cache.keeps(torch.ones(2, 2))
+    with torch.inference_mode():
+        assert not cache.keeps(torch.ones(2, 2))  # no version counter: never kept
