@@ -70,15 +70,22 @@ class PackCache:
         if hit is not None:
             self.nbytes -= hit[2]
 
+    def _find(self, w: torch.Tensor):
+        """(key, base, entry): ``w``'s key (None: never kept), the tensor it views, and its entry if kept."""
+        key = self._key(w)
+        if key is None:
+            return None, None, None
+        base = w if w._base is None else w._base
+        hit = self.entries.get(key)
+        return key, base, (hit if hit is not None and hit[0]() is base else None)
+
     def get(self, w: torch.Tensor, source=None):
         """The packed copy of ``w``, packed now if new; None when it cannot be kept. ``source``: what is packed
         when that is not ``w`` itself (a quantised weight, kept under its data tensor ``w``)."""
-        key = self._key(w)
+        key, base, hit = self._find(w)
         if key is None:
             return None
-        base = w if w._base is None else w._base
-        hit = self.entries.get(key)
-        if hit is not None and hit[0]() is base:
+        if hit is not None:
             return hit[1]
         size = w.numel() * w.element_size()
         if self.nbytes + size > self.max_bytes:
@@ -92,13 +99,8 @@ class PackCache:
 
     def keeps(self, w: torch.Tensor) -> bool:
         """Whether :meth:`get` would give a packed copy of ``w`` (kept already, or room for it), without packing."""
-        key = self._key(w)
-        if key is None:
-            return False
-        hit = self.entries.get(key)
-        if hit is not None and hit[0]() is (w if w._base is None else w._base):
-            return True
-        return self.nbytes + w.numel() * w.element_size() <= self.max_bytes
+        key, _, hit = self._find(w)
+        return key is not None and (hit is not None or self.nbytes + w.numel() * w.element_size() <= self.max_bytes)
 
     def clear(self) -> None:
         """Drop every packed copy (they are packed again on next use)."""
