@@ -69,6 +69,17 @@ typedef void (*rows_fn)(const uint16_t *, int64_t, const uint16_t *, int64_t, in
 static const rows_fn ROWS_FN[MR_MAX + 1] = {0,      rows_1, rows_2, rows_3,  rows_4,  rows_5, rows_6,
                                             rows_7, rows_8, rows_9, rows_10, rows_11, rows_12};
 
+/* rows [r0, r0 + mr) of y, columns [c0, c0 + 32) clipped to n, from their fp32 sums [mr][32], in the output mode */
+static inline void store_block(const float *sums, int mr, void *y, int mode, int64_t ldy, int64_t r0, int64_t c0,
+                               int64_t n) {
+  const int64_t left = n - c0;
+  const __mmask16 m0 = tail_mask(left), m1 = tail_mask(left > 16 ? left - 16 : 0);
+  for (int i = 0; i < mr; i++) {
+    store_row(_mm512_loadu_ps(sums + i * 32), y, mode, ldy, r0 + i, c0, m0);
+    if (m1) store_row(_mm512_loadu_ps(sums + i * 32 + 16), y, mode, ldy, r0 + i, c0 + 16, m1);
+  }
+}
+
 /* x [m, k] bf16 (row stride ldx, k % 32 == 0), wp packed by ih_amx_pack for n columns, y [m, n] (row stride
  * ldy) in output mode `mode` (OUT_*, simd.h). Only the m rows are read: no padding is needed. */
 void ih_avx512_linear(const uint16_t *x, int64_t m, int64_t k, int64_t ldx, const uint16_t *wp, int64_t n, void *y,
@@ -81,17 +92,12 @@ void ih_avx512_linear(const uint16_t *x, int64_t m, int64_t k, int64_t ldx, cons
 #pragma omp for schedule(static)
     for (int64_t nb = 0; nb < nbs; nb++) {
       const uint16_t *b = wp + nb * kbs * 1024;
-      const int nc0 = n - nb * 32 >= 16 ? 16 : (int)(n - nb * 32);
-      const int nc1 = n - nb * 32 - 16 >= 16 ? 16 : (int)(n - nb * 32 - 16 > 0 ? n - nb * 32 - 16 : 0);
       for (int g = 0; g < groups; g++) {
         /* even groups: 32 rows run as 11 + 11 + 10, not 12 + 12 + 8 */
         const int64_t r0 = m * g / groups, r1 = m * (g + 1) / groups;
         const int mr = (int)(r1 - r0);
         ROWS_FN[mr](x + r0 * ldx, ldx, b, kbs, g == 0, sums);
-        for (int i = 0; i < mr; i++) {
-          store_row(_mm512_loadu_ps(sums + i * 32), y, mode, ldy, r0 + i, nb * 32, tail_mask(nc0));
-          if (nc1) store_row(_mm512_loadu_ps(sums + i * 32 + 16), y, mode, ldy, r0 + i, nb * 32 + 16, tail_mask(nc1));
-        }
+        store_block(sums, mr, y, mode, ldy, r0, nb * 32, n);
       }
     }
   }
@@ -150,7 +156,7 @@ static inline __attribute__((always_inline)) __m512bh q8_operand(const int8_t *v
 static inline __attribute__((always_inline)) void q8_rows_block(const uint16_t *x, int64_t ldx, const int8_t *b,
                                                                 const float *sc, const float *of, int64_t k,
                                                                 int64_t bk, int mr, float *out) {
-  __m512 acc[MR_MAX][2];
+  __m512 acc[Q8_FUSED_MAX][2];
   for (int i = 0; i < mr; i++) { acc[i][0] = _mm512_setzero_ps(); acc[i][1] = _mm512_setzero_ps(); }
   q8_scales q;
   for (int64_t j = 0; j < k / bk; j++) {
@@ -210,16 +216,11 @@ void ih_q8_linear(const uint16_t *x, int64_t m, int64_t k, int64_t ldx, const in
     for (int64_t nb = 0; nb < nbs; nb++) {
       const int8_t *b = wq + nb * 32 * k;
       const float *sc = scp + nb * nj * 32, *of = ofp ? ofp + nb * nj * 32 : 0;
-      const int nc0 = n - nb * 32 >= 16 ? 16 : (int)(n - nb * 32);
-      const int nc1 = n - nb * 32 - 16 >= 16 ? 16 : (int)(n - nb * 32 - 16 > 0 ? n - nb * 32 - 16 : 0);
       for (int64_t g = 0; g < groups; g++) {
         const int64_t r0 = m * g / groups, r1 = m * (g + 1) / groups;
         const int mr = (int)(r1 - r0);
         Q8_ROWS_FN[mr](x + r0 * ldx, ldx, b, sc, of, k, bk, sums);
-        for (int i = 0; i < mr; i++) {
-          store_row(_mm512_loadu_ps(sums + i * 32), y, mode, ldy, r0 + i, nb * 32, tail_mask(nc0));
-          if (nc1) store_row(_mm512_loadu_ps(sums + i * 32 + 16), y, mode, ldy, r0 + i, nb * 32 + 16, tail_mask(nc1));
-        }
+        store_block(sums, mr, y, mode, ldy, r0, nb * 32, n);
       }
     }
   }
