@@ -87,7 +87,8 @@ class PackCache:
             return None
         if hit is not None:
             return hit[1]
-        size = w.numel() * w.element_size()
+        # the weight's bytes: a quantised source counts its scales (and offsets) as well as its data
+        size = w.numel() * w.element_size() if source is None or isinstance(source, torch.Tensor) else source.nbytes()
         if self.nbytes + size > self.max_bytes:
             return None
         wp = self.pack(w if source is None else source)

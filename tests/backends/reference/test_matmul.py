@@ -79,6 +79,16 @@ def test_products_run_unpacked_past_the_packing_budget(monkeypatch):
     torch.testing.assert_close(product(x, w), F.linear(x, w), rtol=1e-6, atol=1e-5)
 
 
+def test_pack_cache_counts_a_quantised_sources_scales_in_its_budget():
+    from inferhal.backends.reference.quant import quantize_int_block
+
+    q = quantize_int_block(torch.randn(4, 64), 16, offset=True)  # int8 data 256 B, scale and offset 64 B each
+    cache = M.PackCache(lambda w: w.data.clone(), max_bytes=383)
+    assert cache.get(q.data, source=q) is None and not cache.entries  # 384 B: past the budget
+    cache.max_bytes = 384
+    assert cache.get(q.data, source=q) is not None and cache.nbytes == q.nbytes() == 384
+
+
 def test_pack_cache_says_whether_it_would_keep_a_copy_without_packing():
     packed = []
     cache = M.PackCache(lambda w: packed.append(1) or w.clone(), max_bytes=64 * 4)
