@@ -9,8 +9,8 @@ Modules: ``norm`` (norm.rms with fused residual), ``rope`` (rope.apply), ``moe_r
 ``moe_experts`` (moe.experts: grouped GEMM + SwiGLU, bf16 / fp8_block / fp4 via tl.dot_scaled),
 ``mhc`` (mhc.pre / mhc.post), ``kv_write`` (kv.write, fp8), ``attn_paged`` (attn.paged).
 Infrastructure: ``runtime`` (interpreter switch), ``common`` (the INTERP workarounds), ``tuning``
-(configs as data), ``registry`` (AOT specs), ``aot`` (compile for sm_100a / sm_103a / sm_90a),
-``device_check`` (native conformance + benchmarks on a lent GPU).
+(configs as data), ``registry`` (AOT specs), ``aot`` (compile for sm_100a / sm_103a / sm_90a). The check
+on a lent GPU is ``backends/cuda_sm100/device_check.py`` (it needs the reference backend beside the kernels).
 
 Interpreter mode: ``TRITON_INTERPRET=1`` must be set before a kernel module is imported; call
 ``runtime.use_interpreter(True)`` first (the cuda_sm100 plugin does, for ``backend.interpret=true``).

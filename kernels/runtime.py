@@ -21,7 +21,7 @@ ENV = "TRITON_INTERPRET"
 #: modules whose import defines @triton.jit functions (each kernel module imports this one first)
 _KERNEL_MODULE_PREFIX = "inferhal.kernels."
 _NON_KERNEL = {"inferhal.kernels.runtime", "inferhal.kernels.tuning", "inferhal.kernels.registry",
-               "inferhal.kernels.aot", "inferhal.kernels.device_check",
+               "inferhal.kernels.aot",
                "inferhal.kernels.cpu", "inferhal.kernels.cpu.amx"}  # C kernels: no Triton mode
 
 
