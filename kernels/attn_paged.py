@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from inferhal.core.ops.params import AttnBatch, AttnParams
-from inferhal.kernels.common import dot_operand, interp, query_span, round_to, softmax_out, tl_dtype
+from inferhal.kernels.common import dot_operand, interp, launch, query_span, round_to, softmax_out, tl_dtype
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
 
@@ -97,7 +97,7 @@ def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: Att
     bt = batch.block_table.contiguous()
     stride_ckv = 0 if p.shared_kv else kv_cache.stride(2)
     stride_ch = kv_cache.stride(-2)
-    attn_paged_kernel[(t, hk)](
+    launch(attn_paged_kernel, (t, hk),
         q, kv_cache, out, sinks.float().contiguous() if sinks is not None else q, bt, seq_of_token.contiguous(),
         batch.positions.contiguous(), batch.seq_lens.contiguous(), rep, d, kv_cache.shape[1], q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1), stride_ckv, stride_ch, bt.stride(0),

@@ -96,3 +96,36 @@ def tl_dtype(dtype) -> "tl.dtype":
 def interp() -> bool:
     """The value kernels get for ``INTERP``."""
     return _runtime.interpreting()
+
+
+#: (kernel, grid rank, constexprs and launch options but num_stages, argument dtypes) -> stages that fit
+_FITTED_STAGES: dict = {}
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """``kernel[grid](*args, **kwargs)``; when the device lacks the shared memory the tuned
+    ``num_stages`` needs (Triton's ``OutOfResources`` at load: a GPU with less shared memory than the
+    tuning target assumed, or a dtype whose tiles are wider than the tuned one), relaunch with one stage
+    fewer, down to 1, and remember the count that fits for this specialisation.
+
+    Software-pipelining depth never changes a kernel's arithmetic or its summation order, so the result
+    is the same bit for bit and batch invariance holds (seen on an H200: the FP8-block expert GEMMs asked
+    245,760 B of shared memory at 3 stages against 232,448 B per block).
+    """
+    from triton.runtime.errors import OutOfResources
+
+    want = int(kwargs.pop("num_stages", 1))
+    key = (getattr(kernel, "fn", kernel), len(grid), tuple(sorted((k, str(v)) for k, v in kwargs.items())),
+           tuple(str(getattr(a, "dtype", type(a).__name__)) for a in args))
+    stages = min(want, _FITTED_STAGES.get(key, want))
+    while True:
+        try:
+            out = kernel[grid](*args, num_stages=stages, **kwargs)
+        except OutOfResources as exc:
+            if stages <= 1 or "shared memory" not in str(exc):
+                raise
+            stages -= 1
+            continue
+        if stages != want:
+            _FITTED_STAGES[key] = stages
+        return out

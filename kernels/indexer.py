@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from inferhal.core.ops.params import AttnBatch, IndexerParams
-from inferhal.kernels.common import dot_operand, interp
+from inferhal.kernels.common import dot_operand, interp, launch
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
 
@@ -79,7 +79,7 @@ def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, w
     bn = cfg["BLOCK_N"]
     w = weights.contiguous()
     bt = batch.block_table.contiguous()
-    indexer_scores_kernel[(t, triton.cdiv(width, bn))](
+    launch(indexer_scores_kernel, (t, triton.cdiv(width, bn)),
         q, key_cache, w, out, bt, seq_of_token, batch.positions.contiguous(), batch.seq_lens.contiguous(),
         hi, di, key_cache.shape[1], batch.tokens_per_slot, width, q.stride(0), q.stride(1), key_cache.stride(0),
         key_cache.stride(1), w.stride(0), out.stride(0), bt.stride(0), float(p.scale), float(p.weight_scale),

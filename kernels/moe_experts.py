@@ -27,7 +27,7 @@ import triton.language as tl
 
 from inferhal.core.ops.params import ExpertsParams
 from inferhal.core.ops.quant import QuantWeight
-from inferhal.kernels.common import dot_operand, interp, round_to, tl_dtype
+from inferhal.kernels.common import dot_operand, interp, launch, round_to, tl_dtype
 from inferhal.kernels.tuning import config
 
 PLAIN, FP8_BLOCK, FP4_DEQUANT, FP4_SCALED = 0, 1, 2, 3
@@ -232,10 +232,10 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gat
         common = dict(DTYPE=tl_dtype(x.dtype), PREC="ieee" if x.dtype == torch.float32 else "tf32",
                       LHS_FMT="fp16" if x.dtype == torch.float16 else "bf16", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                       INTERP=interp(), **opts)
-        moe_gate_up_kernel[(n_tiles, triton.cdiv(inter, bn))](
+        launch(moe_gate_up_kernel, (n_tiles, triton.cdiv(inter, bn)),
             x, wgu.data, wgu.scale, pairs, tile_expert, h, d, inter, topk, x.stride(0), *wgu.strides(),
             wgu.block[0], wgu.block[1], float(p.swiglu_limit), W_FMT=wgu.fmt, **common)
-        moe_down_kernel[(n_tiles, triton.cdiv(d, bn))](
+        launch(moe_down_kernel, (n_tiles, triton.cdiv(d, bn)),
             h, wdn.data, wdn.scale, pairs, tile_expert, weights.float().contiguous(), y_pairs, d, inter,
             *wdn.strides(), wdn.block[0], wdn.block[1], W_FMT=wdn.fmt, **common)
     return y_pairs.view(t, topk, d).sum(dim=1).to(x.dtype)

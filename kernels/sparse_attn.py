@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from inferhal.core.ops.params import AttnBatch, AttnParams
-from inferhal.kernels.common import dot_operand, interp, query_span, round_to, softmax_out, tl_dtype
+from inferhal.kernels.common import dot_operand, interp, launch, query_span, round_to, softmax_out, tl_dtype
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
 
@@ -120,7 +120,7 @@ def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, 
     else:
         idx, cbt, clen, cc = bt, bt, batch.seq_lens, kv_cache  # unused placeholders
         c_args = (1, 0, 1)
-    sparse_attn_kernel[(t,)](
+    launch(sparse_attn_kernel, (t,),
         q, kv_cache, cc, idx, out, sinks.float().contiguous() if sinks is not None else q, bt, cbt, seq_of_token,
         batch.positions.contiguous(), batch.seq_lens.contiguous(), clen, h, d, kv_cache.shape[1], *c_args,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1),

@@ -399,6 +399,7 @@ def graph_rows(interpret: bool) -> list[dict]:
             return statistics.median(ts)
 
         row["eager_ms"] = med(lambda: orig(batch, kv)) * 1e3
+        row["first_host_sync"] = sync_culprit(lambda: orig(batch, kv))  # what a graph capture cannot contain
         try:
             runner = active.graph_runner()
             replay = runner.capture(lambda: orig(batch, kv))
@@ -409,7 +410,7 @@ def graph_rows(interpret: bool) -> list[dict]:
             row["graph_equals_eager"] = bool(torch.equal(out, eager_out))
             row["status"] = "pass" if row["graph_equals_eager"] else "fail"
         except Exception as exc:
-            row.update(status="capture-failed", message=f"{type(exc).__name__}: {exc}"[:800])
+            row.update(status="capture-failed", message=f"{type(exc).__name__}: {exc}"[:300])
     except Exception as exc:
         row.update(status="fail", message=f"{type(exc).__name__}: {exc}"[:800])
     log(f"{row['status']:>7} graphs: eager {row.get('eager_ms')} ms, graph {row.get('graph_ms')} ms {row.get('message', '')[:200]}")
@@ -509,9 +510,89 @@ def perf_rows(interpret: bool) -> list[dict]:
     bench(f"moe.experts fp8_block (bf16 activations) T{t} D{d} I{i} E{e} k{k}",
           lambda: moe_experts.moe_experts(xe, we, ids, *w8, ep, target=tgt),
           (wgu.numel() + wdn.numel()) + xe.numel() * 4, flops, "float8_e4m3fn")
+    del w8, xe, wgu, wdn
+    try:
+        decode_perf(torch, dev, tgt, bench, d, i, k, ep)
+        rows.extend(sparse_decode_perf(torch, dev, tgt, bench))
+    except Exception as exc:  # a set-up error here must not lose the rows above
+        rows.append({"section": "perf", "status": "fail", "name": "decode-sized benches",
+                     "message": f"{type(exc).__name__}: {exc}"[:600], "execution_level": label})
     rows.append({"section": "perf", "kind": "ceilings", "measured": ceil, "execution_level": label,
                  "peaks": {"bandwidth": prof.peak_bandwidth, "flops": dict(prof.peak_flops), "source": prof.sources.get("peaks")}})
     return rows
+
+
+def decode_perf(torch, dev, tgt, bench, d, i, k, ep) -> None:
+    from inferhal.backends.reference.quant import quantize_fp8_block
+    from inferhal.kernels import moe_experts
+
+    bf = torch.bfloat16
+    # decode-sized MoE: 64 tokens x top-6 over 64 V4-Flash-sized experts, bound by reading the weights
+    t, e = 64, 64
+    xe = torch.randn(t, d, device=dev, dtype=bf)
+    wgu = torch.randn(e, 2 * i, d, device=dev, dtype=bf) * 0.02
+    wdn = torch.randn(e, d, i, device=dev, dtype=bf) * 0.02
+    ids = torch.stack([torch.randperm(e, device=dev)[:k] for _ in range(t)])
+    we = torch.rand(t, k, device=dev)
+    touched = int(torch.unique(ids).numel())
+    flops = 2 * t * k * (2 * i * d + d * i)
+    bench(f"moe.experts decode bf16 T{t} D{d} I{i} E{e} k{k} ({touched} experts read)",
+          lambda: moe_experts.moe_experts(xe, we, ids, wgu, wdn, ep, target=tgt),
+          touched * (2 * i * d + d * i) * 2 + xe.numel() * 4, flops, "bfloat16")
+    w8 = (quantize_fp8_block(wgu.float()), quantize_fp8_block(wdn.float()))
+    del wgu, wdn
+    bench(f"moe.experts decode fp8_block T{t} D{d} I{i} E{e} k{k} ({touched} experts read)",
+          lambda: moe_experts.moe_experts(xe, we, ids, *w8, ep, target=tgt),
+          touched * (2 * i * d + d * i) * (1 + 4 / 128**2) + xe.numel() * 4, flops, "float8_e4m3fn")
+    del w8
+
+
+def sparse_decode_perf(torch, dev, tgt, bench, b=64, ctx=65536, pool=4096) -> list:
+    """V4's CSA decode: 64 heads on the 512-dim latent, a 128-token window plus the top-512 of the
+    compressed entries (4:1) at 64K context, sinks; bytes = the keys each token must read."""
+    from inferhal.core.ops import params as P
+    from inferhal.kernels import sparse_attn
+
+    bf = torch.bfloat16
+    bs, win, topk, ratio = 64, 128, 512, 4
+    ncomp = ctx // ratio  # block tables point into pools smaller than B x context: only the read entries matter
+    kv = torch.randn(pool, bs, 512, device=dev, dtype=bf)
+    comp = torch.randn(pool, bs, 512, device=dev, dtype=bf)
+    lens = torch.full((b,), ctx, dtype=torch.int32, device=dev)
+    batch = P.AttnBatch(torch.arange(b + 1, dtype=torch.int32, device=dev), lens, torch.full((b,), ctx - 1, device=dev),
+                        torch.randint(0, pool, (b, ctx // bs), device=dev, dtype=torch.int32),
+                        torch.zeros(b, dtype=torch.long, device=dev))
+    cbatch = P.AttnBatch(batch.query_start_loc, torch.full((b,), ncomp, dtype=torch.int32, device=dev), batch.positions,
+                         torch.randint(0, pool, (b, ncomp // bs), device=dev, dtype=torch.int32), batch.slot_mapping,
+                         tokens_per_slot=ratio)
+    idx = torch.stack([torch.randperm(ncomp, device=dev)[:topk] for _ in range(b)])
+    q = torch.randn(b, 64, 512, device=dev, dtype=bf)
+    sinks = torch.randn(64, device=dev)
+    ap = P.AttnParams(scale=512**-0.5, num_kv_heads=1, window=win, shared_kv=True)
+    keys = win + topk
+    bench(f"attn.sparse_topk CSA decode B{b} ctx{ctx} window{win} top{topk} H64 D512 bf16",
+          lambda: sparse_attn.attn_sparse_topk(q, kv, batch, comp, cbatch, idx, ap, sinks, target=tgt),
+          b * keys * 512 * 2 + 2 * q.numel() * 2 + idx.numel() * 8, 4 * b * 64 * keys * 512, "bfloat16")
+    return []
+
+
+def sync_culprit(fn) -> str:
+    """Run ``fn`` with CUDA sync debugging set to error: the first host synchronisation (what breaks graph
+    capture) raises; → the inferhal frames of that traceback, innermost last."""
+    import traceback
+
+    import torch
+
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+        return "no synchronising call"
+    except Exception as exc:
+        frames = [f"{'/'.join(f.filename.split('/')[-2:])}:{f.lineno} {f.name}: {(f.line or '').strip()[:120]}"
+                  for f in traceback.extract_tb(exc.__traceback__) if "inferhal" in f.filename]
+        return f"{type(exc).__name__}: {str(exc)[:200]} | " + " <- ".join(reversed(frames[-4:]))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -566,7 +647,8 @@ def print_table(report: dict) -> None:
     for row in report.get("e2e", []) + report.get("gemma", []):
         lines.append(f"  e2e     {row['model']} {row.get('dtype')}: {row['status']} {row.get('matched', row.get('message', ''))[:80]}")
     for row in report.get("graphs", []):
-        lines.append(f"  graphs  eager {row.get('eager_ms', '-')} ms, graph {row.get('graph_ms', '-')} ms: {row['status']}")
+        lines.append(f"  graphs  eager {row.get('eager_ms', '-')} ms, graph {row.get('graph_ms', '-')} ms: {row['status']}"
+                     f"; first host sync: {row.get('first_host_sync', '-')}")
     for row in report.get("perf", []):
         if "ms" in row:
             frac = row.get("bandwidth_fraction") or row.get("flops_fraction")
