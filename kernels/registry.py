@@ -54,7 +54,8 @@ def _blocks(cfg):
 def _moe(fmt: int, wtype: str, stype: str, down: bool):
     def cx(cfg):
         tl = _tl()
-        return {"W_FMT": fmt, "DTYPE": tl.bfloat16, "PREC": "tf32", "LHS_FMT": "bf16", "INTERP": False, **_blocks(cfg)}
+        return {"W_FMT": fmt, "DTYPE": tl.bfloat16, "PREC": "tf32", "LHS_FMT": "bf16", "INTERP": False,
+                "SCALE_ROW": fmt == 1, **_blocks(cfg)}
 
     ptrs = {"w_ptr": wtype, "ws_ptr": stype, "pair_ptr": "*i32", "tile_e_ptr": "*i32"}
     if down:
