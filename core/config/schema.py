@@ -111,6 +111,9 @@ class QualifyConfig:
     golden: bool = True  # end-to-end golden token ids on the tiny models
     perf_repeats: int = 10  # timed calls per case (device runs with declared peaks only)
     progress: bool = True  # a progress bar on stderr
+    # a device check JSON recorded on hardware this host lacks (docs/hardware/*.json): its rows join the
+    # report at their recorded execution level, apart from what ran here (the verdict is this run's)
+    recorded: Optional[str] = None
 
 
 @dataclass
