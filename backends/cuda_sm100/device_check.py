@@ -651,9 +651,9 @@ def print_table(report: dict) -> None:
                      f"; first host sync: {row.get('first_host_sync', '-')}")
     for row in report.get("perf", []):
         if "ms" in row:
-            frac = row.get("bandwidth_fraction") or row.get("flops_fraction")
-            lines.append(f"  perf    {row['name'][:58]:<58} {row['ms']:.3f} ms {row['GBps']:.0f} GB/s {row['TFLOPps']:.1f} TF/s"
-                         f" peak-frac {frac if frac is None else round(frac, 3)}")
+            bw, fl = row.get("bandwidth_fraction"), row.get("flops_fraction")
+            lines.append(f"  perf    {row['name'][:58]:<58} {row['ms']:.3f} ms {row['GBps']:.0f} GB/s"
+                         f" ({'-' if bw is None else f'{bw:.1%}'}) {row['TFLOPps']:.1f} TF/s ({'-' if fl is None else f'{fl:.1%}'})")
     print("\n".join(lines), flush=True)
 
 

@@ -60,6 +60,7 @@ def _swept_keys() -> set[str]:
 def run(cfg, words, registry=None) -> int:
     """``registry``: a prebuilt :class:`~inferhal.core.registry.BackendRegistry` (tests register extra
     backends in-process); default: every installed backend."""
+    from inferhal.core.qualify import recorded
     from inferhal.core.qualify import report as report_mod
     from inferhal.core.qualify import runner
     from inferhal.core.registry import BackendRegistry, BackendSelectionError
@@ -71,14 +72,21 @@ def run(cfg, words, registry=None) -> int:
         raise UserError(f"qualify.level must be quick or full, got {q.level!r}")
     bcfg = BackendConfig(**OmegaConf.to_container(cfg.backend, resolve=True))
     out_dir = report_dir(cfg)
+    recorded_data = recorded.load(str(q.recorded), bcfg.name) if q.recorded else None  # a bad file fails first
     reg = registry if registry is not None else BackendRegistry.discover()
     try:
         # select first: a kernel backend prepares its process (e.g. an interpreter switch) before its ops load
         active = reg.select(bcfg)
         reference = active if active.name == "reference" else reg.select(BackendConfig(name="reference"))
     except BackendSelectionError as exc:
-        paths = report_mod.write(unavailable_report(reg, bcfg, str(exc), q.level), out_dir)
-        raise UserError(f"{exc}\nnothing was qualified; report: {paths['html']}") from None
+        rep = unavailable_report(reg, bcfg, str(exc), q.level)
+        if recorded_data is None:
+            paths = report_mod.write(rep, out_dir)
+            raise UserError(f"{exc}\nnothing was qualified; report: {paths['html']}") from None
+        recorded.merge(rep, recorded_data, str(q.recorded))  # nothing runs here: the report is the recording
+        paths = report_mod.write(rep, out_dir)
+        print_summary(rep, paths)
+        return int(rep["summary"]["exit_status"])
     opts = runner.QualifyOptions(
         level=q.level, reruns=int(q.reruns), seed=int(q.seed), ops=tuple(q.ops), output_dir=str(out_dir),
         baseline=q.baseline, regression_threshold=float(q.regression_threshold), resume=bool(q.resume),
@@ -89,6 +97,8 @@ def run(cfg, words, registry=None) -> int:
 
         extra = lambda: {"golden": golden.run(cfg, active)}  # noqa: E731
     rep = runner.run(active, reference, opts, extra_sections=extra)
+    if recorded_data is not None:
+        recorded.merge(rep, recorded_data, str(q.recorded))
     paths = report_mod.write(rep, out_dir)
     print_summary(rep, paths)
     return int(rep["summary"]["exit_status"])
@@ -136,6 +146,10 @@ def print_summary(rep: dict, paths: dict) -> None:
     for g in rep.get("golden", []):
         con.print(f"golden {escape(g['name'])}: {escape(g['status'])} {escape(g.get('message', ''))}")
     s = rep["summary"]
+    from inferhal.core.qualify.recorded import summary_lines
+
+    for line in summary_lines(rep):
+        con.print(escape(line), soft_wrap=True)
     for note in s["notes"]:
         con.print(f"note: {escape(note)}")
     con.print(f"verdict: [bold]{s['verdict']}[/] (exit status {s['exit_status']}); levels run: "

@@ -68,6 +68,7 @@ def render_html(report: dict) -> str:
         parts.append("</ul>")
     parts.append(_ops_table(report))
     parts.append(_golden_table(report))
+    parts.append(_recorded_html(report))
     parts.append("<h2>Error distributions</h2><p>|result − reference| / rms(reference), every element of every "
                  "case of the op, by decade.</p><div class='charts'>")
     for op in report["ops"]:
@@ -104,6 +105,47 @@ def _ops_table(report: dict) -> str:
                     f"<td>{'yes' if o['claimed'] else 'no'}</td><td>{_badge(o['status'].split()[0])} "
                     f"{_e(' '.join(o['status'].split()[1:]))}</td><td>{o['cases']}</td><td>{o['failed']}</td></tr>")
     return "".join(rows) + "</table>"
+
+
+def _recorded_html(report: dict) -> str:
+    """The recorded device results (``qualify.recorded``): per op, end to end, graphs, performance, cases."""
+    rec = report.get("recorded")
+    if not rec:
+        return ""
+    out = [f"<h2>Recorded device results</h2><p>From <span class='m'>{_e(rec['path'])}</span>, execution level "
+           f"<b>{_e(rec['execution_level'])}</b>. {_e(rec.get('note', ''))} Recorded elsewhere: they do not change "
+           "this run's verdict.</p><table><tr><th>run</th><th>commit</th><th>created</th><th>what</th></tr>"]
+    for r in rec.get("runs", []):
+        out.append(f"<tr><td>{_e(r.get('id', ''))}</td><td class='m'>{_e(r.get('commit', ''))}</td>"
+                   f"<td>{_e(r.get('created', ''))}</td><td>{_e(r.get('what', ''))}</td></tr>")
+    out.append("</table><table><tr><th>op</th><th>level</th><th>status</th><th>cases passed</th></tr>")
+    for op, o in sorted(rec["ops"].items()):
+        out.append(f"<tr><td>{_e(op)}</td><td>{_e(o['level'])}</td><td>{_badge(o['status'])}</td>"
+                   f"<td>{o['cases'] - o['failed']}/{o['cases']}</td></tr>")
+    out.append("</table><table><tr><th>end to end</th><th>dtype</th><th>status</th><th>tokens matched</th>"
+               "<th>deterministic</th><th>max |Δ logprob|</th></tr>")
+    for r in rec.get("e2e", []) + rec.get("gemma", []):
+        out.append(f"<tr><td>{_e(r.get('model'))}</td><td>{_e(r.get('dtype', ''))}</td><td>{_badge(r.get('status', '?'))}"
+                   f"</td><td>{_e(r.get('matched', r.get('message', '')))}</td><td>{_e(r.get('deterministic', ''))}</td>"
+                   f"<td>{_fmt(r.get('max_logprob_diff'))}</td></tr>")
+    for r in rec.get("graphs", []):
+        out.append(f"<tr><td>CUDA graph of a decode step ({_e(r.get('model'))})</td><td></td><td>{_badge(r.get('status', '?'))}"
+                   f"</td><td colspan='3' class='m'>eager {_fmt(r.get('eager_ms'))} ms; "
+                   f"{_e(r.get('first_host_sync', r.get('message', '')))}</td></tr>")
+    out.append("</table><table><tr><th>measured</th><th>ms</th><th>GB/s</th><th>TFLOP/s</th><th>of peak bandwidth</th>"
+               "<th>of peak FLOP/s</th></tr>")
+    for r in rec.get("perf", []):
+        if "ms" in r:
+            out.append(f"<tr><td>{_e(r['name'])}</td><td>{_fmt(r['ms'])}</td><td>{_fmt(r['GBps'], '.0f')}</td>"
+                       f"<td>{_fmt(r['TFLOPps'], '.1f')}</td><td>{_fmt(r.get('bandwidth_fraction'), '.1%')}</td>"
+                       f"<td>{_fmt(r.get('flops_fraction'), '.1%')}</td></tr>")
+    out.append("</table><details><summary>recorded cases</summary><table><tr><th>case</th><th>level</th><th>status</th>"
+               "<th>max abs</th><th>deterministic</th><th>batch invariant</th><th>run</th></tr>")
+    for r in rec["rows"]:
+        out.append(f"<tr><td class='m'>{_e(r['key'])}</td><td>{_e(r['level'])}</td><td>{_badge(r['status'])}</td>"
+                   f"<td>{_fmt(r['max_abs'])}</td><td>{_e(r['deterministic'])}</td><td>{_e(r['batch_invariant'])}</td>"
+                   f"<td>{_e(r.get('run', ''))}</td></tr>")
+    return "".join(out) + "</table></details>"
 
 
 def _golden_table(report: dict) -> str:
