@@ -86,6 +86,18 @@ class _Event:
         return None
 
 
+def zeroed(shape: tuple[int, int], device: str) -> torch.Tensor:
+    """A zero-filled uint8 buffer. On the CPU its pages come from the OS as they are first written
+    (numpy's calloc: a large allocation is a fresh mapping of zero pages), so a pool sized for the
+    budget holds only the blocks in use: ``torch.zeros`` would write, and so commit, every byte
+    (1 GiB of the default job's ~4 GB peak before)."""
+    if torch.device(device).type == "cpu":
+        import numpy as np
+
+        return torch.from_numpy(np.zeros(shape, dtype=np.uint8))
+    return torch.zeros(shape, dtype=torch.uint8, device=device)
+
+
 class TorchKVStorage:
     """The shared block pool, laid out as vLLM does for hybrid models.
 
@@ -100,8 +112,7 @@ class TorchKVStorage:
         groups = request.groups
         self.page_bytes = planning.page_bytes(groups)  # the planner's formula: one source of truth
         n_slots = planning.layer_slots(groups)
-        self._buffers = [torch.zeros((request.num_blocks, self.page_bytes), dtype=torch.uint8, device=device)
-                         for _ in range(n_slots)]
+        self._buffers = [zeroed((request.num_blocks, self.page_bytes), device) for _ in range(n_slots)]
         self._caches: dict[tuple[str, int], torch.Tensor] = {}
         for g in groups:
             nbytes = g.slots_per_block * g.slot_bytes
