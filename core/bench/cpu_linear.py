@@ -93,13 +93,13 @@ def measure(runners: dict[str, Callable], shapes: Sequence[tuple[str, int, int]]
 
 
 def run(cfg) -> int:
-    from rich.console import Console
+    from inferhal.core.cli.console import console as make_console
     from rich.table import Table
 
     from inferhal.core.bench import host
     from inferhal.kernels.cpu import lib
 
-    console = Console(width=max(Console().width, 110))
+    console = make_console(min_width=110)
     b = cfg.bench
     rows_levels = [int(c) for c in b.concurrency]
     runners, missing = kernels()

@@ -170,12 +170,12 @@ def inferhal_variants(dtype: str) -> list[tuple[str, str]]:
 
 def run(cfg) -> int:
     import torch
-    from rich.console import Console
+    from inferhal.core.cli.console import console as make_console
     from rich.table import Table
 
     from inferhal.core.engine.llm import LLM
 
-    console = Console(width=max(Console().width, 120))
+    console = make_console(min_width=120)
     b = cfg.bench
     levels = [int(c) for c in b.concurrency]
     max_tokens = int(b.max_tokens)

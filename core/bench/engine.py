@@ -110,7 +110,7 @@ def throughput(loaded, backend, concurrency: int, num_prompts: int, max_tokens: 
 
 
 def run(cfg) -> int:
-    from rich.console import Console
+    from inferhal.core.cli.console import console as make_console
     from rich.table import Table
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 4)))
@@ -119,11 +119,25 @@ def run(cfg) -> int:
     from inferhal.core.paging.planning import compatible_block_size
 
     bs = compatible_block_size(loaded.model.kv_groups(), bs)
-    con = Console()
+    con = make_console()
     con.print(f"[bold]bench engine[/bold]: model {name}, backend {backend.name}, block_size {bs}, "
               f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} (shared machines: "
               f"compare ratios within one run)")
-    book = [bookkeeping(loaded, backend, n, bs) for n in RUNNING]
+    from inferhal.core.cli.console import Progress
+
+    with Progress("bench engine", len(RUNNING) + len(cfg.bench.concurrency), every=0.0) as prog:
+        book = []
+        for n in RUNNING:
+            prog.advance(f"step time at {n} running requests", n=0)
+            book.append(bookkeeping(loaded, backend, n, bs))
+            prog.advance()
+        b = cfg.bench
+        tp = []
+        for c in b.concurrency:
+            prog.advance(f"throughput at concurrency {c}", n=0)
+            tp.append(throughput(loaded, backend, int(c), int(b.num_prompts), int(b.max_tokens), int(b.repeats),
+                                 int(b.warmup), bs))
+            prog.advance()
     t = Table(title="step time at N running requests (decode, medians of %d steps)" % DECODE_STEPS)
     for c in ("running", "schedule+update ms", "prepare ms", "model ms", "sample ms", "wall ms", "scheduler %",
               "sched+prepare %"):
@@ -133,9 +147,6 @@ def run(cfg) -> int:
                   f"{r['model_s'] * 1e3:.1f}", f"{r['sample_s'] * 1e3:.1f}", f"{r['wall_s'] * 1e3:.1f}",
                   f"{r['scheduler_pct']:.2f}", f"{r['bookkeeping_pct']:.2f}")
     con.print(t)
-    b = cfg.bench
-    tp = [throughput(loaded, backend, int(c), int(b.num_prompts), int(b.max_tokens), int(b.repeats), int(b.warmup), bs)
-          for c in b.concurrency]
     t2 = Table(title=f"throughput: {b.num_prompts} prompts x {b.max_tokens} tokens (median of {b.repeats})")
     t2.add_column("concurrency", justify="right")
     t2.add_column("output tok/s", justify="right")

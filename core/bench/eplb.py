@@ -223,7 +223,7 @@ def summarize(rows: list[Row], ours: str = "inferhal", tol: float = 1e-6) -> dic
 
 
 def _print(rows: list[Row], speeds: list[dict], peer: Peer, repeats: int) -> None:
-    from rich.console import Console
+    from inferhal.core.cli.console import console as make_console
     from rich.table import Table
 
     cases = _cases(rows)
@@ -252,7 +252,7 @@ def _print(rows: list[Row], speeds: list[dict], peer: Peer, repeats: int) -> Non
             d, se = paired_drift(c["inferhal"], c[n])
             cells.append(f"{d:+.4f} ({2 * se:.4f})")
         t.add_row(*cells)
-    console = Console(width=max(Console().width, 200))
+    console = make_console(min_width=200)
     console.print(t)
     if peer.fn is None:
         console.print(f"[yellow]DeepSeek EPLB {peer.reason}[/]")

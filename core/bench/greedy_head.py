@@ -78,14 +78,14 @@ def measure(logits_fn: Callable, greedy_fn: Callable, hidden: torch.Tensor, leve
 
 
 def run(cfg) -> int:
-    from rich.console import Console
+    from inferhal.core.cli.console import console as make_console
     from rich.table import Table
 
     from inferhal.backends.reference.ops import argmax_rows
     from inferhal.core.bench.clients import PROMPTS
     from inferhal.core.engine.llm import LLM
 
-    console = Console(width=max(Console().width, 110))
+    console = make_console(min_width=110)
     b = cfg.bench
     levels = [int(c) for c in b.concurrency]
     repeats = max(3, int(b.repeats) * 5)  # one window per repeat: more of them than e2e's repeats

@@ -175,13 +175,13 @@ def measure(llm, prompts: Sequence[list[int]], levels: Sequence[int], num_prompt
 
 
 def run(cfg) -> int:
-    from rich.console import Console
+    from inferhal.core.cli.console import console as make_console
     from rich.table import Table
 
     from inferhal.core.bench.clients import prompt_ids
     from inferhal.core.engine.llm import LLM
 
-    console = Console(width=max(Console().width, 110))
+    console = make_console(min_width=110)
     b = cfg.bench
     levels = [int(c) for c in b.concurrency]
     num_prompts, max_tokens, repeats = int(b.num_prompts), int(b.max_tokens), max(1, int(b.repeats))

@@ -27,14 +27,14 @@ def report(reg: BackendRegistry, config: BackendConfig | None = None) -> dict:
 
 
 def run(cfg, words) -> int:
-    from rich.console import Console
+    from inferhal.core.cli.console import console as make_console
     from rich.markup import escape
     from rich.table import Table
 
     reg = BackendRegistry.discover()
     selected = BackendConfig(**OmegaConf.to_container(cfg.backend, resolve=True))
     data = report(reg, selected)
-    console = Console()
+    console = make_console()
     t = Table(title="inferhal backends (entry-point group inferhal.backends)")
     for col in ("backend", "status", "reason", "registered from"):
         t.add_column(col, overflow="fold")

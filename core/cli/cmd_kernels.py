@@ -48,7 +48,7 @@ def run(cfg, words) -> int:
 
 
 def _print(rows, target, backend, out) -> None:
-    from rich.console import Console
+    from inferhal.core.cli.console import console as make_console
     from rich.markup import escape
     from rich.table import Table
 
@@ -63,6 +63,6 @@ def _print(rows, target, backend, out) -> None:
                       str(r["tmem_columns"]), mma, "")
         else:
             t.add_row(r["kernel"], r["op"], "[red]no[/]", "", "", "", "", "", escape(r["error"]))
-    console = Console()
+    console = make_console()
     console.print(t)
     console.print(f"JSON written to {out}")

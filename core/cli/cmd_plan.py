@@ -73,7 +73,7 @@ def run(cfg, words) -> int:
         raise UserError(f"usage: inferhal plan kv model=NAME [cache.block_size=N] [cache.kv_cache_bytes=B]; "
                         f"subcommands: {', '.join(SUBCOMMANDS)}")
     plan = plan_kv(cfg.model, int(cfg.cache.block_size), int(cfg.cache.kv_cache_bytes))
-    from rich.console import Console
+    from inferhal.core.cli.console import console as make_console
     from rich.table import Table
 
     t = Table(title=f"KV cache plan: {plan['model']}")
@@ -83,7 +83,7 @@ def run(cfg, words) -> int:
         t.add_row(r["group"], r["kind"], str(r["layers"]), str(r["tokens_per_slot"]), str(r["window"] or "-"),
                   str(r["slot_bytes"]), f"{r['bytes_per_token_per_layer']:,.1f}", f"{r['bytes_per_token']:,.1f}")
     t.add_row("total", "", "", "", "", "", "", f"{plan['bytes_per_token']:,.1f}", style="bold")
-    con = Console()
+    con = make_console()
     con.print(t)
     bs = plan["block_size"]
     note = "" if bs == plan["requested_block_size"] else f" (raised from {plan['requested_block_size']} to fit every ratio)"

@@ -121,11 +121,11 @@ def unavailable_report(reg, bcfg: BackendConfig, reason: str, level: str) -> dic
 
 
 def print_summary(rep: dict, paths: dict) -> None:
-    from rich.console import Console
+    from inferhal.core.cli.console import console as make_console
     from rich.markup import escape
     from rich.table import Table
 
-    con = Console()
+    con = make_console()
     colors = {"pass": "green", "fail": "red", "not-run": "yellow", "no-case": "yellow", "skipped": "dim"}
     t = Table(title=f"inferhal qualify: {rep['backend']['name']} ({rep['options']['level']})")
     for col in ("op", "level", "status", "cases", "failed"):

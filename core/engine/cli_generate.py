@@ -107,8 +107,7 @@ def _read_jobs(path: str) -> list[tuple[int, Any]]:
 
 
 def _batch(llm, path: str, params: SamplingParams, output: Optional[str], out: TextIO) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from inferhal.core.cli.console import Progress
 
     eng = llm.engine
     errors, ids = [], {}
@@ -134,10 +133,7 @@ def _batch(llm, path: str, params: SamplingParams, output: Optional[str], out: T
             errors.append({"line": line, "error": str(exc)})
     results, n_tok = {}, 0
     t0 = time.perf_counter()
-    console = Console(file=sys.stderr)
-    with Progress(TextColumn("[bold]generate"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[tps]}"),
-                  TimeElapsedColumn(), console=console, transient=False) as prog:
-        task = prog.add_task("jobs", total=len(ids), tps="")
+    with Progress("generate", len(ids)) as prog:
         while eng.has_unfinished():
             for o in eng.step():
                 n_tok += len(o.new_token_ids)
@@ -145,9 +141,9 @@ def _batch(llm, path: str, params: SamplingParams, output: Optional[str], out: T
                     line, jid = ids[o.request_id]
                     results[o.request_id] = {"id": jid, "line": line, "text": o.text, "token_ids": o.token_ids,
                                              "finish_reason": o.finish_reason}
-                    prog.advance(task)
+                    prog.advance(f"line {line} done")
             dt = time.perf_counter() - t0
-            prog.update(task, tps=f"{n_tok / dt:.1f} tok/s" if dt else "")
+            prog.note(f"{n_tok} tokens, {n_tok / dt:.1f} tok/s" if dt else "")
     dt = time.perf_counter() - t0
     rows = [results[r] for r in ids if r in results] + errors
     sink = open(output, "w") if output else out

@@ -221,33 +221,24 @@ def summarize(report: dict) -> dict:
 
 
 class _progress:
-    """A rich progress bar on stderr (a no-op when disabled); ``advance(key)`` starts the next case."""
+    """Progress on stderr (a no-op when disabled): a bar on a terminal, plain lines in a log;
+    ``advance(key)`` starts the next case (``None`` after the last)."""
 
     def __init__(self, enabled: bool, total: int, resumed: int) -> None:
-        self.enabled, self.total, self.resumed = enabled and total > 0, total, resumed
+        from inferhal.core.cli.console import Progress
 
-    def __enter__(self):
-        if not self.enabled:
-            return lambda key: None
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self._p = Progress(TextColumn("qualify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                           TextColumn("{task.description}"), console=Console(stderr=True), transient=False)
-        self._p.start()
-        note = f" (resumed: {self.resumed} done before)" if self.resumed else ""
-        self._task = self._p.add_task(note, total=self.total)
+        label = f"qualify (resumed: {resumed} done before)" if resumed else "qualify"
+        self._p = Progress(label, total, enabled=enabled and total > 0)
         self._started = False
 
+    def __enter__(self):
+        self._p.__enter__()
+
         def advance(key: Any) -> None:
-            if self._started:
-                self._p.advance(self._task)
+            self._p.advance(str(key) if key is not None else "", n=1 if self._started else 0)
             self._started = key is not None
-            if key is not None:
-                self._p.update(self._task, description=str(key))
 
         return advance
 
     def __exit__(self, *exc) -> None:
-        if self.enabled:
-            self._p.stop()
+        self._p.__exit__(*exc)

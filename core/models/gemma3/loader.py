@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -165,8 +166,12 @@ def load(model_cfg: "ModelConfig", backend: "ActiveBackend") -> LoadedModel:
     keep_ints = dtype == torch.bfloat16 and backend.profile.supports(INT_BLOCK_FEATURE)
     with ThreadPoolExecutor(1) as pool:  # the tokenizer builds (Rust, mostly GIL-free) while weights decode
         tok_future = pool.submit(GemmaTokenizer.from_gguf, f)
-        tensors, hit = weight_cache.cached(cache_dir(), path, dtype, lambda: read_tensors(f, cfg, dtype, keep_ints),
-                                           variant="int_blocks" if keep_ints else "")
+        def decode():  # a cache miss: the long part of a first load, said as it starts (also in a log)
+            print(f"[load] {model_cfg.name}: decoding {path.name} to {dtype_name} (first load of this file and dtype; "
+                  f"about a minute on 2 cores, then cached under {cache_dir() / 'weights'})", file=sys.stderr, flush=True)
+            return read_tensors(f, cfg, dtype, keep_ints)
+
+        tensors, hit = weight_cache.cached(cache_dir(), path, dtype, decode, variant="int_blocks" if keep_ints else "")
         model = build_model(tensors, cfg, backend.ops, device, max_len)
         t_weights = time.perf_counter()
         tok = tok_future.result()
@@ -183,4 +188,7 @@ def load(model_cfg: "ModelConfig", backend: "ActiveBackend") -> LoadedModel:
         "chat_template": "gguf" if tok.chat_template else "gemma-turns (built in; the GGUF has none)",
     }
     log.info("loaded %s from %s in %.2f s", model_cfg.name, path, t_end - t0)
+    if t_end - t0 > 5.0:
+        print(f"[load] {model_cfg.name}: loaded in {t_end - t0:.1f} s (weights {t_weights - t_parse:.1f} s, "
+              f"tokenizer wait {t_end - t_weights:.1f} s)", file=sys.stderr, flush=True)
     return LoadedModel(model=model, tokenizer=tok, name=str(model_cfg.name), family="gemma3", info=info)
