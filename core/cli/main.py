@@ -12,8 +12,9 @@ import importlib
 import logging
 import pkgutil
 import sys
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
+from inferhal.core.config import refusals
 from inferhal.core.config.errors import ConfigError, explain
 from inferhal.core.config.schema import register_schemas
 
@@ -40,21 +41,37 @@ def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
     return words, overrides, flags
 
 
-def compose(overrides: Sequence[str] = (), command: str = "config"):
-    """Compose the root config with ``overrides`` (raises ConfigError with a clear message)."""
+def compose(overrides: Sequence[str] = (), command: str = "config", updates: Mapping[str, Any] | None = None,
+            check: bool = True):
+    """Compose the root config with ``overrides`` (raises ConfigError with a clear message).
+
+    ``updates``: dotted path → value, set after composition (the Python API's keyword options, whose
+    values need not be Hydra override strings). ``check``: refuse every field this build does not
+    honour yet (:mod:`inferhal.core.config.refusals`); this is the one place that check runs for the CLI
+    and for ``LLM(...)``. Only tests that inspect a shipped config file turn it off.
+    """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
 
     register_schemas()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module=CONF_MODULE, version_base=None):
-            return hydra_compose(config_name="config", overrides=[*overrides, f"command='{command}'"])
+            cfg = hydra_compose(config_name="config", overrides=[*overrides, f"command='{command}'"])
     except Exception as exc:
         raise ConfigError(explain(exc, overrides)) from exc
     finally:
         GlobalHydra.instance().clear()
+    for path, value in (updates or {}).items():
+        try:
+            OmegaConf.update(cfg, path, value, merge=False)
+        except Exception as exc:  # omegaconf validation: wrong type / unknown key
+            raise ConfigError(f"bad value {value!r} for {path}: {exc}") from None
+    if check:
+        refusals.check(cfg, [*overrides, *(updates or {})])
+    return cfg
 
 
 def sweep_points(overrides: Sequence[str]) -> list[list[str]]:

@@ -39,13 +39,13 @@ class ModelConfig:
 
 @dataclass
 class ParallelConfig:
-    tp: int = 1
+    tp: int = 1  # refused above 1 until tensor parallelism exists (core/config/refusals.py)
     ep: int = 1
-    dp: int = 1
+    dp: int = 1  # refused above 1 until data-parallel attention exists (core/config/refusals.py)
     launcher: str = "local"  # local (the CLI spawns the ranks) | torchrun (already launched)
     master_addr: str = "127.0.0.1"
     master_port: int = 29511
-    role: str = "any"  # any | prefill | decode (disaggregated layouts)
+    role: str = "any"  # any | prefill | decode (disaggregated layouts); only any until PD disaggregation exists
 
 
 @dataclass
@@ -55,7 +55,7 @@ class SchedulerConfig:
     chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0 = no per-request cap inside a step
     policy: str = "fcfs"  # fcfs | priority
-    async_scheduling: bool = False
+    async_scheduling: bool = False  # refused until asynchronous scheduling exists (core/config/refusals.py)
     sliding_replay: str = "exact"  # exact | window | off: bounded replay on resume (core/paging/replay.py)
 
 
@@ -65,7 +65,7 @@ class CacheConfig:
     kv_cache_bytes: int = 0  # 0 = derive from memory_fraction of the device's free memory
     memory_fraction: float = 0.5
     enable_prefix_caching: bool = True
-    kv_dtype: str = "auto"  # auto (= model dtype) | fp8
+    kv_dtype: str = "auto"  # auto (= model dtype); fp8 is refused until an FP8 KV cache exists (core/config/refusals.py)
     num_blocks: int = 0  # > 0: use exactly this many blocks (overrides kv_cache_bytes)
     auto_kv_cap_bytes: int = 1073741824  # cap on a budget derived from free memory (0 = no cap)
 
@@ -93,6 +93,8 @@ class SpecConfig:
 
 @dataclass
 class ServerConfig:
+    """For the HTTP server to come; every field is refused away from its default until it exists."""
+
     host: str = "127.0.0.1"
     port: int = 8000
     served_model_name: Optional[str] = None
@@ -129,7 +131,9 @@ class BenchConfig:
 
 @dataclass
 class ExperimentConfig:
-    name: str = "default"
+    """A label for an experiment file's run; refused away from its default until a report records it."""
+
+    name: str = "none"
     notes: str = ""
 
 

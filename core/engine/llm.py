@@ -26,8 +26,6 @@ import json
 import os
 from typing import Any, Iterator, Optional, Sequence, Union
 
-from omegaconf import OmegaConf
-
 from inferhal.core.config import schema
 from inferhal.core.engine.engine import Engine, Prompt
 from inferhal.core.engine.outputs import RequestOutput
@@ -86,15 +84,9 @@ def compose_config(model: Optional[str] = None, backend: Optional[str] = None, o
             hydra_ov.insert(0, f"model={model}")
     if backend is not None:
         hydra_ov.insert(0, f"backend={backend}")
-    cfg = compose(hydra_ov, command="generate")
     for k, v in options.items():
         sets[_key_path(k)] = v
-    for path, v in sets.items():
-        try:
-            OmegaConf.update(cfg, path, v, merge=False)
-        except Exception as exc:  # omegaconf validation: wrong type / unknown key
-            raise UserError(f"LLM: bad value {v!r} for {path}: {exc}") from None
-    return cfg
+    return compose(hydra_ov, command="generate", updates=sets)
 
 
 def _to(cls, node):

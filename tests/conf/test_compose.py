@@ -29,13 +29,30 @@ def test_every_group_has_a_directory_and_an_option():
     assert groups == set(GROUP_SCHEMAS), set(GROUP_SCHEMAS) - groups
 
 
+#: shipped options that describe layouts this build refuses (core/config/refusals.py), with a field each names
+REFUSED_OPTIONS = {("parallel", "dep8"): "parallel.dp", ("parallel", "ascend_dsv4_colocated_dp4tp4"): "parallel.tp",
+                   ("parallel", "ascend_dsv4_decode_dp8tp2"): "parallel.tp",
+                   ("parallel", "ascend_dsv4_prefill_dp4tp4"): "parallel.role",
+                   ("eplb", "default"): "eplb.enabled"}  # EPLB needs parallel.ep > 1
+
+
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_every_config_file_composes_and_validates(group, option):
-    cfg = compose([f"{group}={option}"])
+    cfg = compose([f"{group}={option}"], check=False)
     obj = OmegaConf.to_object(cfg)  # raises on a missing mandatory value or a wrong type
     assert isinstance(obj, InferhalConfig)
     if group != "experiment":
         assert dataclasses.is_dataclass(getattr(obj, group))
+    field = REFUSED_OPTIONS.get((group, option))
+    if field is None:
+        compose([f"{group}={option}"])  # honoured as shipped
+    else:
+        with pytest.raises(ConfigError, match=field):
+            compose([f"{group}={option}"])
+
+
+def test_eplb_composes_with_expert_parallelism():
+    assert compose(["eplb=default", "parallel=ep2"]).eplb.enabled
 
 
 def test_default_composition_is_the_reference_backend_and_gemma():

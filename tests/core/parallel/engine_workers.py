@@ -29,7 +29,7 @@ def engine_suite(layout, out_dir, eplb_overrides, force_at, check_divergence):
     from inferhal.core.parallel.sync import RankDivergenceError
 
     me = layout.rank
-    llm, ep = ep_llm(tiny_cfg(["eplb=default", *eplb_overrides]), layout)
+    llm, ep = ep_llm(tiny_cfg([f"parallel.ep={layout.world_size}", "eplb=default", *eplb_overrides]), layout)
 
     def force(engine):
         if ep.step + 1 == force_at:

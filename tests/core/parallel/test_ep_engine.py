@@ -42,7 +42,8 @@ def test_one_rank_ep_with_a_rebalance_equals_the_plain_model(reference_tokens):
     from inferhal.core.parallel.ep_engine import attach_ep
 
     wk = load_workers()
-    cfg = wk.tiny_cfg(["eplb=default", "eplb.step_interval=0", "eplb.num_redundant_experts=3"])
+    # EPLB is refused without parallel.ep > 1 in the config; this rank attaches itself as a world of one
+    cfg = wk.tiny_cfg(["parallel=ep2", "eplb=default", "eplb.step_interval=0", "eplb.num_redundant_experts=3"])
     llm = LLM.from_config(cfg)
     ep = attach_ep(llm.engine, llm.engine.backend.communicator(ParallelLayout()), cfg.eplb)
     assert not any(k.endswith("mlp.experts.gate_up_proj") for k in llm.engine.model.weights)  # dropped
@@ -61,7 +62,7 @@ def test_attach_ep_rejects_slots_that_do_not_divide_among_ranks():
     from inferhal.core.errors import UserError
     from inferhal.core.parallel.ep_engine import attach_ep
 
-    cfg = load_workers().tiny_cfg(["eplb=default", "eplb.num_redundant_experts=1"])
+    cfg = load_workers().tiny_cfg(["parallel=ep2", "eplb=default", "eplb.num_redundant_experts=1"])
     llm = LLM.from_config(cfg)
     comm = SimpleNamespace(layout=SimpleNamespace(world_size=2, rank=0))
     with pytest.raises(UserError, match="9 physical expert slots .* do not divide among parallel.ep=2"):

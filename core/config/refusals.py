@@ -1,0 +1,90 @@
+"""Config fields the schema accepts but this build does not honour yet: a value other than the field's
+default is refused with the field named, instead of parsing and then doing nothing (STYLE 13: a config
+field that nothing reads is a lie).
+
+:func:`check` runs at the end of :func:`inferhal.core.cli.main.compose`, the one path of every CLI
+command and of the Python API (``LLM(...)`` composes through it, keyword options included). The code
+that gives a field its meaning removes the field's entry from :data:`REFUSED` in the same change;
+``tests/core/config/test_refusals.py`` fails on a schema field that nothing reads and that is not listed
+here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from inferhal.core.config.errors import ConfigError
+
+#: dotted field path → what is missing. A value other than the schema default is refused.
+REFUSED: dict[str, str] = {
+    "scheduler.async_scheduling": "asynchronous scheduling is not implemented; each step schedules, runs the "
+                                  "model and updates in turn",
+    "cache.kv_dtype": "the KV cache is stored in the model's dtype (model.dtype); a separate KV dtype such as "
+                      "FP8 is not implemented",
+    "parallel.tp": "tensor parallelism is not implemented",
+    "parallel.dp": "data-parallel attention is not implemented; attention is replicated on every EP rank",
+    "parallel.role": "prefill/decode disaggregation is not implemented; every process does both",
+    "server.host": "there is no HTTP server (no `inferhal serve`) to read the server group",
+    "server.port": "there is no HTTP server (no `inferhal serve`) to read the server group",
+    "server.served_model_name": "there is no HTTP server (no `inferhal serve`) to read the server group",
+    "experiment.name": "nothing records an experiment's label (no report or result file carries it)",
+    "experiment.notes": "nothing records an experiment's notes (no report or result file carries them)",
+}
+
+_MISSING = object()
+
+
+def default_of(path: str) -> Any:
+    """The schema default of a dotted field path (``scheduler.async_scheduling`` → ``False``)."""
+    from inferhal.core.config import schema
+
+    node: Any = schema.InferhalConfig
+    value: Any = _MISSING
+    for part in path.split("."):
+        if not dataclasses.is_dataclass(node):
+            raise KeyError(path)
+        fields = {f.name: f for f in dataclasses.fields(node)}
+        if part not in fields:
+            raise KeyError(path)
+        f = fields[part]
+        value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        node = value
+    return value
+
+
+def refused(cfg: Any) -> list[tuple[str, str]]:
+    """``(field path, message)`` for each field of the composed ``cfg`` that is set but cannot be honoured."""
+    from omegaconf import OmegaConf
+
+    out = []
+    for path, why in REFUSED.items():
+        value = OmegaConf.select(cfg, path, default=_MISSING)
+        default = default_of(path)
+        if value is _MISSING or value == default:
+            continue
+        out.append((path, f"{path}={value!r} is refused (not honoured yet; the default is {default!r}): {why}"))
+    enabled = OmegaConf.select(cfg, "eplb.enabled", default=False)
+    ep = OmegaConf.select(cfg, "parallel.ep", default=1)
+    if enabled and int(ep) <= 1:
+        out.append(("eplb.enabled", f"eplb.enabled=True is refused with parallel.ep={ep}: EPLB balances routed "
+                                    f"experts among EP ranks and runs only with parallel.ep > 1 (e.g. parallel=ep2); "
+                                    f"otherwise use eplb=disabled"))
+    return out
+
+
+def check(cfg: Any, overrides: Sequence[str] = ()) -> None:
+    """Raise :class:`ConfigError` naming every field of ``cfg`` that this build cannot honour.
+    ``overrides``: the keys the user set (``key=value`` strings or dotted paths); a refused field set
+    by anything else gets a hint that a config option set it."""
+    found = refused(cfg)
+    if not found:
+        return
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    lines = [msg for _, msg in found]
+    if len(lines) > 1:
+        lines = [f"{len(lines)} config fields are refused:", *(f"  {ln}" for ln in lines)]
+    if any(path not in keys for path, _ in found):
+        lines.append("(a config option such as parallel=NAME or eplb=NAME sets a field too: override the field "
+                     "or choose another option)")
+    raise ConfigError("\n".join(lines))
