@@ -16,6 +16,7 @@ import pluggy
 
 from inferhal.core import hookspecs
 from inferhal.core.config.schema import BackendConfig
+from inferhal.core.errors import UserError
 from inferhal.core.ops.table import OpTable
 from inferhal.core.ops.vocabulary import OPS
 from inferhal.core.profile import DeviceProfile, ExecLevel, Probe
@@ -26,8 +27,11 @@ ENTRY_POINT_GROUP = "inferhal.backends"
 REFERENCE = "reference"
 
 
-class BackendSelectionError(RuntimeError):
-    """The requested backend is unknown, unavailable or invalid. The message lists every backend found."""
+class BackendSelectionError(UserError, RuntimeError):
+    """The requested backend is unknown, unavailable or invalid. The message lists every backend found.
+
+    A :class:`~inferhal.core.errors.UserError` (the CLI prints it and exits 2, no traceback); still a
+    ``RuntimeError`` for callers that catch it as one."""
 
 
 @dataclass
@@ -183,8 +187,10 @@ class BackendRegistry:
 
     # ---------------------------------------------------------------- selection
 
-    def select(self, config: BackendConfig) -> ActiveBackend:
-        """Make ``config.name`` the active backend; fail with every backend found and why."""
+    def require(self, config: BackendConfig) -> None:
+        """Raise :class:`BackendSelectionError` unless ``config.name`` is found and available here, as
+        :meth:`select` would, but by probing only (no device is initialised): a launcher checks this
+        before it starts any process."""
         name = config.name
         if name not in self.records:
             import difflib
@@ -195,13 +201,22 @@ class BackendRegistry:
         probe = self.probe(name, config)
         if not probe.available:
             raise BackendSelectionError(f"backend {name!r} is unavailable: {probe.reason}\nBackends found:\n{self.describe()}")
+
+    def select(self, config: BackendConfig) -> ActiveBackend:
+        """Make ``config.name`` the active backend; fail with every backend found and why."""
+        name = config.name
+        self.require(config)
         profile = self.call(name, "inferhal_device_profile", config=config)
+        if config.batch_invariant and not profile.supports("batch_invariant"):
+            raise BackendSelectionError(f"backend.batch_invariant=true: backend {name!r} does not declare batch-invariant "
+                                        f"ops (its profile lacks the 'batch_invariant' feature)")
         native = dict(self.call(name, "inferhal_provide_ops", profile=profile, config=config) or {})
         fallback: Mapping[str, Any] = {}
         if name != REFERENCE:
             if REFERENCE not in self.records or not self.probe(REFERENCE).available:
                 raise BackendSelectionError(f"the reference backend, which provides fallbacks, is missing:\n{self.describe()}")
-            ref_profile = self.call(REFERENCE, "inferhal_device_profile", config=BackendConfig(name=REFERENCE))
+            ref_cfg = BackendConfig(name=REFERENCE, batch_invariant=config.batch_invariant)  # fallbacks honour it too
+            ref_profile = self.call(REFERENCE, "inferhal_device_profile", config=ref_cfg)
             fallback = self.call(REFERENCE, "inferhal_provide_ops", profile=ref_profile, config=config) or {}
         try:
             ops = OpTable(name, native, fallback, profile.exec_level, strict=config.strict)

@@ -36,7 +36,9 @@ def _model(cfg) -> tuple[Any, Any, str]:
     from inferhal.core.config.schema import BackendConfig
     from inferhal.core.registry import BackendRegistry
 
-    bcfg = BackendConfig(**{k: cfg.backend[k] for k in ("name", "strict", "interpret", "device_index")})
+    from omegaconf import OmegaConf
+
+    bcfg = BackendConfig(**OmegaConf.to_container(cfg.backend, resolve=True))  # every field: options too
     backend = BackendRegistry.discover().select(bcfg)
     try:
         from inferhal.core.engine.llm import compose_config

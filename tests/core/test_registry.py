@@ -120,6 +120,42 @@ def test_unavailable_backend_fails_with_its_reason(registry):
         registry.select(BackendConfig(name="gone"))
 
 
+def test_a_selection_failure_is_a_user_error(registry):
+    from inferhal.core.errors import UserError
+
+    with pytest.raises(UserError):  # the CLI prints it and exits 2, without a traceback
+        registry.select(BackendConfig(name="gone"))
+    with pytest.raises(BackendSelectionError, match="fake device missing"):
+        registry.require(BackendConfig(name="gone"))  # the same answer from the probe alone
+    registry.require(BackendConfig(name="fake"))
+
+
+def test_batch_invariance_is_refused_by_a_backend_that_does_not_declare_it(registry):
+    with pytest.raises(BackendSelectionError, match="backend.batch_invariant=true: backend 'fake' does not declare"):
+        registry.select(BackendConfig(name="fake", batch_invariant=True))
+    ref = registry.select(BackendConfig(name="reference", batch_invariant=True))
+    assert ref.profile.supports("batch_invariant")
+
+
+def test_fallbacks_of_a_batch_invariant_backend_are_batch_invariant():
+    from dataclasses import replace
+
+    from inferhal.backends.reference.matmul import tiled_linear
+
+    plugin = make_plugin("inv")
+    plain_profile = plugin.inferhal_device_profile  # hookimpl marks the function, it does not wrap it
+
+    def device_profile(config):
+        p = plain_profile(config)
+        return replace(p, features=p.features | {"batch_invariant"})
+
+    device_profile.__name__ = "inferhal_device_profile"
+    plugin.inferhal_device_profile = hookimpl(device_profile)
+    reg = BackendRegistry.discover(extra={"inv": plugin})
+    fallback = reg.select(BackendConfig(name="inv", batch_invariant=True)).ops.entry("linear").fn
+    assert getattr(fallback, "keywords", {}).get("mm") is tiled_linear
+
+
 def test_selection_gives_exactly_one_active_backend_with_per_op_fallback(registry, caplog):
     active = registry.select(BackendConfig(name="fake"))
     assert active.name == "fake"
