@@ -23,3 +23,14 @@ def load_model(model_cfg: "ModelConfig", backend: "ActiveBackend") -> "LoadedMod
         raise UserError(f"unknown model family {model_cfg.family!r}; known: {', '.join(FAMILIES)}")
     mod, fn = FAMILIES[model_cfg.family].split(":")
     return getattr(importlib.import_module(mod), fn)(model_cfg, backend)
+
+
+def routed_experts(model_cfg: "ModelConfig") -> int | None:
+    """Routed experts per MoE layer of ``model_cfg``, read from its config alone (no weights): 0 for a
+    dense model, None when its family cannot tell without loading. A family answers through
+    ``routed_experts_from_config(model_cfg)`` in its package (as ``kv_groups_from_config`` answers
+    ``inferhal plan kv``)."""
+    if model_cfg.family not in FAMILIES:
+        raise UserError(f"unknown model family {model_cfg.family!r}; known: {', '.join(FAMILIES)}")
+    fn = getattr(importlib.import_module(f"inferhal.core.models.{model_cfg.family}"), "routed_experts_from_config", None)
+    return None if fn is None else int(fn(model_cfg))

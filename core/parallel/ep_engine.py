@@ -89,6 +89,16 @@ def eplb_controller(eplb: Any, num_layers: int, num_experts: int, ep: int) -> Op
     return EplbController(lay, int(eplb.window_size), int(eplb.step_interval), fn)
 
 
+def check_expert_slots(num_experts: int, eplb: Any, ep: int) -> int:
+    """Physical expert slots per MoE layer (routed experts + ``eplb.num_redundant_experts`` when EPLB is
+    on); raise :class:`UserError` when they do not divide among ``ep`` ranks."""
+    physical = num_experts + (int(eplb.num_redundant_experts) if bool(eplb.enabled) else 0)
+    if physical % ep:
+        what = "routed experts + eplb.num_redundant_experts" if bool(eplb.enabled) else "routed experts"
+        raise UserError(f"{physical} physical expert slots ({what}) do not divide among parallel.ep={ep} ranks")
+    return physical
+
+
 def attach_ep(engine: Any, comm: Any, eplb: Any) -> EPRank:
     """Make ``engine`` one rank of ``comm`` (EP size = ``comm.layout.world_size``): build this rank's
     :class:`EPExperts`, hand it to the model (which drops its full routed-expert tensors) and append the
@@ -99,10 +109,7 @@ def attach_ep(engine: Any, comm: Any, eplb: Any) -> EPRank:
     ep = int(comm.layout.world_size)
     full = model.routed_expert_weights()
     num_layers, num_experts = len(full), int(full[0][0].shape[0])
-    physical = num_experts + (int(eplb.num_redundant_experts) if bool(eplb.enabled) else 0)
-    if physical % ep:
-        what = "routed experts + eplb.num_redundant_experts" if bool(eplb.enabled) else "routed experts"
-        raise UserError(f"{physical} physical expert slots ({what}) do not divide among parallel.ep={ep} ranks")
+    check_expert_slots(num_experts, eplb, ep)
     ctl = eplb_controller(eplb, num_layers, num_experts, ep)
     placement = ctl.placement if ctl is not None else Placement.identity(num_layers, num_experts)
     runner = EPExperts(engine.backend.ops, comm, placement, full, model.experts_p,

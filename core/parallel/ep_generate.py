@@ -11,18 +11,18 @@ import os
 import sys
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from inferhal.core.backend import ParallelLayout
 from inferhal.core.errors import UserError
-from inferhal.core.parallel.ep_engine import EPRank, attach_ep
-from inferhal.core.parallel.launch import launch
+from inferhal.core.parallel.ep_engine import EPRank, attach_ep, check_expert_slots
+from inferhal.core.parallel.launch import check_layout, launch
 
 
 def ep_llm(cfg: Any, layout: ParallelLayout) -> tuple[Any, EPRank]:
     """An :class:`~inferhal.core.engine.llm.LLM` from the composed ``cfg`` acting as rank ``layout.rank``."""
     from inferhal.core.engine.llm import LLM
 
-    if layout.tp != 1:
-        raise UserError(f"parallel.tp={layout.tp}: tensor parallelism is not supported yet (use parallel.tp=1)")
     llm = LLM.from_config(cfg)
     comm = llm.engine.backend.communicator(layout)
     return llm, attach_ep(llm.engine, comm, cfg.eplb)
@@ -31,7 +31,6 @@ def ep_llm(cfg: Any, layout: ParallelLayout) -> tuple[Any, EPRank]:
 def run_rank(layout: ParallelLayout, cfg_node: dict) -> int:
     """One rank of ``inferhal generate``; returns the command's exit status."""
     import torch
-    from omegaconf import OmegaConf
 
     from inferhal.core.engine.cli_generate import generate
 
@@ -54,11 +53,32 @@ def _spawned_rank(layout: ParallelLayout, cfg_node: dict) -> None:
         sys.exit(rc)
 
 
+def check_before_spawn(cfg: Any) -> int:
+    """Every refusal a rank would meet that can be known from the config alone, before any process starts
+    or any weight loads: the layout (:func:`~.launch.check_layout`), the spec config, the backend's
+    availability (probe only) and whether the model has routed experts that divide among the EP ranks.
+    Returns the world size."""
+    from inferhal.core.config.schema import BackendConfig, SpecConfig
+    from inferhal.core.models.registry import routed_experts
+    from inferhal.core.registry import BackendRegistry
+    from inferhal.core.spec.ngram import check_spec_config
+
+    world = check_layout(cfg.parallel)
+    check_spec_config(SpecConfig(**OmegaConf.to_container(cfg.spec, resolve=True)))
+    BackendRegistry.discover().require(BackendConfig(**OmegaConf.to_container(cfg.backend, resolve=True)))
+    experts = routed_experts(cfg.model)
+    if experts == 0:
+        raise UserError(f"model {cfg.model.name!r} (family {cfg.model.family}) is dense: parallel.ep={cfg.parallel.ep} "
+                        f"needs a model with routed experts (e.g. model=deepseek_v4_tiny), or use parallel=single")
+    if experts is not None:
+        check_expert_slots(experts, cfg.eplb, world)
+    return world
+
+
 def generate_parallel(cfg: Any) -> int:
     """Run ``inferhal generate`` on ``parallel.tp * parallel.ep`` ranks; the exit status of rank 0 (or of
-    the first rank that failed)."""
-    from omegaconf import OmegaConf
-
+    the first rank that failed). :func:`check_before_spawn` runs first."""
+    check_before_spawn(cfg)
     node = OmegaConf.to_container(cfg, resolve=True)
     if str(cfg.parallel.launcher) == "torchrun" or "RANK" in os.environ:
         rcs: list[int] = []

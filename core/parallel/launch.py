@@ -29,6 +29,37 @@ def world_size_of(parallel: Any) -> int:
     return tp * ep
 
 
+def check_layout(parallel: Any, env: Mapping[str, str] | None = None) -> int:
+    """Refuse, before any process starts, every layout this build cannot run; returns the world size.
+
+    Checked: tp, ep, dp >= 1; tp = 1 and dp = 1 (tensor parallelism and data-parallel attention are not
+    implemented: attention is replicated on every EP rank); role = any (no prefill/decode
+    disaggregation); the launcher; under torchrun, that the environment is complete and its
+    ``WORLD_SIZE`` matches the layout.
+    """
+    env = os.environ if env is None else env
+    world = world_size_of(parallel)
+    dp = int(getattr(parallel, "dp", 1))
+    if dp < 1:
+        raise UserError(f"parallel.dp must be >= 1, got {dp}")
+    if int(parallel.tp) != 1:
+        raise UserError(f"parallel.tp={parallel.tp}: tensor parallelism is not supported yet (use parallel.tp=1)")
+    if dp != 1:
+        raise UserError(f"parallel.dp={dp}: data-parallel attention is not supported yet; attention is replicated "
+                        f"on every EP rank (use parallel.dp=1)")
+    role = str(getattr(parallel, "role", "any"))
+    if role != "any":
+        raise UserError(f"parallel.role={role!r}: prefill/decode disaggregation is not supported yet (use parallel.role=any)")
+    launcher = str(parallel.launcher)
+    if launcher not in ("local", "torchrun"):
+        raise UserError(f"parallel.launcher must be local|torchrun, got {launcher!r}")
+    from_env = layout_from_env(parallel, env)  # checks WORLD_SIZE against the layout
+    if launcher == "torchrun" and from_env is None:
+        raise UserError("parallel.launcher=torchrun but RANK/WORLD_SIZE are not set: run under torchrun, "
+                        "or use parallel.launcher=local")
+    return world
+
+
 def layout_from_env(parallel: Any, env: Mapping[str, str] | None = None) -> ParallelLayout | None:
     """The layout torchrun describes in the environment, or None when ``RANK`` is not set."""
     env = os.environ if env is None else env
@@ -71,21 +102,17 @@ def _entry(rank: int, fn: Callable, layout: ParallelLayout, args: tuple) -> None
 def launch(fn: Callable[..., Any], parallel: Any, *args: Any, env: Mapping[str, str] | None = None) -> None:
     """Run ``fn(layout, *args)`` on every rank.
 
-    torchrun (``parallel.launcher == "torchrun"`` or ``RANK`` in the environment): call ``fn`` once here.
+    :func:`check_layout` first. torchrun (``parallel.launcher == "torchrun"`` or ``RANK`` in the
+    environment): call ``fn`` once here.
     local: spawn ``tp * ep`` processes (``fn`` and ``args`` must be picklable), wait for all; a rank that
     fails makes the launch raise with its traceback. ``world_size == 1`` runs ``fn`` in this process.
     """
+    world = check_layout(parallel, env)  # every refusal comes before a process starts
     from_env = layout_from_env(parallel, env)
-    if str(parallel.launcher) == "torchrun" and from_env is None:
-        raise UserError("parallel.launcher=torchrun but RANK/WORLD_SIZE are not set: run under torchrun, "
-                        "or use parallel.launcher=local")
-    if str(parallel.launcher) not in ("local", "torchrun"):
-        raise UserError(f"parallel.launcher must be local|torchrun, got {parallel.launcher!r}")
     if from_env is not None:
         fn(from_env, *args)
         teardown()
         return
-    world = world_size_of(parallel)
     port = int(parallel.master_port) or free_port()
     layout = ParallelLayout(world_size=world, rank=0, tp=int(parallel.tp), ep=int(parallel.ep),
                             dp=int(parallel.dp), master_addr=str(parallel.master_addr), master_port=port)

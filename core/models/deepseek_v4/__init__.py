@@ -7,6 +7,11 @@ names), ``shapes`` (expected tensors), ``quantized`` (FP8/FP4), ``loader``, ``ma
 (random checkpoints), ``tokenizer``.
 """
 
-from inferhal.core.models.deepseek_v4.kv import kv_groups, kv_groups_from_config
+from inferhal.core.models.deepseek_v4.kv import kv_groups, kv_groups_from_config, v4_config
 
-__all__ = ["kv_groups", "kv_groups_from_config"]
+__all__ = ["kv_groups", "kv_groups_from_config", "routed_experts_from_config"]
+
+
+def routed_experts_from_config(model_cfg) -> int:
+    """Routed experts per MoE layer (``n_routed_experts``), from ``model.arch`` or the checkpoint's config.json."""
+    return v4_config(model_cfg).n_experts

@@ -3,7 +3,7 @@
 format (:mod:`.chat`).
 
 ``kv_groups_from_config(model_cfg)`` answers ``inferhal plan kv`` from the file's metadata alone,
-without dequantising any weight.
+without dequantising any weight; ``routed_experts_from_config`` is 0 (a dense model).
 """
 
 from __future__ import annotations
@@ -27,3 +27,8 @@ def kv_groups_from_config(model_cfg: "ModelConfig") -> "list[KVGroupSpec]":
         path = resolve_path(model_cfg)
         cfg = from_gguf_metadata(GGUFFile(path).metadata, where=str(path))
     return kv_groups_for(cfg, DTYPES.get(str(model_cfg.dtype), DTYPES["float32"]))
+
+
+def routed_experts_from_config(model_cfg: "ModelConfig") -> int:
+    """Gemma 3 is dense: no routed experts (so no expert parallelism)."""
+    return 0

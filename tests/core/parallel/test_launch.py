@@ -42,3 +42,20 @@ def test_single_rank_runs_in_process():
     seen = []
     launch(lambda lay: seen.append(lay.world_size), par(ep=1), env={})
     assert seen == [1] and 1024 < free_port() < 65536
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(tp=4), "parallel.tp=4: tensor parallelism is not supported yet"),
+    (dict(dp=4), "parallel.dp=4: data-parallel attention is not supported yet"),
+    (dict(role="prefill"), "parallel.role='prefill': prefill/decode disaggregation"),
+    (dict(ep=0), "must be >= 1"),
+    (dict(dp=0), "parallel.dp must be >= 1"),
+    (dict(launcher="mpirun"), "launcher must be local|torchrun"),
+    (dict(launcher="torchrun"), "RANK/WORLD_SIZE are not set"),
+])
+def test_a_layout_is_refused_before_any_process_starts(kw, needle, monkeypatch):
+    import torch.multiprocessing as mp
+
+    monkeypatch.setattr(mp, "start_processes", lambda *a, **k: pytest.fail("spawned processes for a refused layout"))
+    with pytest.raises(UserError, match=needle):
+        launch(lambda lay: pytest.fail("ran a rank of a refused layout"), par(**kw), env={})
