@@ -25,9 +25,25 @@ def test_every_package_directory_is_declared_in_pyproject():
     assert not missing, f"add these to [tool.setuptools] packages in pyproject.toml (or `pip install .` misses them): {missing}"
 
 
+def _config_groups() -> set[str]:
+    """conf/'s directories that hold files: Python can import them (namespace packages), so setuptools prints a
+    40-line warning for each one that ships files without being declared."""
+    return {".".join(("inferhal", *d.relative_to(ROOT).parts)) for d in (ROOT / "conf").rglob("*")
+            if d.is_dir() and d.name != "__pycache__" and any(f.is_file() for f in d.iterdir())}
+
+
+def test_every_config_group_is_declared_so_the_install_is_quiet():
+    missing = sorted(_config_groups() - _declared())
+    assert not missing, f"add these config groups to [tool.setuptools] packages in pyproject.toml: {missing}"
+
+
 def test_declared_packages_exist():
     for pkg in _declared() - {"inferhal"}:
-        assert (ROOT.joinpath(*pkg.split(".")[1:]) / "__init__.py").is_file(), pkg
+        d = ROOT.joinpath(*pkg.split(".")[1:])
+        if pkg in _config_groups():  # YAML only, no __init__.py
+            assert all(f.suffix == ".yaml" for f in d.iterdir() if f.is_file()), pkg
+        else:
+            assert (d / "__init__.py").is_file(), pkg
 
 
 def test_torch_is_pinned_and_npu_is_an_extra_only():
@@ -49,3 +65,5 @@ def test_configs_ship_as_package_data():
     conf = res.files("inferhal.conf")
     assert (conf / "config.yaml").is_file()
     assert (conf / "backend" / "reference.yaml").is_file()
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert {"*.yaml", "**/*.yaml"} <= set(meta["inferhal.conf"]) and "*.c" in meta["inferhal.kernels.cpu"]
