@@ -2,7 +2,7 @@
 
 ``FILE`` is a device check JSON (``docs/hardware/*.json``, written by a backend's device check on a lent
 machine). Its rows join the report in their own section, each at its recorded execution level (e.g.
-``device: NVIDIA H200 (sm_90), not Blackwell``) with the run and commit it came from; each op's summary
+``device: <chip> (<arch>)``) with the run and commit it came from; each op's summary
 gains a ``recorded`` entry. They never change the verdict or the exit status: those say what ran on this
 host. A file that cannot be read, is not a device check, or belongs to another backend is a UserError.
 """
