@@ -7,9 +7,13 @@
 - ``messages=[{role: user, content: ...}]`` goes through the tokenizer's chat template first.
 - ``prompts_file=x.jsonl`` (one ``{"prompt": ...}``, ``{"prompt_token_ids": [...]}`` or
   ``{"messages": [...]}`` per line, optional ``"max_tokens"``/``"temperature"``/...): a batch job with a
-  rich progress display; results go to ``output=`` as JSONL (else printed). A bad line is reported with
-  its error and the others run.
-Sampling comes from the ``sampling`` config node (``sampling.max_tokens=32 sampling.temperature=0.7``).
+  rich progress display; results go to ``output=`` as JSONL (else printed), with ``logprobs`` when
+  asked for (``sampling.logprobs=k`` or a line's ``"logprobs"``). A bad line is reported with its error
+  and the others run.
+An empty ``prompt``, ``prompt_ids`` or ``messages`` is an error (no prompt given at all means the default
+one); a prompt the engine refuses (e.g. longer than ``model.max_model_len``) fails before it is echoed.
+Sampling comes from the ``sampling`` config node (``sampling.max_tokens=32 sampling.temperature=0.7``);
+``sampling.logprobs`` only in a batch job (a streamed prompt shows text, so it is refused there).
 ``parallel.tp * parallel.ep > 1`` (e.g. ``parallel=ep2``) runs the same command on that many ranks
 (:mod:`inferhal.core.parallel.ep_generate`); rank 0 prints.
 """
@@ -35,8 +39,31 @@ def sampling_from_cfg(cfg) -> SamplingParams:
     return SamplingParams(**{k: v for k, v in node.items() if k in {f.name for f in dataclasses.fields(SamplingParams)}})
 
 
+def check_input(cfg) -> SamplingParams:
+    """The command's input and sampling settings, refused before any model loads: an empty ``prompt``,
+    ``prompt_ids``, ``messages`` or ``prompts_file``, and ``sampling.logprobs`` on a streamed prompt
+    (which shows text only). Returns the sampling params."""
+    params = sampling_from_cfg(cfg)
+    if cfg.get("prompts_file") is not None:
+        if not str(cfg.prompts_file):
+            raise UserError("prompts_file is empty: pass the path of a JSONL file")
+        return params
+    if params.logprobs:
+        raise UserError(f"sampling.logprobs={params.logprobs}: the streamed output shows text only; ask for "
+                        f"logprobs in a batch job (prompts_file=x.jsonl output=y.jsonl), whose rows carry them")
+    if cfg.get("messages") is not None and not cfg.messages:
+        raise UserError("messages is empty: pass at least one message, e.g. 'messages=[{role: user, content: Hi}]'")
+    if cfg.get("messages") is None and cfg.get("prompt_ids") is not None and not cfg.prompt_ids:
+        raise UserError("prompt_ids is empty: pass at least one token id, e.g. prompt_ids=[1,2,3]")
+    if cfg.get("messages") is None and cfg.get("prompt_ids") is None and cfg.get("prompt") == "":
+        raise UserError("prompt is empty: pass some text, e.g. prompt='Hello' (or leave prompt out for the "
+                        "default prompt)")
+    return params
+
+
 def generate(cfg, llm: Any = None, out: TextIO | None = None) -> int:
     out = sys.stdout if out is None else out  # looked up per call: a captured or replaced stdout is honoured
+    params = check_input(cfg)
     if llm is None:
         if "parallel" in cfg and int(cfg.parallel.tp) * int(cfg.parallel.ep) > 1:
             from inferhal.core.parallel.ep_generate import generate_parallel
@@ -45,38 +72,51 @@ def generate(cfg, llm: Any = None, out: TextIO | None = None) -> int:
         from inferhal.core.engine.llm import LLM
 
         llm = LLM.from_config(cfg)
-    params = sampling_from_cfg(cfg)
-    if cfg.get("prompts_file"):
+    if cfg.get("prompts_file") is not None:
         return _batch(llm, cfg.prompts_file, params, cfg.get("output"), out)
-    if cfg.get("messages"):
+    echo = ""
+    if cfg.get("messages") is not None:
         if llm.tokenizer is None:
             raise UserError("messages= needs a model with a tokenizer and chat template")
         msgs = OmegaConf.to_container(cfg.messages, resolve=True)
         prompt: Any = llm.tokenizer.encode(llm.tokenizer.apply_chat_template(msgs, add_generation_prompt=True),
                                            add_bos=False)
-    elif cfg.get("prompt_ids"):
+    elif cfg.get("prompt_ids") is not None:
         prompt = [int(t) for t in cfg.prompt_ids]
     else:
-        prompt = cfg.get("prompt") or DEFAULT_PROMPT
+        prompt = DEFAULT_PROMPT if cfg.get("prompt") is None else str(cfg.prompt)
         if llm.tokenizer is None:
             raise UserError("this model has no tokenizer; pass token ids: prompt_ids=[1,2,3] or a prompts_file "
                             'with {"prompt_token_ids": [...]} per line')
-        out.write(prompt)
-    return _stream_one(llm, prompt, params, out)
+        echo = prompt
+    return _stream_one(llm, prompt, params, out, echo)
 
 
-def _stream_one(llm, prompt, params: SamplingParams, out: TextIO) -> int:
+def _stream_one(llm, prompt, params: SamplingParams, out: TextIO, echo: str = "") -> int:
+    """Stream one request to ``out``, after ``echo`` (the prompt text); a bad request raises before
+    anything is written, and a failure mid-stream first ends the streamed line."""
     t0 = time.perf_counter()
     first: Optional[float] = None
     n = 0
     final = None
-    for o in llm.stream([prompt], params):
-        if first is None and o.new_token_ids:
-            first = time.perf_counter()
-        n += len(o.new_token_ids)
-        out.write(o.new_text if llm.tokenizer is not None else "".join(f" {t}" for t in o.new_token_ids))
-        out.flush()
-        final = o
+    outputs = llm.stream([prompt], params)  # validates the request: a bad one raises before the echo
+    out.write(echo)
+    line_open = bool(echo)
+    try:
+        for o in outputs:
+            if first is None and o.new_token_ids:
+                first = time.perf_counter()
+            n += len(o.new_token_ids)
+            text = o.new_text if llm.tokenizer is not None else "".join(f" {t}" for t in o.new_token_ids)
+            out.write(text)
+            out.flush()
+            line_open = line_open or bool(text)
+            final = o
+    except BaseException:
+        if line_open:
+            out.write("\n")  # the error message that follows gets a line of its own
+            out.flush()
+        raise
     dt = time.perf_counter() - t0
     ttft = (first or time.perf_counter()) - t0
     rest = dt - ttft
@@ -141,6 +181,8 @@ def _batch(llm, path: str, params: SamplingParams, output: Optional[str], out: T
                     line, jid = ids[o.request_id]
                     results[o.request_id] = {"id": jid, "line": line, "text": o.text, "token_ids": o.token_ids,
                                              "finish_reason": o.finish_reason}
+                    if o.logprobs:  # sampling.logprobs > 0: per generated position, token id -> log-probability
+                        results[o.request_id]["logprobs"] = [{str(t): lp for t, lp in pos.items()} for pos in o.logprobs]
                     prog.advance(f"line {line} done")
             dt = time.perf_counter() - t0
             prog.note(f"{n_tok} tokens, {n_tok / dt:.1f} tok/s" if dt else "")

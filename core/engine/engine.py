@@ -100,6 +100,8 @@ class Engine:
 
     def encode(self, prompt: Prompt) -> tuple[Optional[str], list[int]]:
         if isinstance(prompt, str):
+            if not prompt:
+                raise RequestError("the prompt is empty: pass some text (or token ids)")
             if self.tokenizer is None:
                 raise RequestError("this model has no tokenizer: pass token-id lists instead of strings")
             return prompt, list(self.tokenizer.encode(prompt))

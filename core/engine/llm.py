@@ -179,8 +179,11 @@ class LLM:
 
     def stream(self, prompts: Union[Prompt, Sequence[Prompt]], sampling_params=None,
                priority: Optional[Sequence[int]] = None) -> Iterator[RequestOutput]:
-        """Yield an output (with ``new_token_ids`` / ``new_text``) every time a request gets tokens."""
-        reqs = self._requests(prompts, sampling_params, priority)
+        """An iterator of outputs (with ``new_token_ids`` / ``new_text``), one every time a request gets
+        tokens. Raises here, before any output, if any request is bad (as :meth:`generate` does)."""
+        return self._stream(self._requests(prompts, sampling_params, priority))
+
+    def _stream(self, reqs) -> Iterator[RequestOutput]:
         order = [self.engine.add(r) for r in reqs]
         self.engine.stream_text = True
         left = set(order)

@@ -17,15 +17,20 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from inferhal.core.errors import UserError
 from inferhal.core.paging.spec import KVGroupSpec
 
 MODES = ("exact", "window", "off")
 
 
+class ReplayModeError(UserError, ValueError):
+    """``scheduler.sliding_replay`` names no mode (the CLI prints it and exits 2)."""
+
+
 def replay_span(specs: Sequence[KVGroupSpec], mode: str = "exact") -> Optional[int]:
     """Tokens before ``C`` a resumed request must recompute, or None when it must recompute all."""
     if mode not in MODES:
-        raise ValueError(f"scheduler.sliding_replay must be one of {MODES}, got {mode!r}")
+        raise ReplayModeError(f"scheduler.sliding_replay must be one of {MODES}, got {mode!r}")
     if mode == "off" or not specs or any(s.kind != "sliding" for s in specs):
         return None
     if mode == "window":
