@@ -207,6 +207,9 @@ class BackendRegistry:
         name = config.name
         self.require(config)
         profile = self.call(name, "inferhal_device_profile", config=config)
+        if config.interpret and profile.exec_level != ExecLevel.INTERPRETER:
+            raise BackendSelectionError(f"backend.interpret=true: backend {name!r} has no interpreter mode (its ops run at "
+                                        f"level {profile.exec_level.value!r}); leave backend.interpret=false")
         if config.batch_invariant and not profile.supports("batch_invariant"):
             raise BackendSelectionError(f"backend.batch_invariant=true: backend {name!r} does not declare batch-invariant "
                                         f"ops (its profile lacks the 'batch_invariant' feature)")

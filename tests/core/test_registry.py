@@ -137,6 +137,11 @@ def test_batch_invariance_is_refused_by_a_backend_that_does_not_declare_it(regis
     assert ref.profile.supports("batch_invariant")
 
 
+def test_interpret_is_refused_by_a_backend_without_an_interpreter(registry):
+    with pytest.raises(BackendSelectionError, match="backend.interpret=true: backend 'reference' has no interpreter"):
+        registry.select(BackendConfig(name="reference", interpret=True))
+
+
 def test_fallbacks_of_a_batch_invariant_backend_are_batch_invariant():
     from dataclasses import replace
 
