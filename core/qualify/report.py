@@ -129,7 +129,7 @@ def _recorded_html(report: dict) -> str:
                    f"</td><td>{_e(r.get('matched', r.get('message', '')))}</td><td>{_e(r.get('deterministic', ''))}</td>"
                    f"<td>{_fmt(r.get('max_logprob_diff'))}</td></tr>")
     for r in rec.get("graphs", []):
-        out.append(f"<tr><td>CUDA graph of a decode step ({_e(r.get('model'))})</td><td></td><td>{_badge(r.get('status', '?'))}"
+        out.append(f"<tr><td>device graph of a decode step ({_e(r.get('model'))})</td><td></td><td>{_badge(r.get('status', '?'))}"
                    f"</td><td colspan='3' class='m'>eager {_fmt(r.get('eager_ms'))} ms; "
                    f"{_e(r.get('first_host_sync', r.get('message', '')))}</td></tr>")
     out.append("</table><table><tr><th>measured</th><th>ms</th><th>GB/s</th><th>TFLOP/s</th><th>of peak bandwidth</th>"
