@@ -55,6 +55,7 @@ class KVGroupLayout:
     slots_per_block: int
     slot_shape: tuple[int, ...]
     dtype: torch.dtype
+    num_blocks: int = 0  # blocks of this group's own pool (0: the request's num_blocks)
 
     @property
     def slot_bytes(self) -> int:
@@ -66,9 +67,16 @@ class KVGroupLayout:
 
 @dataclass(frozen=True)
 class KVStorageRequest:
+    """Storage for every group's pool. Each group has its own block ids ``0 .. blocks_of(g) - 1`` and its
+    own pages (``slots_per_block * slot_bytes`` per layer): nothing is padded to another group's page.
+    ``num_blocks`` is the largest group's count (a storage that sized every group by it stays correct)."""
+
     num_blocks: int
     block_size: int
     groups: tuple[KVGroupLayout, ...]
+
+    def blocks_of(self, group: KVGroupLayout) -> int:
+        return group.num_blocks or self.num_blocks
 
 
 @runtime_checkable
@@ -78,7 +86,7 @@ class KVStorage(Protocol):
     request: KVStorageRequest
 
     def layer_cache(self, group: str, layer: int) -> torch.Tensor:
-        """``[num_blocks, slots_per_block, *slot_shape]`` tensor of that layer in that group."""
+        """``[blocks_of(group), slots_per_block, *slot_shape]`` tensor of that layer in that group."""
 
     def nbytes(self) -> int: ...
 

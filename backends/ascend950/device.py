@@ -276,8 +276,7 @@ class AscendKVStorage:
     while ``cache[:, :, 0]`` and ``cache[:, :, 1]`` are each contiguous ``(blocknum, blocksize, Hk, D)``
     tensors, as ``npu_fused_infer_attention_score`` (page attention, ``(blocknum, blocksize, H)``) and
     ``npu_scatter_pa_kv_cache`` (``cache_mode='Norm'``) require ("不支持非连续"). Other slots are plain
-    contiguous ``[NB, BS, *slot]``. Unlike the reference's shared-pool aliasing, groups do not share
-    bytes: memory is the sum over groups (the price of contiguous operator inputs).
+    contiguous ``[NB, BS, *slot]``, ``NB`` being the group's own pool (``request.blocks_of(group)``).
     """
 
     def __init__(self, request: Any, device: str) -> None:
@@ -286,8 +285,8 @@ class AscendKVStorage:
         self.request = request
         self._caches: dict[tuple[str, int], torch.Tensor] = {}
         self._bytes = 0
-        nb = request.num_blocks
         for g in request.groups:
+            nb = request.blocks_of(g)
             for layer in g.layers:
                 if len(g.slot_shape) == 3 and g.slot_shape[0] == 2:
                     planes = torch.zeros((2, nb, g.slots_per_block, *g.slot_shape[1:]), dtype=g.dtype, device=device)

@@ -99,26 +99,21 @@ def zeroed(shape: tuple[int, int], device: str) -> torch.Tensor:
 
 
 class TorchKVStorage:
-    """The shared block pool, laid out as vLLM does for hybrid models.
-
-    Every group's page (``slots_per_block * slot_bytes``) is padded to one ``page_bytes``; the i-th layer
-    of every group views the same ``[num_blocks, page_bytes]`` byte buffer. A block id belongs to one
-    group at a time (the block pool guarantees it), so the views never alias live data, and memory is
-    ``num_blocks * page_bytes * max(layers per group)`` instead of one pool per group.
-    """
+    """One buffer per KV group, ``[layers, blocks_of(group), page_bytes(group)]`` bytes, viewed per layer as
+    ``[blocks, slots_per_block, *slot_shape]`` of the group's dtype: exactly
+    :func:`~inferhal.core.paging.planning.storage_bytes` (the planner's formula: one source of truth)."""
 
     def __init__(self, request: KVStorageRequest, device: str = "cpu") -> None:
         self.request = request
-        groups = request.groups
-        self.page_bytes = planning.page_bytes(groups)  # the planner's formula: one source of truth
-        n_slots = planning.layer_slots(groups)
-        self._buffers = [zeroed((request.num_blocks, self.page_bytes), device) for _ in range(n_slots)]
+        self._buffers = []
         self._caches: dict[tuple[str, int], torch.Tensor] = {}
-        for g in groups:
+        for g in request.groups:
+            n, page = request.blocks_of(g), planning.page_bytes(g)
+            buf = zeroed((len(g.layers) * n, page), device).view(len(g.layers), n, page)
+            self._buffers.append(buf)
             nbytes = g.slots_per_block * g.slot_bytes
             for i, layer in enumerate(g.layers):
-                raw = self._buffers[i][:, :nbytes]
-                self._caches[(g.name, layer)] = raw.view(g.dtype).view(request.num_blocks, g.slots_per_block, *g.slot_shape)
+                self._caches[(g.name, layer)] = buf[i, :, :nbytes].view(g.dtype).view(n, g.slots_per_block, *g.slot_shape)
 
     def layer_cache(self, group: str, layer: int) -> torch.Tensor:
         try:

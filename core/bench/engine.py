@@ -68,7 +68,7 @@ def bookkeeping(loaded, backend, running: int, block_size: int) -> dict:
     vocab = loaded.model.vocab_size
     per_req = PROMPT_LEN + DECODE_STEPS + 8
     eng = Engine(loaded, backend, SchedulerConfig(max_num_seqs=running, max_num_batched_tokens=running * PROMPT_LEN),
-                 CacheConfig(block_size=block_size, num_blocks=running * len(loaded.model.kv_groups()) *
+                 CacheConfig(block_size=block_size, num_blocks=running *
                              (-(-per_req // block_size) + 2) + 8))
     sp = SamplingParams(max_tokens=DECODE_STEPS + 4, temperature=0.0, ignore_eos=True)
     for i in range(running):
@@ -98,7 +98,7 @@ def throughput(loaded, backend, concurrency: int, num_prompts: int, max_tokens: 
     for rep in range(warmup + repeats):
         eng = Engine(loaded, backend, SchedulerConfig(max_num_seqs=concurrency, max_num_batched_tokens=2048),
                      CacheConfig(block_size=block_size, enable_prefix_caching=False,
-                                 num_blocks=concurrency * len(loaded.model.kv_groups()) *
+                                 num_blocks=concurrency *
                                  (-(-(PROMPT_LEN + max_tokens) // block_size) + 2) + 8))
         for i in range(num_prompts):
             eng.add_request(prompt(i, PROMPT_LEN, vocab), sp)

@@ -31,32 +31,39 @@ def kv_groups_for(model_cfg):
     return list(fn(model_cfg))
 
 
-def plan_kv(model_cfg, block_size: int, budget_bytes: int = 0) -> dict:
+def plan_kv(model_cfg, block_size: int, budget_bytes: int = 0, max_num_seqs: int = 64,
+            max_step_tokens: int = 2048) -> dict:
+    """The plan as data: per group its bytes per token and per block, what one request of
+    ``max_model_len`` tokens stores and what its blocks take, and what ``budget_bytes`` holds."""
     specs = kv_groups_for(model_cfg)
     bs = planning.compatible_block_size(specs, block_size)
     groups = planning.layouts(specs, bs)
+    max_len = int(model_cfg.max_model_len)
+    kv = KVCacheManager(specs, bs, 1, enable_caching=False)
+    held = kv.blocks_for(max_len)  # blocks one max_model_len request holds, per group (sliding: its window)
     rows = []
     for s, g in zip(specs, groups):
+        stored_tokens = min(s.window, max_len) if s.kind == "sliding" else max_len
         rows.append({"group": s.name, "kind": s.kind, "layers": len(s.layers), "tokens_per_slot": s.tokens_per_slot,
                      "window": s.window, "slot_bytes": s.slot_bytes(),
                      "bytes_per_token_per_layer": s.slot_bytes() / s.tokens_per_slot,
-                     "bytes_per_token": s.bytes_per_token(), "page_bytes": g.slots_per_block * g.slot_bytes})
-    per_block = planning.bytes_per_block(groups)
-    max_len = int(model_cfg.max_model_len)
-    kv = KVCacheManager(specs, bs, 1, enable_caching=False)
-    req_blocks = kv.blocks_for(max_len) - sum(  # sliding groups keep only their window
-        max(0, -(-max_len // bs) - (-(-(s.window + bs) // bs))) for s in specs if s.kind == "sliding")
+                     "bytes_per_token": s.bytes_per_token(), "page_bytes": planning.page_bytes(g),
+                     "block_bytes": planning.group_block_bytes(g), "blocks_per_max_len_request": held[s.name],
+                     "stored_bytes_per_max_len_request": s.bytes_per_token() * stored_tokens,
+                     "planned_bytes_per_max_len_request": held[s.name] * planning.group_block_bytes(g)})
+    stored = sum(r["stored_bytes_per_max_len_request"] for r in rows)
+    planned = sum(r["planned_bytes_per_max_len_request"] for r in rows)
     out = {"model": str(model_cfg.name), "block_size": bs, "requested_block_size": block_size, "groups": rows,
            "bytes_per_token": sum(r["bytes_per_token"] for r in rows),
            "bytes_per_token_full_context": sum(r["bytes_per_token"] for r in rows if r["kind"] != "sliding"),
            "sliding_bytes_per_request": sum(r["bytes_per_token"] * r["window"] for r in rows if r["kind"] == "sliding"),
-           "page_bytes": planning.page_bytes(groups), "layer_slots": planning.layer_slots(groups),
-           "bytes_per_block": per_block, "pool_bytes_per_token": per_block / bs,
-           "max_model_len": max_len, "blocks_per_max_len_request": req_blocks,
-           "bytes_per_max_len_request": req_blocks * per_block}
+           "max_model_len": max_len, "stored_bytes_per_max_len_request": stored,
+           "bytes_per_max_len_request": planned, "planned_over_stored": planned / stored if stored else 0.0}
     if budget_bytes:
-        n = planning.num_blocks_for_budget(budget_bytes, groups)
-        out.update(budget_bytes=budget_bytes, num_blocks=n, max_len_requests=n // max(req_blocks, 1))
+        n = planning.blocks_for_budget(specs, bs, budget_bytes, max_num_seqs, max_step_tokens)
+        fits = min(n[s.name] // max(held[s.name], 1) for s in specs)
+        out.update(budget_bytes=budget_bytes, max_num_seqs=max_num_seqs, num_blocks=n,
+                   allocated_bytes=planning.storage_bytes(planning.layouts(specs, bs, n)), max_len_requests=fits)
     return out
 
 
@@ -72,31 +79,35 @@ def run(cfg, words) -> int:
     if words != ["kv"]:
         raise UserError(f"usage: inferhal plan kv model=NAME [cache.block_size=N] [cache.kv_cache_bytes=B]; "
                         f"subcommands: {', '.join(SUBCOMMANDS)}")
-    plan = plan_kv(cfg.model, int(cfg.cache.block_size), int(cfg.cache.kv_cache_bytes))
+    plan = plan_kv(cfg.model, int(cfg.cache.block_size), int(cfg.cache.kv_cache_bytes),
+                   int(cfg.scheduler.max_num_seqs), int(cfg.scheduler.max_num_batched_tokens))
     from inferhal.core.cli.console import console as make_console
     from rich.table import Table
 
-    t = Table(title=f"KV cache plan: {plan['model']}")
-    for col in ("group", "kind", "layers", "tokens/slot", "window", "slot B", "B/token/layer", "B/token (group)"):
+    t = Table(title=f"KV cache plan: {plan['model']} (block_size {plan['block_size']}, one pool per group)")
+    cols = ("group", "kind", "layers", "tokens/slot", "window", "slot B", "B/token/layer", "B/token (group)",
+            "block B", f"blocks @{plan['max_model_len']}", f"stored @{plan['max_model_len']}", "planned")
+    for col in cols:
         t.add_column(col, justify="left" if col in ("group", "kind") else "right")
     for r in plan["groups"]:
         t.add_row(r["group"], r["kind"], str(r["layers"]), str(r["tokens_per_slot"]), str(r["window"] or "-"),
-                  str(r["slot_bytes"]), f"{r['bytes_per_token_per_layer']:,.1f}", f"{r['bytes_per_token']:,.1f}")
-    t.add_row("total", "", "", "", "", "", "", f"{plan['bytes_per_token']:,.1f}", style="bold")
+                  str(r["slot_bytes"]), f"{r['bytes_per_token_per_layer']:,.1f}", f"{r['bytes_per_token']:,.1f}",
+                  _human(r["block_bytes"]), str(r["blocks_per_max_len_request"]),
+                  _human(r["stored_bytes_per_max_len_request"]), _human(r["planned_bytes_per_max_len_request"]))
+    t.add_row("total", "", "", "", "", "", "", f"{plan['bytes_per_token']:,.1f}", "", "",
+              _human(plan["stored_bytes_per_max_len_request"]), _human(plan["bytes_per_max_len_request"]), style="bold")
     con = make_console()
     con.print(t)
     bs = plan["block_size"]
     note = "" if bs == plan["requested_block_size"] else f" (raised from {plan['requested_block_size']} to fit every ratio)"
-    con.print(f"KV per token of context: {_human(plan['bytes_per_token'])} summed over groups; "
-              f"{_human(plan['bytes_per_token_full_context'])} grows with context, sliding groups cap at "
-              f"{_human(plan['sliding_bytes_per_request'])} per request")
-    con.print(f"shared pool: block_size {bs}{note}, page {_human(plan['page_bytes'])} x {plan['layer_slots']} layer slots "
-              f"= {_human(plan['bytes_per_block'])} per block ({_human(plan['pool_bytes_per_token'])} per token of pool)")
-    con.print(f"one request of max_model_len={plan['max_model_len']}: {plan['blocks_per_max_len_request']} blocks = "
-              f"{_human(plan['bytes_per_max_len_request'])}")
+    con.print(f"KV per token of context: {_human(plan['bytes_per_token_full_context'])} grows with context; the sliding "
+              f"groups hold {_human(plan['sliding_bytes_per_request'])} per request (their windows); block_size {bs}{note}")
+    con.print(f"one request of max_model_len={plan['max_model_len']}: stores {_human(plan['stored_bytes_per_max_len_request'])}, "
+              f"its blocks take {_human(plan['bytes_per_max_len_request'])} ({plan['planned_over_stored']:.3f}x)")
     if "num_blocks" in plan:
-        con.print(f"budget {_human(plan['budget_bytes'])}: {plan['num_blocks']} blocks, "
-                  f"{plan['max_len_requests']} requests of max_model_len")
+        blocks = ", ".join(f"{g} {n}" for g, n in plan["num_blocks"].items())
+        con.print(f"budget {_human(plan['budget_bytes'])} (max_num_seqs {plan['max_num_seqs']}): blocks {blocks}; "
+                  f"{_human(plan['allocated_bytes'])} allocated; {plan['max_len_requests']} requests of max_model_len at once")
     if cfg.get("output"):
         with open(cfg.output, "w") as f:
             json.dump(plan, f, indent=2)

@@ -33,23 +33,22 @@ from inferhal.core.spec.ngram import NgramProposer
 Prompt = Union[str, Sequence[int]]
 
 
-def plan_num_blocks(specs, block_size: int, cache: CacheConfig, device: Any, max_num_seqs: int,
-                    max_model_len: int) -> int:
-    """Blocks of the shared pool: ``cache.num_blocks``, else ``cache.kv_cache_bytes`` // bytes per
-    block, else a ``cache.memory_fraction`` of free device memory (capped by ``cache.auto_kv_cap_bytes``
-    and by what ``max_num_seqs`` requests of ``max_model_len`` tokens could use)."""
+def plan_num_blocks(specs, block_size: int, cache: CacheConfig, device: Any, scheduler: SchedulerConfig,
+                    max_model_len: int) -> dict[str, int]:
+    """Blocks of each group's pool: ``cache.num_blocks`` each, else a split of ``cache.kv_cache_bytes``,
+    else of a ``cache.memory_fraction`` of free device memory (capped by ``cache.auto_kv_cap_bytes``);
+    :func:`~inferhal.core.paging.planning.blocks_for_budget` splits a budget."""
     if cache.num_blocks > 0:
-        return cache.num_blocks
-    groups = planning.layouts(specs, block_size)
-    per = planning.bytes_per_block(groups)
+        return {s.name: int(cache.num_blocks) for s in specs}
     if cache.kv_cache_bytes > 0:
-        return cache.kv_cache_bytes // per
-    free = int(device.memory_stats().get("free", 0)) if hasattr(device, "memory_stats") else 0
-    budget = int(free * cache.memory_fraction)
-    if cache.auto_kv_cap_bytes > 0:
-        budget = min(budget, cache.auto_kv_cap_bytes)
-    useful = max_num_seqs * (-(-max_model_len // block_size)) * len(specs) + 1
-    return min(budget // per, useful)
+        budget = int(cache.kv_cache_bytes)
+    else:
+        free = int(device.memory_stats().get("free", 0)) if hasattr(device, "memory_stats") else 0
+        budget = int(free * cache.memory_fraction)
+        if cache.auto_kv_cap_bytes > 0:
+            budget = min(budget, cache.auto_kv_cap_bytes)
+    return planning.blocks_for_budget(specs, block_size, budget, scheduler.max_num_seqs,
+                                      scheduler.max_num_batched_tokens, max_model_len)
 
 
 class Engine:
@@ -70,10 +69,8 @@ class Engine:
         if need != bs:
             raise UserError(f"cache.block_size={bs} is not a multiple of every KV group's tokens_per_slot; "
                             f"use cache.block_size={need}")
-        num_blocks = plan_num_blocks(self.specs, bs, cache, backend.device, scheduler.max_num_seqs, self.max_model_len)
-        if num_blocks < 1:
-            per = planning.bytes_per_block(planning.layouts(self.specs, bs))
-            raise UserError(f"the KV budget holds no block (one block is {per} bytes); raise cache.kv_cache_bytes")
+        num_blocks = plan_num_blocks(self.specs, bs, cache, backend.device, scheduler, self.max_model_len)
+        planning.check_budget(self.specs, bs, num_blocks)
         self.kv_manager = KVCacheManager(self.specs, bs, num_blocks, cache.enable_prefix_caching)
         self.kv_storage = backend.kv_storage(planning.storage_request(self.specs, bs, num_blocks))
         self.scheduler = Scheduler(scheduler, self.kv_manager, self.max_model_len)

@@ -1,4 +1,5 @@
-"""Per-request block tables over every KV group of a model, from one shared :class:`BlockPool`.
+"""Per-request block tables over every KV group of a model, each group from its own :class:`BlockPool`
+(block ids are per group; :mod:`.planning` sizes the pools under one budget).
 
 Block-table rules per group kind (``bs`` = block size in tokens; a block always covers ``bs`` tokens):
 
@@ -17,7 +18,7 @@ full/compressed group and, for a sliding group, only the blocks holding keys ``C
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable, Optional, Sequence
+from typing import Hashable, Mapping, Optional, Sequence
 
 from inferhal.core.paging.block_pool import Block, BlockHash, BlockPool
 from inferhal.core.paging.hashing import extend_block_hashes
@@ -59,38 +60,64 @@ class _ReqBlocks:
 class KVCacheManager:
     """Allocates, releases and caches the blocks of each request, for all groups at once."""
 
-    def __init__(self, specs: Sequence[KVGroupSpec], block_size: int, num_blocks: int,
+    def __init__(self, specs: Sequence[KVGroupSpec], block_size: int, num_blocks: int | Mapping[str, int],
                  enable_caching: bool = True) -> None:
+        """``num_blocks``: blocks of each group's pool (one count for all, or a count per group name)."""
         if not specs:
             raise ValueError("KVCacheManager needs at least one KV group")
         for s in specs:
             s.slots_per_block(block_size)  # raises when block_size does not fit a compressed group
         self.specs = tuple(specs)
         self.block_size = block_size
-        self.pool = BlockPool(num_blocks, enable_caching)
+        counts = {s.name: num_blocks for s in specs} if isinstance(num_blocks, int) else dict(num_blocks)
+        missing = [s.name for s in specs if s.name not in counts]
+        if missing:
+            raise ValueError(f"KVCacheManager: no block count for group(s) {missing}")
+        self.pools = {s.name: BlockPool(int(counts[s.name]), enable_caching) for s in specs}
         self.reqs: dict[str, _ReqBlocks] = {}
         self._has_sliding = any(s.kind == "sliding" for s in specs)
 
     @property
     def enable_caching(self) -> bool:
-        return self.pool.enable_caching
+        return next(iter(self.pools.values())).enable_caching
+
+    @property
+    def num_blocks(self) -> dict[str, int]:
+        return {g: p.num_blocks for g, p in self.pools.items()}
+
+    def num_free_blocks(self) -> dict[str, int]:
+        return {g: p.num_free_blocks() for g, p in self.pools.items()}
+
+    def usage(self) -> float:
+        """The fullest pool's usage (the one that preempts first)."""
+        return max(p.usage() for p in self.pools.values())
+
+    def num_evictions(self) -> int:
+        return sum(p.num_evictions for p in self.pools.values())
+
+    def reset_prefix_cache(self) -> None:
+        for p in self.pools.values():
+            p.reset_prefix_cache()
 
     # ------------------------------------------------------------------ sizing
 
-    def blocks_for(self, num_tokens: int) -> int:
-        """Blocks one request of ``num_tokens`` tokens needs at its largest step (all groups)."""
-        return sum(blocks_needed(s, self.block_size, num_tokens) for s in self.specs)
-
-    def max_blocks_one_step(self, num_tokens: int, chunk: int) -> int:
-        """Worst case the pool must hold for a lone request of ``num_tokens`` with steps of ``chunk``."""
-        total = 0
+    def blocks_for(self, num_tokens: int) -> dict[str, int]:
+        """Blocks one request of ``num_tokens`` tokens of context holds in each group (sliding: its window)."""
+        out = {}
         for s in self.specs:
+            n = blocks_needed(s, self.block_size, num_tokens)
+            out[s.name] = n - first_live_block(s, self.block_size, max(0, num_tokens - 1))
+        return out
+
+    def max_blocks_one_step(self, num_tokens: int, chunk: int) -> dict[str, int]:
+        """Worst case each group's pool must hold for a lone request of ``num_tokens`` with steps of ``chunk``."""
+        out = {}
+        for s in self.specs:
+            n = blocks_needed(s, self.block_size, num_tokens)
             if s.kind == "sliding":
-                first = first_live_block(s, self.block_size, max(0, num_tokens - chunk))
-                total += blocks_needed(s, self.block_size, num_tokens) - first
-            else:
-                total += blocks_needed(s, self.block_size, num_tokens)
-        return total
+                n -= first_live_block(s, self.block_size, max(0, num_tokens - chunk))
+            out[s.name] = n
+        return out
 
     # ------------------------------------------------------------------ prefix cache lookup
 
@@ -107,16 +134,16 @@ class KVCacheManager:
 
     def find_prefix_hit(self, req_id: str, token_ids: Sequence[int], extra_keys: tuple = ()) -> PrefixHit:
         """Longest reusable cached prefix of ``token_ids``, leaving at least one token to compute."""
-        if not self.pool.enable_caching:
+        if not self.enable_caching:
             return PrefixHit()
         hashes = self.block_hashes(req_id, token_ids, extra_keys)
         max_n = min(len(hashes), (len(token_ids) - 1) // self.block_size)
-        pool, bs = self.pool, self.block_size
+        pools, bs = self.pools, self.block_size
         n = 0
         for s in self.specs:  # full/compressed groups: every leading block
             if s.kind != "sliding":
                 k = 0
-                while k < max_n and pool.get_cached_block(s.name, hashes[k]) is not None:
+                while k < max_n and pools[s.name].get_cached_block(s.name, hashes[k]) is not None:
                     k += 1
                 max_n = k
         n = max_n
@@ -125,7 +152,7 @@ class KVCacheManager:
                 continue
             while n > 0:
                 lo = first_live_block(s, bs, n * bs)
-                if all(pool.get_cached_block(s.name, hashes[j]) is not None for j in range(lo, n)):
+                if all(pools[s.name].get_cached_block(s.name, hashes[j]) is not None for j in range(lo, n)):
                     break
                 n -= 1
         if n == 0:
@@ -133,7 +160,7 @@ class KVCacheManager:
         hit = PrefixHit(num_tokens=n * bs)
         for s in self.specs:
             lo = first_live_block(s, bs, n * bs)
-            hit.blocks[s.name] = [None] * lo + [pool.get_cached_block(s.name, hashes[j]) for j in range(lo, n)]
+            hit.blocks[s.name] = [None] * lo + [pools[s.name].get_cached_block(s.name, hashes[j]) for j in range(lo, n)]
         return hit
 
     # ------------------------------------------------------------------ allocation
@@ -149,42 +176,45 @@ class KVCacheManager:
                 for j in range(min(lo, len(bl))):
                     bl[j] = None
                     ids[j] = -1
-                self.pool.free_blocks(reversed(dead))
+                self.pools[s.name].free_blocks(reversed(dead))
 
-    def num_new_blocks(self, req_id: str, num_computed: int, num_new: int, hit: Optional[PrefixHit] = None) -> int:
-        """Blocks :meth:`allocate` would take from the free queue (cached hits with ref 0 count too)."""
+    def num_new_blocks(self, req_id: str, num_computed: int, num_new: int,
+                       hit: Optional[PrefixHit] = None) -> dict[str, int]:
+        """Blocks :meth:`allocate` would take from each group's free queue (cached hits with ref 0 count too)."""
         st = self.reqs.get(req_id)
         end = num_computed + num_new
-        total = 0
+        out = {}
         for s in self.specs:
             have = len(st.blocks[s.name]) if st else 0
             lo = first_live_block(s, self.block_size, num_computed)
+            n = 0
             if hit is not None and hit.num_tokens:
                 hb = hit.blocks[s.name]
-                total += sum(1 for b in hb if b is not None and b.ref_cnt == 0)
+                n += sum(1 for b in hb if b is not None and b.ref_cnt == 0)
                 have = len(hb)
-            total += max(0, blocks_needed(s, self.block_size, end) - max(have, lo))
-        return total
+            out[s.name] = n + max(0, blocks_needed(s, self.block_size, end) - max(have, lo))
+        return out
 
     def allocate(self, req_id: str, num_computed: int, num_new: int, hit: Optional[PrefixHit] = None) -> bool:
         """Make room for tokens ``[num_computed, num_computed + num_new)``; False (nothing changed) when
-        the pool lacks blocks. A ``hit`` (from :meth:`find_prefix_hit`) is taken on first allocation."""
+        some group's pool lacks blocks. A ``hit`` (from :meth:`find_prefix_hit`) is taken on first allocation."""
         st = self._state(req_id)
         if self._has_sliding:
             self._release_out_of_window(st, num_computed)
         need = self.num_new_blocks(req_id, num_computed, num_new, hit)
-        if need > self.pool.num_free_blocks():
+        if any(need[g] > p.num_free_blocks() for g, p in self.pools.items()):
             return False
-        pool, end = self.pool, num_computed + num_new
+        end = num_computed + num_new
         if hit is not None and hit.num_tokens:
             for s in self.specs:
                 hb = hit.blocks[s.name]
                 live = [b for b in hb if b is not None]
-                pool.touch(live)
+                self.pools[s.name].touch(live)
                 st.blocks[s.name] = list(hb)
                 st.ids[s.name] = [-1 if b is None else b.block_id for b in hb]
             st.num_cached = hit.num_tokens // self.block_size
         for s in self.specs:
+            pool = self.pools[s.name]
             bl, ids = st.blocks[s.name], st.ids[s.name]
             lo = first_live_block(s, self.block_size, num_computed)
             if len(bl) < lo:  # e.g. a bounded replay that starts past the beginning
@@ -199,7 +229,7 @@ class KVCacheManager:
 
     def cache_blocks(self, req_id: str, token_ids: Sequence[int], num_computed: int) -> None:
         """Register every full, computed block of the request in the prefix cache."""
-        if not self.pool.enable_caching:
+        if not self.enable_caching:
             return
         st = self.reqs[req_id]
         n_full = num_computed // self.block_size
@@ -210,7 +240,7 @@ class KVCacheManager:
             bl = st.blocks[s.name]
             for j in range(st.num_cached, min(n_full, len(bl))):
                 if bl[j] is not None:
-                    self.pool.cache_block(s.name, bl[j], hashes[j])
+                    self.pools[s.name].cache_block(s.name, bl[j], hashes[j])
         st.num_cached = n_full
 
     def skip_caching_below(self, req_id: str, num_blocks: int) -> None:
@@ -224,7 +254,7 @@ class KVCacheManager:
         if st is None:
             return
         for s in self.specs:
-            self.pool.free_blocks(b for b in reversed(st.blocks[s.name]) if b is not None)
+            self.pools[s.name].free_blocks(b for b in reversed(st.blocks[s.name]) if b is not None)
 
     def reset_blocks(self, req_id: str) -> None:
         """Free the request's blocks but keep its hashes (preemption: it will be recomputed)."""
@@ -232,7 +262,7 @@ class KVCacheManager:
         if st is None:
             return
         for s in self.specs:
-            self.pool.free_blocks(b for b in reversed(st.blocks[s.name]) if b is not None)
+            self.pools[s.name].free_blocks(b for b in reversed(st.blocks[s.name]) if b is not None)
             st.blocks[s.name], st.ids[s.name] = [], []
         st.num_cached = 0
 
@@ -243,7 +273,7 @@ class KVCacheManager:
 
     def check(self) -> None:
         """Ref counts equal the number of request block tables holding each block; ids mirror blocks."""
-        refs: dict[int, int] = {}
+        refs: dict[str, dict[int, int]] = {s.name: {} for s in self.specs}
         for st in self.reqs.values():
             for s in self.specs:
                 bl, ids = st.blocks[s.name], st.ids[s.name]
@@ -251,5 +281,7 @@ class KVCacheManager:
                 for b, i in zip(bl, ids):
                     assert (b is None and i == -1) or (b is not None and b.block_id == i), "block id mismatch"
                     if b is not None:
-                        refs[b.block_id] = refs.get(b.block_id, 0) + 1
-        self.pool.check(refs)
+                        assert b is self.pools[s.name].blocks[b.block_id], f"group {s.name} holds another pool's block"
+                        refs[s.name][b.block_id] = refs[s.name].get(b.block_id, 0) + 1
+        for s in self.specs:
+            self.pools[s.name].check(refs[s.name])

@@ -78,10 +78,13 @@ class Scheduler:
                 f"{self.cfg.max_num_batched_tokens} and chunked_prefill is off")
         total = min(n + req.params.max_tokens, self.max_model_len)
         need = self.kv.max_blocks_one_step(total, self.cfg.max_num_batched_tokens)
-        if need > self.kv.pool.num_blocks:
+        have = self.kv.num_blocks
+        short = [g for g, n in need.items() if n > have[g]]
+        if short:
             raise RequestError(
-                f"request {req.request_id!r}: {total} tokens need {need} KV blocks but the pool has only "
-                f"{self.kv.pool.num_blocks}; raise cache.kv_cache_bytes (or cache.num_blocks) or lower max_tokens")
+                f"request {req.request_id!r}: {total} tokens need "
+                + ", ".join(f"{need[g]} blocks of KV group {g!r} (its pool has {have[g]})" for g in short)
+                + "; raise cache.kv_cache_bytes (or cache.num_blocks) or lower max_tokens")
         if req.request_id in self.requests:
             raise RequestError(f"request id {req.request_id!r} is already in use")
 

@@ -51,11 +51,11 @@ class _Event:
 
 
 class KVStorage:
-    """One tensor per (group, layer): ``[num_blocks, slots_per_block, *slot_shape]``."""
+    """One tensor per (group, layer): ``[blocks of the group's pool, slots_per_block, *slot_shape]``."""
 
     def __init__(self, request) -> None:
         self.request = request
-        self._caches = {(g.name, layer): torch.zeros(request.num_blocks, g.slots_per_block, *g.slot_shape, dtype=g.dtype)
+        self._caches = {(g.name, layer): torch.zeros(request.blocks_of(g), g.slots_per_block, *g.slot_shape, dtype=g.dtype)
                         for g in request.groups for layer in g.layers}
 
     def layer_cache(self, group: str, layer: int) -> torch.Tensor:

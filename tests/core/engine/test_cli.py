@@ -59,7 +59,7 @@ def test_plan_kv_for_deepseek_v4_configs():
     plan = plan_kv(cfg.model, 16, 1 << 30)
     assert {g["group"] for g in plan["groups"]} >= {"swa", "csa", "hca"}
     assert plan["bytes_per_token"] == pytest.approx(sum(g["bytes_per_token"] for g in plan["groups"]))
-    assert plan["num_blocks"] == (1 << 30) // plan["bytes_per_block"]
+    assert plan["allocated_bytes"] <= 1 << 30 and min(plan["num_blocks"].values()) > 0
     flash = plan_kv(compose(["model=deepseek_v4_flash"], "plan kv").model, 16)
     assert flash["block_size"] % 128 == 0  # raised to fit HCA's 128:1 ratio
 

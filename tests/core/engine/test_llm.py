@@ -21,7 +21,7 @@ def test_batched_greedy_equals_alone(llm):
     for p, out in zip(prompts, batched):
         assert out.token_ids == llm.generate([p], GREEDY)[0].token_ids
         assert len(out.token_ids) == 12 and out.finish_reason == "length"
-    assert llm.engine.kv_manager.pool.num_free_blocks() == llm.engine.kv_manager.pool.num_blocks
+    assert llm.engine.kv_manager.num_free_blocks() == llm.engine.kv_manager.num_blocks
 
 
 def test_seeded_sampling_is_batch_independent(llm):
@@ -77,7 +77,7 @@ def test_bad_input_errors_name_the_problem(llm):
 def test_bad_request_leaves_others_untouched(llm):
     eng = llm.engine
     good = eng.add_request("fine prompt", GREEDY)
-    with pytest.raises(ValueError, match="KV blocks"):
+    with pytest.raises(ValueError, match="blocks of KV group"):
         eng.add_request("x" * 300, SamplingParams(max_tokens=200, temperature=0.0))
     outs = {}
     while eng.has_unfinished():

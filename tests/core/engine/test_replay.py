@@ -55,7 +55,7 @@ def test_resume_recomputes_only_what_the_window_needs(model, backend, mode):
         eng.kv_manager.check()
         if not eng.has_unfinished():
             break
-    assert eng.kv_manager.pool.num_free_blocks() == 40 and len(preempted) == 2
+    assert set(eng.kv_manager.num_free_blocks().values()) == {40} and len(preempted) == 2
     for rid, at in preempted:
         assert at > 6  # preempted while decoding, past the replay span
         assert first_seq[rid] == replay_start(at, span)  # resumes at max(0, C - span): 0 when off

@@ -79,7 +79,7 @@ def run(model, backend, seed, block_size, chunk, caching, policy, num_blocks, ab
         step += 1
         assert step < 5000, "the workload does not drain"
     assert not eng.kv_manager.reqs, "a finished or aborted request still holds blocks"
-    assert eng.kv_manager.pool.num_free_blocks() == num_blocks, "blocks leaked"
+    assert eng.kv_manager.num_free_blocks() == eng.kv_manager.num_blocks, "blocks leaked"
     for rid, i in ids.items():
         if rid in aborted:
             continue
@@ -95,7 +95,7 @@ def run(model, backend, seed, block_size, chunk, caching, policy, num_blocks, ab
 def test_random_workload_matches_solo_runs(model, backend, seed, block_size, chunk, caching, policy):
     # room for the largest possible request (23 + 15 prompt + 8 output tokens) and a half: forces preemption
     probe = Engine(model, backend, SchedulerConfig(), CacheConfig(block_size=block_size, num_blocks=1))
-    need = probe.kv_manager.max_blocks_one_step(46, chunk)
+    need = max(probe.kv_manager.max_blocks_one_step(46, chunk).values())
     eng, _ = run(model, backend, seed, block_size, chunk, caching, policy, need + need // 2)
     assert eng.scheduler.num_preemptions > 0, "the KV budget was meant to force preemption"
 

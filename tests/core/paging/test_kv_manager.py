@@ -35,7 +35,7 @@ def test_sliding_blocks_released_out_of_window():
     kv.check()
     kv.free("r")
     kv.check()
-    assert kv.pool.num_free_blocks() == 32
+    assert kv.num_free_blocks() == {"full": 32, "swa": 32}
 
 
 def test_hybrid_prefix_hit_needs_only_the_window():
@@ -53,7 +53,8 @@ def test_hybrid_prefix_hit_needs_only_the_window():
     # evict the sliding window block of the hit point: the hit falls back to a shorter prefix
     blk = hit.blocks["swa"][9]
     kv.free("b")
-    kv.pool.get_new_blocks(kv.pool.num_free_blocks())  # evicts everything, LRU order
+    pool = kv.pools["swa"]
+    pool.get_new_blocks(pool.num_free_blocks())  # evicts every sliding block, LRU order
     assert kv.find_prefix_hit("c", toks + [7], ()).num_tokens == 0 and blk.block_hash is None
 
 
@@ -66,15 +67,42 @@ def test_hit_leaves_one_token_to_compute():
 
 
 def test_budget_to_blocks_matches_storage():
+    """The planner's split of a budget, the manager's pools and the storage's bytes agree exactly."""
     specs = [FULL, SLIDE, CSA]
-    groups = planning.layouts(specs, 8)
-    per = planning.bytes_per_block(groups)
-    n = planning.num_blocks_for_budget(10 * per + per // 2, groups)
-    assert n == 10
+    lay = dict(zip(("full", "swa", "csa"), planning.layouts(specs, 8)))
+    full_b, swa_b, csa_b = (planning.group_block_bytes(lay[g]) for g in ("full", "swa", "csa"))
+    assert (full_b, swa_b, csa_b) == (8 * 2 * 8 * 4 * 2, 8 * 2 * 8 * 4 * 2, 2 * 16 * 2)  # each its own page, no padding
+    budget = 1 << 20
+    n = planning.blocks_for_budget(specs, 8, budget, max_num_seqs=4, max_step_tokens=16)
+    # the window reserve: 4 requests x ceil((6 - 1 + 1) / 8) + 1 = 2 live blocks, plus one step of 16 tokens
+    assert n["swa"] == 4 * 2 + 2
+    # the growth groups split the rest, the same number of blocks each (a request needs ~L/8 of each)
+    assert n["full"] == n["csa"] == (budget - n["swa"] * swa_b) // (full_b + csa_b)
     store = TorchKVStorage(planning.storage_request(specs, 8, n))
-    assert store.nbytes() == n * per
-    assert store.layer_cache("csa", 4).shape == (10, 2, 16)
+    assert store.nbytes() == planning.storage_bytes(planning.layouts(specs, 8, n)) <= budget
+    assert store.layer_cache("csa", 4).shape == (n["csa"], 2, 16)
+    assert store.layer_cache("swa", 3).shape == (n["swa"], 8, 2, 1, 8)
+    kv = KVCacheManager(specs, 8, n)
+    assert kv.num_blocks == n
     assert planning.compatible_block_size([CSA], 6) == 12
+
+
+def test_sliding_reserve_is_capped_at_half_the_budget():
+    specs = [FULL, SLIDE]
+    lay = planning.layouts(specs, 8)
+    budget = 40 * planning.group_block_bytes(lay[0])
+    n = planning.blocks_for_budget(specs, 8, budget, max_num_seqs=1000, max_step_tokens=16)
+    assert n["swa"] * planning.group_block_bytes(lay[1]) <= budget // 2 + planning.group_block_bytes(lay[1])
+    assert n["full"] >= 19
+
+
+def test_no_block_is_refused_with_the_bytes_one_block_needs():
+    import pytest
+
+    from inferhal.core.errors import UserError
+
+    with pytest.raises(UserError, match=r"no block of group\(s\) full .* one block of every group takes"):
+        planning.check_budget([FULL, SLIDE], 8, {"full": 0, "swa": 3})
 
 
 def test_replay_rule():
