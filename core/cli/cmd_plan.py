@@ -60,7 +60,7 @@ def plan_kv(model_cfg, block_size: int, budget_bytes: int = 0, max_num_seqs: int
            "max_model_len": max_len, "stored_bytes_per_max_len_request": stored,
            "bytes_per_max_len_request": planned, "planned_over_stored": planned / stored if stored else 0.0}
     if budget_bytes:
-        n = planning.blocks_for_budget(specs, bs, budget_bytes, max_num_seqs, max_step_tokens)
+        n = planning.blocks_for_budget(specs, bs, budget_bytes, max_num_seqs, max_step_tokens, max_len)
         fits = min(n[s.name] // max(held[s.name], 1) for s in specs)
         out.update(budget_bytes=budget_bytes, max_num_seqs=max_num_seqs, num_blocks=n,
                    allocated_bytes=planning.storage_bytes(planning.layouts(specs, bs, n)), max_len_requests=fits)

@@ -64,6 +64,20 @@ def test_plan_kv_for_deepseek_v4_configs():
     assert flash["block_size"] % 128 == 0  # raised to fit HCA's 128:1 ratio
 
 
+@pytest.mark.parametrize("budget", [8 << 20, 64 << 20])
+def test_plan_kv_allocates_what_the_engine_allocates(budget):
+    """`plan kv` and a running engine split a budget into the same pools and allocate the same bytes."""
+    from inferhal.core.cli.cmd_plan import plan_kv
+    from inferhal.core.engine.llm import LLM
+
+    ov = [f"cache.kv_cache_bytes={budget}", "cache.block_size=16", "model.max_model_len=256"]
+    cfg = compose(["model=deepseek_v4_tiny", *ov], "plan kv")
+    plan = plan_kv(cfg.model, 16, budget, cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens)
+    eng = LLM("deepseek_v4_tiny", backend="reference", overrides=ov).engine
+    assert eng.kv_manager.num_blocks == plan["num_blocks"]
+    assert eng.kv_storage.nbytes() == plan["allocated_bytes"] <= budget
+
+
 def test_bench_dispatch_lists_kinds():
     from inferhal.core.cli import cmd_bench
 
