@@ -62,7 +62,10 @@ class Engine:
         self.spec_off_at = spec.disable_by_batch_size or None  # running requests at which drafting pauses
         self.loaded, self.backend = loaded, backend
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
-        self.max_model_len = int(max_model_len or self.model.max_model_len)
+        self.max_model_len = int(self.model.max_model_len if max_model_len is None else max_model_len)
+        if self.max_model_len < 2:
+            raise UserError(f"model.max_model_len must be >= 2 (one prompt token and one generated token), "
+                            f"got {self.max_model_len}")
         self.specs = tuple(self.model.kv_groups())
         bs = cache.block_size
         need = planning.compatible_block_size(self.specs, bs)

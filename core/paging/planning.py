@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from inferhal.core.backend import KVGroupLayout, KVStorageRequest
+from inferhal.core.errors import UserError
 from inferhal.core.paging.spec import KVGroupSpec
 
 PAGE_ALIGN = 16
@@ -111,6 +112,9 @@ def storage_request(specs: Sequence[KVGroupSpec], block_size: int, num_blocks: M
 def compatible_block_size(specs: Sequence[KVGroupSpec], block_size: int) -> int:
     """The smallest multiple of ``block_size`` that every group's ``tokens_per_slot`` divides."""
     import math
+
+    if block_size < 1:
+        raise UserError(f"cache.block_size must be >= 1, got {block_size}")
 
     lcm = 1
     for s in specs:

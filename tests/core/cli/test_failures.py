@@ -74,3 +74,13 @@ def test_a_prompt_too_long_fails_on_a_line_of_its_own(capsys):
 def test_an_unknown_replay_mode_is_a_clean_failure(capsys):
     assert main(["generate", "model=deepseek_v4_tiny", "prompt_ids=[1]", "scheduler.sliding_replay=bogus"]) == 2
     _clean_failure(capsys, "scheduler.sliding_replay must be one of")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["generate", "cache.block_size=0"], "cache.block_size must be >= 1, got 0"),
+    (["plan", "kv", "cache.block_size=-16"], "cache.block_size must be >= 1, got -16"),
+    (["generate", "model.max_model_len=0"], "model.max_model_len must be >= 2"),
+])
+def test_sizes_out_of_range_are_clean_failures(args, needle, capsys):
+    assert main([*args, "model=deepseek_v4_tiny", "prompt_ids=[1]"]) == 2
+    _clean_failure(capsys, needle)
