@@ -4,7 +4,9 @@ Per layer: low-rank Q (``q_a`` → RMSNorm → ``q_b`` → per-head unweighted R
 (K = V, RMSNorm), interleaved partial RoPE on the last ``rope_dim`` channels (``main`` table on sliding
 layers, the YaRN ``compress`` table on CSA/HCA layers); the latent goes into ``swa``. CSA/HCA layers
 also push their compressor state, close windows into compressed entries (``attn.compress``) and, for
-CSA, let the lightning indexer choose ``index_topk`` entries. One softmax with the learned sinks covers
+CSA, let the lightning indexer choose ``index_topk`` entries. A layer that shares another's compressed KV
+(``kv_sources``, V4.1's cross-layer sharing) writes none: it reads the source layer's entries and indexer
+keys, choosing among them with its own indexer query. One softmax with the learned sinks covers
 window and compressed keys (``attn.sparse_topk``); the output is de-rotated (inverse RoPE at the query
 position) and projected through the grouped low-rank ``o_a`` (per group) and ``o_b``.
 """
@@ -76,15 +78,18 @@ def attention(m: "DeepseekV4ForCausalLM", pre: str, layer: int, x: torch.Tensor,
         ratio = cfg.ratio(layer)
         group = "csa" if lt == CSA else "hca"
         c = a + "compressor."
-        compress(m, c, layer, group, ratio, lt == CSA, x, batch, kv, cs)
-        comp_batch, comp_cache = batch.attn[group], kv.layer_cache(group, layer)
+        src = cfg.kv_source(layer)  # a layer sharing another's compressed KV writes none and reads the source's
+        if src == layer:
+            compress(m, c, layer, group, ratio, lt == CSA, x, batch, kv, cs)
+        comp_batch, comp_cache = batch.attn[group], kv.layer_cache(group, src)
         if lt == CSA:
-            compress(m, c + "indexer.", layer, "csa_index", ratio, True, x, batch, kv, cs)
-            hi, di = cfg.index_n_heads, cfg.index_head_dim
+            if src == layer:
+                compress(m, c + "indexer.", layer, "csa_index", ratio, True, x, batch, kv, cs)
+            hi, di = cfg.index_n_heads, cfg.index_head_dim  # the layer's own indexer query selects among them
             iq = ops["linear"](qr, w[c + "indexer.q_b_proj.weight"]).view(t, hi, di)
             iq = ops["rope.apply"](iq, pos, cs, rp)
             iw = ops["linear"](x, w[c + "indexer.scorer.weights_proj.weight"])  # [T, Hi]
-            scores = ops["indexer.scores"](iq, kv.layer_cache("csa_index", layer), batch.attn["csa_index"], iw,
+            scores = ops["indexer.scores"](iq, kv.layer_cache("csa_index", src), batch.attn["csa_index"], iw,
                                            IndexerParams(scale=di ** -0.5, weight_scale=hi ** -0.5))
             topk = ops["topk.select"](scores, cfg.index_topk)
         else:

@@ -30,6 +30,9 @@ DEFAULTS: dict[str, Any] = {
     "index_topk": 512, "num_nextn_predict_layers": 1, "hidden_act": "silu", "rms_norm_eps": 1e-6,
     "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": None, "tie_word_embeddings": False,
     "rope_parameters": None, "partial_rotary_factor": None, "attention_bias": False, "mlp_bias": False,
+    # inferhal's cross-layer KV sharing (V4.1-Flash's "CSA2"; no transformers field): entry i names the layer
+    # whose compressed KV and indexer keys layer i reads (i itself, or -1, for a layer that keeps its own)
+    "kv_sources": None,
 }
 #: Fields with no effect on inference (training knobs, provenance). Accepted and ignored.
 INERT_FIELDS = frozenset({
@@ -99,6 +102,11 @@ class V4Config:
     pad_token_id: int | None
     rope_main: RopeSpec
     rope_compress: RopeSpec
+    kv_sources: tuple[int, ...] = ()  # per layer: the layer whose compressed KV it reads (itself when unshared)
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose compressed KV (and, for CSA, indexer keys) ``layer`` reads and writes."""
+        return self.kv_sources[layer] if layer < len(self.kv_sources) else layer
 
     def ratio(self, layer: int) -> int:
         """Compress ratio of a layer (0 = sliding-window only). MTP layers (index >= num_layers) are sliding."""
@@ -251,8 +259,9 @@ def parse_config(raw: Mapping[str, Any]) -> V4Config:
     k = _int(cfg, "num_experts_per_tok")
     if k > e:
         raise _err("num_experts_per_tok", k, f"exceeds n_routed_experts={e}")
+    sources = _kv_sources(cfg["kv_sources"], lt)
     return V4Config(
-        raw=dict(raw), vocab_size=_int(cfg, "vocab_size"), hidden_size=_int(cfg, "hidden_size"), num_layers=n,
+        raw=dict(raw), kv_sources=sources, vocab_size=_int(cfg, "vocab_size"), hidden_size=_int(cfg, "hidden_size"), num_layers=n,
         num_heads=heads, head_dim=head_dim, q_lora_rank=_int(cfg, "q_lora_rank"), rope_dim=rope_dim, o_groups=og,
         o_lora_rank=_int(cfg, "o_lora_rank"), sliding_window=_int(cfg, "sliding_window"), layer_types=tuple(lt),
         mlp_layer_types=tuple(mlt), compress_rates=dict(rates), index_n_heads=_int(cfg, "index_n_heads"),
@@ -266,3 +275,33 @@ def parse_config(raw: Mapping[str, Any]) -> V4Config:
         pad_token_id=cfg["pad_token_id"], rope_main=_rope("main", main_d, rope_dim),
         rope_compress=_rope("compress", comp_d, rope_dim),
     )
+
+
+def _kv_sources(raw: Any, layer_types: list[str]) -> tuple[int, ...]:
+    """``kv_sources`` checked: a compressed layer reads its own compressed KV or that of an earlier source layer
+    of the same type (so the same ratio and entry layout); sliding layers keep their own."""
+    n = len(layer_types)
+    if raw is None:
+        return tuple(range(n))
+    if hasattr(raw, "__iter__") and not isinstance(raw, (str, bytes, dict)):
+        raw = list(raw)  # a YAML list arrives as an omegaconf ListConfig
+    if not isinstance(raw, list) or len(raw) != n:
+        raise _err("kv_sources", raw, f"needs num_hidden_layers={n} entries (a source layer per layer, -1 for its own)")
+    out = []
+    for i, s in enumerate(raw):
+        if isinstance(s, bool) or not isinstance(s, int) or s < -1 or s >= n:
+            raise _err(f"kv_sources[{i}]", s, f"must be -1 or a layer index in [0, {n})")
+        out.append(i if s in (-1, i) else s)
+    for i, s in enumerate(out):
+        if s == i:
+            continue
+        if layer_types[i] == SLIDING:
+            raise _err(f"kv_sources[{i}]", s, f"layer {i} is {SLIDING}: it has no compressed KV to share")
+        if s > i:
+            raise _err(f"kv_sources[{i}]", s, f"layer {i} would read layer {s}, a later layer, whose KV does not "
+                                              f"exist yet when layer {i} runs")
+        if layer_types[s] != layer_types[i]:
+            raise _err(f"kv_sources[{i}]", s, f"layer {i} is {layer_types[i]} but layer {s} is {layer_types[s]}")
+        if out[s] != s:
+            raise _err(f"kv_sources[{i}]", s, f"layer {s} is not a source: it reads layer {out[s]}'s KV itself")
+    return tuple(out)

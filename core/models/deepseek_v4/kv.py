@@ -12,6 +12,8 @@ group              kind        tokens per slot        slot (one layer)          
 ``hca_state``      sliding     1 (window m')          ``(2, head_dim)`` kv; gate        HCA layers
 =================  ==========  =====================  ================================  =====================
 
+With cross-layer KV sharing (``kv_sources``), "CSA layers" and "HCA layers" above are the source layers only.
+
 The state groups hold each token's compressor projections (kv and gate, before the position bias) until
 the window that needs them has closed: CSA windows overlap (entry ``e`` pools tokens ``[(e-1)m, (e+1)m)``),
 so they keep ``2m`` tokens; HCA keeps ``m'``.
@@ -55,8 +57,10 @@ def v4_config(model_cfg: Any) -> V4Config:
 
 
 def kv_groups(cfg: V4Config, dtype: torch.dtype = torch.float32) -> list[KVGroupSpec]:
-    csa = tuple(i for i, t in enumerate(cfg.layer_types) if t == CSA)
-    hca = tuple(i for i, t in enumerate(cfg.layer_types) if t == HCA)
+    """The groups of ``cfg``; with cross-layer sharing (``kv_sources``) the compressed groups and their
+    compressor state hold only the source layers (the layers that read another's KV write none)."""
+    csa = tuple(i for i, t in enumerate(cfg.layer_types) if t == CSA and cfg.kv_source(i) == i)
+    hca = tuple(i for i, t in enumerate(cfg.layer_types) if t == HCA and cfg.kv_source(i) == i)
     every = tuple(range(cfg.num_layers + cfg.num_mtp))
     out = [KVGroupSpec("swa", "sliding", every, (cfg.head_dim,), dtype, window=cfg.sliding_window)]
     if csa:
