@@ -10,16 +10,17 @@ and how many blocks and tokens ``cache.kv_cache_bytes`` (if set) holds. ``output
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 
 from inferhal.core.errors import UserError
-from inferhal.core.paging import planning
+from inferhal.core.paging import formats, planning
 from inferhal.core.paging.kv_manager import KVCacheManager
 
 SUBCOMMANDS = ("kv",)
 
 
-def kv_groups_for(model_cfg):
+def kv_groups_for(model_cfg, kv_dtype: str = "auto"):
     try:
         mod = importlib.import_module(f"inferhal.core.models.{model_cfg.family}")
     except ImportError as exc:
@@ -28,14 +29,21 @@ def kv_groups_for(model_cfg):
     if fn is None:
         raise UserError(f"model family {model_cfg.family!r} offers no kv_groups_from_config(model_cfg), so its KV "
                         f"cannot be planned without loading the model")
-    return list(fn(model_cfg))
+    if kv_dtype not in formats.KV_DTYPES:
+        raise UserError(f"cache.kv_dtype must be one of {', '.join(formats.KV_DTYPES)}, got {kv_dtype!r}")
+    if kv_dtype == "auto":
+        return list(fn(model_cfg))
+    if "kv_dtype" not in inspect.signature(fn).parameters:
+        raise UserError(f"model family {model_cfg.family!r} plans only cache.kv_dtype=auto (its KV groups name no "
+                        f"quantised record formats)")
+    return list(fn(model_cfg, kv_dtype=kv_dtype))
 
 
 def plan_kv(model_cfg, block_size: int, budget_bytes: int = 0, max_num_seqs: int = 64,
-            max_step_tokens: int = 2048) -> dict:
+            max_step_tokens: int = 2048, kv_dtype: str = "auto") -> dict:
     """The plan as data: per group its bytes per token and per block, what one request of
     ``max_model_len`` tokens stores and what its blocks take, and what ``budget_bytes`` holds."""
-    specs = kv_groups_for(model_cfg)
+    specs = kv_groups_for(model_cfg, kv_dtype)
     bs = planning.compatible_block_size(specs, block_size)
     groups = planning.layouts(specs, bs)
     max_len = int(model_cfg.max_model_len)
@@ -45,7 +53,7 @@ def plan_kv(model_cfg, block_size: int, budget_bytes: int = 0, max_num_seqs: int
     for s, g in zip(specs, groups):
         stored_tokens = min(s.window, max_len) if s.kind == "sliding" else max_len
         rows.append({"group": s.name, "kind": s.kind, "layers": len(s.layers), "tokens_per_slot": s.tokens_per_slot,
-                     "window": s.window, "slot_bytes": s.slot_bytes(),
+                     "window": s.window, "slot_bytes": s.slot_bytes(), "record": s.record,
                      "bytes_per_token_per_layer": s.slot_bytes() / s.tokens_per_slot,
                      "bytes_per_token": s.bytes_per_token(), "page_bytes": planning.page_bytes(g),
                      "block_bytes": planning.group_block_bytes(g), "blocks_per_max_len_request": held[s.name],
@@ -53,7 +61,8 @@ def plan_kv(model_cfg, block_size: int, budget_bytes: int = 0, max_num_seqs: int
                      "planned_bytes_per_max_len_request": held[s.name] * planning.group_block_bytes(g)})
     stored = sum(r["stored_bytes_per_max_len_request"] for r in rows)
     planned = sum(r["planned_bytes_per_max_len_request"] for r in rows)
-    out = {"model": str(model_cfg.name), "block_size": bs, "requested_block_size": block_size, "groups": rows,
+    out = {"model": str(model_cfg.name), "kv_dtype": kv_dtype, "block_size": bs, "requested_block_size": block_size,
+           "groups": rows,
            "bytes_per_token": sum(r["bytes_per_token"] for r in rows),
            "bytes_per_token_full_context": sum(r["bytes_per_token"] for r in rows if r["kind"] != "sliding"),
            "sliding_bytes_per_request": sum(r["bytes_per_token"] * r["window"] for r in rows if r["kind"] == "sliding"),
@@ -80,11 +89,12 @@ def run(cfg, words) -> int:
         raise UserError(f"usage: inferhal plan kv model=NAME [cache.block_size=N] [cache.kv_cache_bytes=B]; "
                         f"subcommands: {', '.join(SUBCOMMANDS)}")
     plan = plan_kv(cfg.model, int(cfg.cache.block_size), int(cfg.cache.kv_cache_bytes),
-                   int(cfg.scheduler.max_num_seqs), int(cfg.scheduler.max_num_batched_tokens))
+                   int(cfg.scheduler.max_num_seqs), int(cfg.scheduler.max_num_batched_tokens), str(cfg.cache.kv_dtype))
     from inferhal.core.cli.console import console as make_console
     from rich.table import Table
 
-    t = Table(title=f"KV cache plan: {plan['model']} (block_size {plan['block_size']}, one pool per group)")
+    t = Table(title=f"KV cache plan: {plan['model']} (kv_dtype {plan['kv_dtype']}, block_size {plan['block_size']}, "
+                    f"one pool per group)")
     cols = ("group", "kind", "layers", "tokens/slot", "window", "slot B", "B/token/layer", "B/token (group)",
             "block B", f"blocks @{plan['max_model_len']}", f"stored @{plan['max_model_len']}", "planned")
     for col in cols:
@@ -100,8 +110,13 @@ def run(cfg, words) -> int:
     con.print(t)
     bs = plan["block_size"]
     note = "" if bs == plan["requested_block_size"] else f" (raised from {plan['requested_block_size']} to fit every ratio)"
-    con.print(f"KV per token of context: {_human(plan['bytes_per_token_full_context'])} grows with context; the sliding "
-              f"groups hold {_human(plan['sliding_bytes_per_request'])} per request (their windows); block_size {bs}{note}")
+    con.print(f"global KV (grows with context; window and compressor state excluded): "
+              f"{plan['bytes_per_token_full_context']:,.1f} B per token")
+    con.print(f"window and compressor state (sliding groups): {_human(plan['sliding_bytes_per_request'])} per request, "
+              f"whatever its length; block_size {bs}{note}")
+    for r in plan["groups"]:
+        if r["record"]:
+            con.print(f"  {r['group']}: {r['slot_bytes']} B records ({r['record']})")
     con.print(f"one request of max_model_len={plan['max_model_len']}: stores {_human(plan['stored_bytes_per_max_len_request'])}, "
               f"its blocks take {_human(plan['bytes_per_max_len_request'])} ({plan['planned_over_stored']:.3f}x)")
     if "num_blocks" in plan:

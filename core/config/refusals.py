@@ -20,8 +20,8 @@ from inferhal.core.config.errors import ConfigError
 REFUSED: dict[str, str] = {
     "scheduler.async_scheduling": "asynchronous scheduling is not implemented; each step schedules, runs the "
                                   "model and updates in turn",
-    "cache.kv_dtype": "the KV cache is stored in the model's dtype (model.dtype); a separate KV dtype such as "
-                      "FP8 is not implemented",
+    "cache.kv_dtype": "the KV cache is stored in the model's dtype (model.dtype); FP8/FP4 KV records are only "
+                      "planned (`inferhal plan kv cache.kv_dtype=fp8`), no attention op reads them yet",
     "parallel.tp": "tensor parallelism is not implemented",
     "parallel.dp": "data-parallel attention is not implemented; attention is replicated on every EP rank",
     "parallel.role": "prefill/decode disaggregation is not implemented; every process does both",
@@ -31,6 +31,9 @@ REFUSED: dict[str, str] = {
     "experiment.name": "nothing records an experiment's label (no report or result file carries it)",
     "experiment.notes": "nothing records an experiment's notes (no report or result file carries them)",
 }
+
+#: refused fields that some commands do honour: field → command prefixes (the planner reads KV formats)
+HONOURED_BY: dict[str, tuple[str, ...]] = {"cache.kv_dtype": ("plan",)}
 
 _MISSING = object()
 
@@ -58,7 +61,10 @@ def refused(cfg: Any) -> list[tuple[str, str]]:
     from omegaconf import OmegaConf
 
     out = []
+    command = str(OmegaConf.select(cfg, "command", default="") or "")
     for path, why in REFUSED.items():
+        if any(command.startswith(c) for c in HONOURED_BY.get(path, ())):
+            continue
         value = OmegaConf.select(cfg, path, default=_MISSING)
         default = default_of(path)
         if value is _MISSING or value == default:

@@ -32,6 +32,7 @@ class KVGroupSpec:
     dtype: torch.dtype
     tokens_per_slot: int = 1
     window: int = 0
+    record: str = ""  # how a slot's bytes lie, for reports (a quantised KV format: core/paging/formats.py)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

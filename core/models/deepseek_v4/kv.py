@@ -29,6 +29,7 @@ import torch
 
 from inferhal.core.errors import UserError
 from inferhal.core.models.deepseek_v4.config import CSA, HCA, V4Config, parse_config
+from inferhal.core.paging import formats
 from inferhal.core.paging.spec import KVGroupSpec
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -56,30 +57,40 @@ def v4_config(model_cfg: Any) -> V4Config:
         return parse_config(json.load(f))
 
 
-def kv_groups(cfg: V4Config, dtype: torch.dtype = torch.float32) -> list[KVGroupSpec]:
+def kv_groups(cfg: V4Config, dtype: torch.dtype = torch.float32, kv_dtype: str = "auto") -> list[KVGroupSpec]:
     """The groups of ``cfg``; with cross-layer sharing (``kv_sources``) the compressed groups and their
-    compressor state hold only the source layers (the layers that read another's KV write none)."""
+    compressor state hold only the source layers (the layers that read another's KV write none).
+    ``kv_dtype`` (planning only, :mod:`inferhal.core.paging.formats`): the window, compressed and indexer-key
+    groups as quantised records; the compressor state stays in the model's dtype."""
     csa = tuple(i for i, t in enumerate(cfg.layer_types) if t == CSA and cfg.kv_source(i) == i)
     hca = tuple(i for i, t in enumerate(cfg.layer_types) if t == HCA and cfg.kv_source(i) == i)
     every = tuple(range(cfg.num_layers + cfg.num_mtp))
-    out = [KVGroupSpec("swa", "sliding", every, (cfg.head_dim,), dtype, window=cfg.sliding_window)]
+
+    def entry(dims: int, role: str) -> dict:
+        if kv_dtype == "auto":
+            return {"slot_shape": (dims,), "dtype": dtype}
+        rec = formats.record(kv_dtype, dims, cfg.rope_dim, dtype, role)
+        return {"slot_shape": (rec.nbytes,), "dtype": torch.uint8, "record": rec.layout}
+
+    main, index = entry(cfg.head_dim, "main"), entry(cfg.index_head_dim, "index")
+    out = [KVGroupSpec("swa", "sliding", every, window=cfg.sliding_window, **main)]
     if csa:
         m = cfg.compress_rates[CSA]
         out += [
-            KVGroupSpec("csa", "compressed", csa, (cfg.head_dim,), dtype, tokens_per_slot=m),
-            KVGroupSpec("csa_index", "compressed", csa, (cfg.index_head_dim,), dtype, tokens_per_slot=m),
+            KVGroupSpec("csa", "compressed", csa, tokens_per_slot=m, **main),
+            KVGroupSpec("csa_index", "compressed", csa, tokens_per_slot=m, **index),
             KVGroupSpec("csa_state", "sliding", csa, (2, 2 * cfg.head_dim), dtype, window=2 * m),
             KVGroupSpec("csa_index_state", "sliding", csa, (2, 2 * cfg.index_head_dim), dtype, window=2 * m),
         ]
     if hca:
         m = cfg.compress_rates[HCA]
         out += [
-            KVGroupSpec("hca", "compressed", hca, (cfg.head_dim,), dtype, tokens_per_slot=m),
+            KVGroupSpec("hca", "compressed", hca, tokens_per_slot=m, **main),
             KVGroupSpec("hca_state", "sliding", hca, (2, cfg.head_dim), dtype, window=m),
         ]
     return out
 
 
-def kv_groups_from_config(model_cfg: Any) -> list[KVGroupSpec]:
+def kv_groups_from_config(model_cfg: Any, kv_dtype: str = "auto") -> list[KVGroupSpec]:
     """KV groups of a ``model`` config without loading weights (``inferhal plan kv``)."""
-    return kv_groups(v4_config(model_cfg), torch_dtype(getattr(model_cfg, "dtype", "float32")))
+    return kv_groups(v4_config(model_cfg), torch_dtype(getattr(model_cfg, "dtype", "float32")), kv_dtype)

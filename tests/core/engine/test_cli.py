@@ -85,3 +85,28 @@ def test_bench_dispatch_lists_kinds():
     assert "host" not in cmd_bench.kinds()  # a helper module, not a benchmark
     with pytest.raises(UserError, match="kinds: .*engine"):
         cmd_bench.run(compose([], "bench nope"), ["nope"])
+
+
+def test_plan_kv_formats_and_the_v4_1_reading_of_890_bytes():
+    from inferhal.core.cli.cmd_plan import plan_kv
+
+    v41 = compose(["model=deepseek_v4_1_flash", "cache.kv_dtype=fp4"], "plan kv")  # planning honours kv_dtype
+    plan = plan_kv(v41.model, 16, kv_dtype="fp4")
+    assert plan["bytes_per_token_full_context"] == 890.0  # 10 source layers x (288 + 68) / 4
+    rows = {r["group"]: r for r in plan["groups"]}
+    assert rows["csa"]["layers"] == 10 and rows["csa"]["slot_bytes"] == 288 and rows["csa_index"]["slot_bytes"] == 68
+    assert rows["swa"]["kind"] == "sliding"  # the window is listed apart, not in the 890
+    flash = compose(["model=deepseek_v4_flash"], "plan kv").model
+    fp8 = {r["group"]: r for r in plan_kv(flash, 16, kv_dtype="fp8")["groups"]}
+    assert fp8["csa"]["slot_bytes"] == 584 and "448 e4m3" in fp8["csa"]["record"]  # vLLM's V4 layout
+    auto = plan_kv(flash, 16)
+    assert auto["bytes_per_token_full_context"] == 6880.0  # bf16: csa 5376 + csa_index 1344 + hca 160
+    with pytest.raises(UserError, match="cache.kv_dtype must be one of auto, fp8, fp4"):
+        plan_kv(flash, 16, kv_dtype="int3")
+    with pytest.raises(UserError, match="gemma3.* plans only cache.kv_dtype=auto"):
+        plan_kv(compose(["model=gemma3_270m"], "plan kv").model, 16, kv_dtype="fp8")
+
+
+def test_kv_dtype_is_refused_where_nothing_reads_it():
+    with pytest.raises(UserError, match="cache.kv_dtype='fp8' is refused"):
+        compose(["model=deepseek_v4_tiny", "cache.kv_dtype=fp8"], "generate")
