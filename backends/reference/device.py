@@ -46,6 +46,14 @@ def available_memory_bytes() -> int:
 def profile(torch_device: str = "cpu", batch_invariant: bool = False) -> DeviceProfile:
     """``batch_invariant`` (``backend.batch_invariant=true``): every matrix product over fixed
     row tiles (matmul.py), so a row's result never depends on its batch; slower, hence opt-in."""
+    from inferhal.backends.reference import matmul
+
+    if batch_invariant:
+        products = f"products: F.linear over fixed {matmul.TILE_ROWS}-row tiles (backend.batch_invariant=true)"
+    elif torch.device(torch_device).type == "cpu":
+        products = matmul.describe()
+    else:
+        products = f"products: F.linear on {torch_device}"
     return DeviceProfile(
         backend="reference",
         device_name=f"PyTorch {torch.__version__} on {torch_device}",
@@ -57,7 +65,8 @@ def profile(torch_device: str = "cpu", batch_invariant: bool = False) -> DeviceP
                             "fp4_grouped_gemm"} | ({"batch_invariant"} if batch_invariant else set())),
         memory_bytes=cpu_memory_bytes(),
         compute_units=os.cpu_count() or 1,
-        sources={"memory_bytes": "os.sysconf", "peak_bandwidth": "not declared: the reference has no roofline"},
+        sources={"memory_bytes": "os.sysconf", "peak_bandwidth": "not declared: the reference has no roofline",
+                 "products": products},
     )
 
 

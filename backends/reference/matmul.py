@@ -1,10 +1,9 @@
 """The reference's matrix products, with an optional batch-invariant mode.
 
-:func:`product` is the default: ``F.linear``, except fp32 on the CPU, which goes through oneDNN's
-fp32 kernel (full fp32, another blocking) where torch has it. On the development machines (AMD EPYC)
-torch's fp32 ``F.linear`` runs MKL's GEMM at about half the speed of oneDNN's: 190 vs 91 ms for
-Gemma 3's LM head at 32 rows, 5.2 vs 2.4 ms for a 200×640·640×2048 product (one thread). bf16 already
-runs through oneDNN in ``F.linear``. Both fp32 paths stay within a few fp32 ulps of a float64 product.
+:func:`product` is the default: ``F.linear``, except fp32 and bf16 on the CPU, which go through oneDNN's
+inner product on a weight packed once (below) where the host can run it. On the development machines
+(AMD EPYC) torch's fp32 ``F.linear`` runs MKL's GEMM at about half the speed of oneDNN's: 190 vs 91 ms
+for Gemma 3's LM head at 32 rows, 5.2 vs 2.4 ms for a 200×640·640×2048 product (one thread).
 
 CPU BLAS picks a different kernel (and so a different summation order) for different row counts, so a
 row's result from ``F.linear`` can change in the last bits with the batch it shares. In batch-invariant
@@ -16,30 +15,135 @@ On the CPU a weight that takes part in fp32 or bf16 products is packed once into
 layout (``mkldnn._reorder_linear_weight``) and the packed copy is reused by every later product: the
 reorder otherwise runs inside each call. For Gemma 3's decode products at 32 rows that cut the time of a
 layer's seven products by about a quarter (1.42 → 1.05 ms bf16, 3.66 → 2.74 ms fp32, this session's Intel
-host), with bf16 results bit-identical to ``F.linear``. Packed copies are kept per weight (data pointer,
-shape, strides, dtype, version counter: a weight written in place is packed again) up to
-:data:`PACK_BYTES` in all (:class:`PackCache`); past that, products run unpacked.
+host). Packed copies are kept per weight (data pointer, shape, strides, dtype, version counter: a weight
+written in place is packed again) up to :data:`PACK_BYTES` in all (:class:`PackCache`); past that,
+products run unpacked.
+
+**Portable path.** ``torch.ops.mkldnn`` is private and depends on the CPU: on an AVX2-only host
+``_reorder_linear_weight`` refuses bf16 ("bf16 path needs the cpu support avx_ne_convert or avx512bw,
+avx512vl and avx512dq") and ``_linear_pointwise`` finds no bf16 primitive. So :func:`product_path` probes,
+once per process on first use, each dtype: it packs a tiny weight, runs the packed and the unpacked
+oneDNN product with a bias and compares them with ``F.linear`` (small integers, so every correct kernel
+gives the same bits). A dtype whose probe passes runs through oneDNN; any other runs the public
+``F.linear``. ``INFERHAL_PORTABLE_CPU=1`` (read once, with the probe) forces ``F.linear`` for every dtype
+whatever the CPU, so an AVX-512 machine can prove the portable path. ``inferhal backends`` (the
+reference's reason) and the reference profile's ``sources["products"]`` say which path runs and why
+(:func:`describe`). ``ONEDNN_MAX_CPU_ISA=AVX2`` makes oneDNN behave as on an AVX2-only host: the bf16
+probe then fails with the message above, here too.
+
+What the two paths give, measured at Gemma 3 270M's shapes (q 640→1024, k/v 640→256, o 1024→640,
+gate/up 640→2048, down 2048→640, LM head 640→262144; 1, 7, 32 and 200 rows; torch 2.13.0, AMD EPYC Zen 4):
+
+- bf16: where oneDNN runs bf16 (the probe passes), ``F.linear`` is **bit-identical** to the packed product
+  at every shape and row count above (and was on this project's Sapphire Rapids host): it runs the same
+  oneDNN kernel, reordering the weight inside each call. On an AVX2-only host (emulated with
+  ``ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2``) ``F.linear`` runs ATen's own GEMM, also accumulating
+  in fp32 but in another order: 0.01–0.06 % of the outputs differ, by 1 bf16 ulp mostly (up to 10 ulps
+  where the sum cancels to a value much smaller than its terms; 1.6e-2 absolute at most). Every path's
+  error against a float64 product stays within 0.22 · 2⁻⁸ · Σ|x·w|: it is the rounding of the output to bf16.
+- fp32: ``F.linear`` (MKL's sgemm here; the same bits under the AVX2 emulation) sums in another order
+  than oneDNN: ~92 % of the outputs differ in the last bits, by at most 8.6e-6 absolute (LM head,
+  200 rows). Against a float64 product the packed path stays within 6.7 · 2⁻²⁴ · Σ|x·w| and
+  ``F.linear`` within 2.5 · 2⁻²⁴ · Σ|x·w|: both are fp32 products with fp32 accumulation, which is what
+  the reference documents (tests compare fp32 results with a tolerance, never bit for bit).
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import weakref
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 TILE_ROWS = 16
+#: the switch that forces the portable product (``F.linear``) whatever the CPU; read once
+PORTABLE_ENV = "INFERHAL_PORTABLE_CPU"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
-
-def _onednn_fp32():
-    op = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
-    return op if op is not None and torch.backends.mkldnn.is_available() else None
-
-
-_ONEDNN = _onednn_fp32()
-_REORDER = getattr(getattr(torch.ops, "mkldnn", None), "_reorder_linear_weight", None)
+_MKLDNN = getattr(torch.ops, "mkldnn", None)
+_LINEAR = getattr(_MKLDNN, "_linear_pointwise", None)  # oneDNN inner product (packed or plain weight)
+_REORDER = getattr(_MKLDNN, "_reorder_linear_weight", None)  # packs a weight into oneDNN's layout
 PACK_BYTES = 4 << 30  # most bytes of packed weight copies kept by each cache
 PACK_ROWS_HINT = 32  # the row count oneDNN picks the packed layout for (it serves any row count)
+#: the dtypes whose CPU products may go through oneDNN, each probed on its own
+PROBED = (torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class ProductPath:
+    """Which dtypes' CPU products run through oneDNN's packed kernel (the rest run ``F.linear``), and why."""
+
+    packed: frozenset  # of torch dtypes
+    reason: str
+
+    def describe(self) -> str:
+        names = lambda ds: ", ".join(sorted(str(d).removeprefix("torch.") for d in ds))  # noqa: E731
+        if self.packed == frozenset(PROBED):
+            return f"products: oneDNN packed ({self.reason})"
+        if not self.packed:
+            return f"products: portable F.linear ({self.reason})"
+        rest = [d for d in PROBED if d not in self.packed]
+        return f"products: oneDNN packed for {names(self.packed)}, portable F.linear for {names(rest)} ({self.reason})"
+
+
+def portable_forced() -> bool:
+    """Whether ``INFERHAL_PORTABLE_CPU`` asks for the portable path (a UserError on a value it cannot read)."""
+    raw = os.environ.get(PORTABLE_ENV, "")
+    if raw.strip().lower() in _TRUE:
+        return True
+    if raw.strip().lower() in _FALSE:
+        return False
+    from inferhal.core.errors import UserError
+
+    raise UserError(f"{PORTABLE_ENV}={raw!r}: expected 1 (force the portable F.linear products) or 0 / unset")
+
+
+def probe_onednn(dtype: torch.dtype) -> str | None:
+    """None when this host runs oneDNN's packed and plain ``dtype`` products and they agree with
+    ``F.linear``; else why not. x, w and bias hold small integers, so every sum is exact in fp32 and its
+    bf16 rounding is the same for any correct kernel: a mismatch is a broken path, not a rounding."""
+    if _LINEAR is None or _REORDER is None:
+        return "this torch build has no torch.ops.mkldnn._linear_pointwise / _reorder_linear_weight"
+    if not torch.backends.mkldnn.is_available():
+        return "torch.backends.mkldnn is not available in this build"
+    g = torch.Generator().manual_seed(0)
+    w = torch.randint(-2, 3, (24, 40), generator=g).to(dtype)  # [N, K]; N, K: no multiple of a vector width
+    b = torch.randint(-8, 9, (24,), generator=g).to(dtype)
+    try:
+        wp = _REORDER(w, PACK_ROWS_HINT)
+        for m in (1, 5):
+            x = torch.randint(-2, 3, (m, 40), generator=g).to(dtype)
+            want = F.linear(x, w, b)
+            for name, weight, bias in (("packed", wp, b), ("packed", wp, None), ("plain", w, b)):
+                got = _LINEAR(x, weight, bias, "none", [], "")
+                if not torch.equal(got, want if bias is not None else F.linear(x, w)):
+                    return f"the {name} oneDNN product differs from F.linear at {m} rows"
+    except Exception as exc:  # noqa: BLE001 - any refusal (RuntimeError, NotImplementedError, ...) is the answer
+        lines = str(exc).strip().splitlines()
+        return f"{type(exc).__name__}: {lines[0] if lines else '(no message)'}"
+    return None
+
+
+@functools.cache
+def product_path() -> ProductPath:
+    """The CPU product path of this process: :data:`PORTABLE_ENV` read and each dtype of :data:`PROBED`
+    probed (:func:`probe_onednn`) on first call, then kept. ``product_path.cache_clear()`` asks again."""
+    if portable_forced():
+        return ProductPath(frozenset(), f"{PORTABLE_ENV}={os.environ[PORTABLE_ENV]}")
+    failed = {dt: probe_onednn(dt) for dt in PROBED}
+    ok = frozenset(dt for dt, why in failed.items() if why is None)
+    name = lambda d: str(d).removeprefix("torch.")  # noqa: E731
+    parts = [f"probe passed: {', '.join(sorted(name(d) for d in ok))}"] if ok else []
+    parts += [f"probe failed for {name(d)}: {why}" for d, why in failed.items() if why is not None]
+    return ProductPath(ok, "; ".join(parts))
+
+
+def describe() -> str:
+    """One line for ``inferhal backends`` and the reference profile: which path runs the CPU products, and why."""
+    return product_path().describe()
 
 
 class PackCache:
@@ -115,8 +219,8 @@ ONEDNN_PACKS = PackCache(lambda w: _REORDER(w.contiguous(), PACK_ROWS_HINT))
 
 def packed(w: torch.Tensor) -> torch.Tensor:
     """``w [N, K]`` in oneDNN's linear layout, packed on first use and kept (:class:`PackCache`); ``w``
-    itself when it cannot be kept."""
-    if _REORDER is None:
+    itself when it cannot be kept or its dtype runs the portable path (:func:`product_path`)."""
+    if w.dtype not in product_path().packed:
         return w
     wp = ONEDNN_PACKS.get(w)
     return w if wp is None else wp
@@ -129,13 +233,12 @@ def clear_packed() -> None:
 
 def product(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, w, bias)``: x [..., K], w [N, K] -> [..., N]; fp32 and bf16 on the CPU through oneDNN
-    with the weight packed once (:func:`packed`)."""
-    if (_ONEDNN is None or x.dtype not in (torch.float32, torch.bfloat16) or w.dtype != x.dtype
-            or x.device.type != "cpu" or w.device.type != "cpu" or x.numel() == 0 or x.dim() < 2 or w.dim() != 2
-            or (bias is not None and bias.dtype != x.dtype)):
+    with the weight packed once (:func:`packed`) where :func:`product_path` allows it."""
+    if (x.device.type != "cpu" or w.device.type != "cpu" or w.dtype != x.dtype or x.numel() == 0 or x.dim() < 2
+            or w.dim() != 2 or (bias is not None and bias.dtype != x.dtype) or x.dtype not in product_path().packed):
         return F.linear(x, w, bias)
     x2 = x.reshape(-1, x.shape[-1])
-    out = _ONEDNN(x2, packed(w), bias, "none", [], "")
+    out = _LINEAR(x2, packed(w), bias, "none", [], "")
     return out.reshape(*x.shape[:-1], w.shape[0])
 
 

@@ -13,7 +13,10 @@ def inferhal_api_version():
 
 @hookimpl
 def inferhal_probe():
-    return Probe(True, "plain PyTorch on the CPU: always available")
+    from inferhal.backends.reference.matmul import describe
+
+    # which path runs the CPU's matrix products (oneDNN packed where its probe passes, else F.linear), and why
+    return Probe(True, f"plain PyTorch on the CPU: always available; {describe()}")
 
 
 @hookimpl

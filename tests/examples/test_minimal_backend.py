@@ -22,9 +22,14 @@ def site(tmp_path_factory):
     return target
 
 
+#: passed on to the child: the reference's product path (``INFERHAL_PORTABLE_CPU=1`` in CI's portable run) and
+#: oneDNN's CPU cap (``ONEDNN_MAX_CPU_ISA=AVX2``: an AVX2-only host), so the kit runs where this process runs
+PASSED_ON = ("INFERHAL_PORTABLE_CPU", "ONEDNN_MAX_CPU_ISA")
+
+
 def _env(site) -> dict:
     return {"PYTHONPATH": str(site), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLUMNS": "200",
-            "HOME": os.environ.get("HOME", "/tmp")}
+            "HOME": os.environ.get("HOME", "/tmp"), **{k: os.environ[k] for k in PASSED_ON if k in os.environ}}
 
 
 @pytest.mark.slow

@@ -1,6 +1,16 @@
-"""The reference's default matrix product (``product``) and its batch-invariant tiled form."""
+"""The reference's default matrix product (``product``), its CPU path (oneDNN packed where the host's probe
+passes, else ``F.linear``; ``INFERHAL_PORTABLE_CPU=1`` forces ``F.linear``) and its batch-invariant tiled form.
+
+The product tests run on both paths whatever the host: ``path`` sets the switch and asks again. What an
+AVX2-only host does is shown two ways: a fake refusal with the message such a host gives, and a child process
+with ``ONEDNN_MAX_CPU_ISA=AVX2``, under which oneDNN refuses bf16 as it does there."""
 
 from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -8,6 +18,28 @@ import torch.nn.functional as F
 
 from inferhal.backends.reference import matmul as M
 from inferhal.backends.reference.matmul import TILE_ROWS, product, tiled_linear
+
+AVX2_REFUSAL = ("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, "
+                "avx512vl and avx512dq")
+
+
+def _use(monkeypatch, portable: bool) -> M.ProductPath:
+    """This process's product path with the switch on or off, asked again (the cache is cleared on teardown)."""
+    monkeypatch.setenv(M.PORTABLE_ENV, "1" if portable else "0")
+    M.product_path.cache_clear()
+    return M.product_path()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_path():
+    M.product_path.cache_clear()
+    yield
+    M.product_path.cache_clear()  # before monkeypatch restores the environment: the next call reads it again
+
+
+@pytest.fixture(params=["probed", "portable"])
+def path(request, monkeypatch):
+    return _use(monkeypatch, request.param == "portable")
 
 
 def _weights(g):
@@ -17,7 +49,7 @@ def _weights(g):
 
 @pytest.mark.parametrize("shape", [(1, 64), (7, 64), (3, 5, 64), (0, 64), (64,)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_fp32_product_is_an_fp32_product_whatever_the_layout(shape, bias):
+def test_fp32_product_is_an_fp32_product_whatever_the_layout(shape, bias, path):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(*shape, generator=g)
     for name, w in _weights(g).items():
@@ -29,10 +61,116 @@ def test_fp32_product_is_an_fp32_product_whatever_the_layout(shape, bias):
         torch.testing.assert_close(out.double(), exact, rtol=0, atol=2e-6, msg=name)
 
 
-def test_other_dtypes_are_exactly_f_linear():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bf16_and_other_dtypes_are_exactly_f_linear(dtype, path):
+    """bf16: oneDNN's packed product is F.linear's own kernel where the probe passes (measured bit-identical at
+    Gemma 3's shapes, see matmul.py), and F.linear itself elsewhere."""
     g = torch.Generator().manual_seed(2)
-    x, w = torch.randn(9, 64, generator=g).bfloat16(), torch.randn(32, 64, generator=g).bfloat16()
-    assert torch.equal(product(x, w), F.linear(x, w))
+    x, w = torch.randn(9, 64, generator=g).to(dtype), torch.randn(32, 64, generator=g).to(dtype)
+    b = torch.randn(32, generator=g).to(dtype)
+    assert torch.equal(product(x, w), F.linear(x, w)) and torch.equal(product(x, w, b), F.linear(x, w, b))
+
+
+def test_the_probe_decides_per_dtype_and_says_why(monkeypatch):
+    p = _use(monkeypatch, portable=False)
+    for dt in M.PROBED:
+        why = M.probe_onednn(dt)
+        name = str(dt).removeprefix("torch.")
+        assert (dt in p.packed) == (why is None), why
+        assert (f"probe failed for {name}: {why}" in p.reason) if why else (name in p.reason.split(";")[0])
+    assert M.describe().startswith("products: ") and p.reason in M.describe()
+
+
+def test_the_switch_forces_f_linear_and_never_calls_onednn(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the portable path called torch.ops.mkldnn")
+
+    monkeypatch.setattr(M, "_LINEAR", refuse)
+    monkeypatch.setattr(M, "_REORDER", refuse)
+    p = _use(monkeypatch, portable=True)
+    assert p.packed == frozenset() and M.describe() == "products: portable F.linear (INFERHAL_PORTABLE_CPU=1)"
+    g = torch.Generator().manual_seed(6)
+    for dt in (torch.float32, torch.bfloat16):
+        x, w, b = torch.randn(5, 64, generator=g).to(dt), torch.randn(24, 64, generator=g).to(dt), None
+        assert torch.equal(product(x, w, b), F.linear(x, w, b)) and M.packed(w) is w
+
+
+def test_a_switch_it_cannot_read_is_refused_with_its_name(monkeypatch):
+    from inferhal.core.errors import UserError
+
+    monkeypatch.setenv(M.PORTABLE_ENV, "maybe")
+    with pytest.raises(UserError, match="INFERHAL_PORTABLE_CPU='maybe': expected 1"):
+        M.product_path()
+
+
+def test_a_cpu_that_refuses_bf16_runs_bf16_through_f_linear_and_keeps_fp32_on_onednn(monkeypatch):
+    """The refusal an AVX2-only host gives (faked here): bf16 products run F.linear, fp32 keeps its own probe."""
+    real = M._REORDER
+
+    def reorder(w, rows):
+        if w.dtype == torch.bfloat16:
+            raise RuntimeError(AVX2_REFUSAL)
+        return real(w, rows)
+
+    fp32_ok = M.probe_onednn(torch.float32) is None
+    monkeypatch.setattr(M, "_REORDER", reorder)
+    M.clear_packed()
+    p = _use(monkeypatch, portable=False)
+    assert torch.bfloat16 not in p.packed and (torch.float32 in p.packed) == fp32_ok
+    assert f"probe failed for bfloat16: RuntimeError: {AVX2_REFUSAL}" in M.describe()
+    g = torch.Generator().manual_seed(7)
+    x, w = torch.randn(7, 640, generator=g).bfloat16(), torch.randn(96, 640, generator=g).bfloat16()
+    assert torch.equal(product(x, w), F.linear(x, w)) and not M.ONEDNN_PACKS.entries
+
+
+def test_a_onednn_product_that_gives_wrong_bits_fails_the_probe(monkeypatch):
+    monkeypatch.setattr(M, "_LINEAR", lambda x, w, b, *a: torch.zeros(x.shape[0], w.shape[0], dtype=x.dtype))
+    if M._REORDER is None:
+        monkeypatch.setattr(M, "_REORDER", lambda w, rows: w)
+    p = _use(monkeypatch, portable=False)
+    assert p.packed == frozenset() and M.describe().startswith("products: portable F.linear (probe failed for")
+    assert "product differs from F.linear" in p.reason
+
+
+def test_the_choice_is_in_inferhal_backends_and_the_reference_profile(monkeypatch):
+    from inferhal.backends.reference.device import profile
+    from inferhal.core.cli.cmd_backends import report
+    from inferhal.core.registry import BackendRegistry
+
+    for portable in (False, True):
+        _use(monkeypatch, portable)
+        reason = report(BackendRegistry.discover())["probes"]["reference"].reason
+        assert reason.endswith(M.describe()) and profile("cpu").sources["products"] == M.describe()
+    assert "portable F.linear (INFERHAL_PORTABLE_CPU=1)" in reason
+    assert "row tiles" in profile("cpu", batch_invariant=True).sources["products"]
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="ONEDNN_MAX_CPU_ISA=AVX2 is an x86 setting")
+def test_under_onednn_capped_at_avx2_bf16_runs_the_portable_path_with_the_same_results():
+    """A child process with oneDNN capped at AVX2 (``ONEDNN_MAX_CPU_ISA``, read when oneDNN starts) refuses bf16
+    exactly as an AVX2-only CPU does; the reference then runs its bf16 products through F.linear (ATen's own
+    GEMM), within the bound matmul.py states of a float64 product, and its fp32 products as before."""
+    code = """if True:
+        import torch, torch.nn.functional as F
+        from inferhal.backends.reference import matmul as M
+        print(M.describe())
+        g = torch.Generator().manual_seed(8)
+        x, w = torch.randn(7, 640, generator=g).bfloat16(), (torch.randn(256, 640, generator=g) * 0.05).bfloat16()
+        got, exact = M.product(x, w).double(), F.linear(x.double(), w.double())
+        bound = 0.5 * 2.0 ** -8 * F.linear(x.double().abs(), w.double().abs())
+        print("within", bool(((got - exact).abs() <= bound).all()), "equal", torch.equal(M.product(x, w), F.linear(x, w)))
+    """
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", M.PORTABLE_ENV: "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"probe failed for bfloat16: RuntimeError: {AVX2_REFUSAL}" in out.stdout, out.stdout
+    assert "within True equal True" in out.stdout, out.stdout
+
+
+def _needs_onednn(dtype):
+    why = M.probe_onednn(dtype)
+    return pytest.param(dtype, id=str(dtype).removeprefix("torch."),
+                        marks=pytest.mark.skipif(why is not None, reason=f"no oneDNN {dtype} product here: {why}"))
 
 
 def test_tiled_rows_do_not_depend_on_the_batch():
@@ -42,13 +180,9 @@ def test_tiled_rows_do_not_depend_on_the_batch():
     assert torch.equal(full[:5], tiled_linear(x[:5], w)) and torch.equal(full[-1:], tiled_linear(x[-1:], w))
 
 
-needs_onednn = pytest.mark.skipif(M._ONEDNN is None or M._REORDER is None,
-                                  reason="this torch build has no oneDNN linear (nothing is packed)")
-
-
-@needs_onednn
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_packed_weights_are_reused_follow_in_place_writes_and_leave_with_their_weight(dtype):
+@pytest.mark.parametrize("dtype", [_needs_onednn(torch.float32), _needs_onednn(torch.bfloat16)])
+def test_packed_weights_are_reused_follow_in_place_writes_and_leave_with_their_weight(dtype, monkeypatch):
+    _use(monkeypatch, portable=False)
     g = torch.Generator().manual_seed(4)
     M.clear_packed()
     table = torch.randn(96, 64, generator=g).to(dtype)
@@ -69,8 +203,9 @@ def test_packed_weights_are_reused_follow_in_place_writes_and_leave_with_their_w
     assert not M.ONEDNN_PACKS.entries and M.ONEDNN_PACKS.nbytes == 0  # gone with the weight, before its memory is reused
 
 
-@needs_onednn
-def test_products_run_unpacked_past_the_packing_budget(monkeypatch):
+@pytest.mark.parametrize("dtype", [_needs_onednn(torch.float32)])
+def test_products_run_unpacked_past_the_packing_budget(dtype, monkeypatch):
+    _use(monkeypatch, portable=False)
     M.clear_packed()
     monkeypatch.setattr(M.ONEDNN_PACKS, "max_bytes", 100)
     g = torch.Generator().manual_seed(5)

@@ -11,10 +11,10 @@ harness vs transformers one prompt at a time): every token before transformers' 
 average (measured 14.7, min 11), and our bf16 prefill logits are within :data:`LOGIT_ATOL` of our fp32 ones
 (measured max 0.47; the bug moved them by > 20).
 
-The CPU backends run it: ``reference`` (oneDNN bf16 products), ``cpu_amx`` (the AMX bf16 kernel for
-every product, LM head included) and ``cpu_avx512`` (the AVX512-BF16 kernel for the same), each skipped
-with the reason where this CPU or process cannot run it, so the kernels are held to the same bar against
-transformers on the real model.
+The CPU backends run it: ``reference`` (oneDNN bf16 products where its probe passes, else ``F.linear``;
+.ci/run runs it again on the portable path), ``cpu_amx`` (the AMX bf16 kernel for every product, LM head
+included) and ``cpu_avx512`` (the AVX512-BF16 kernel for the same), each skipped with the reason where this
+CPU or process cannot run it, so the kernels are held to the same bar against transformers on the real model.
 """
 
 from __future__ import annotations
