@@ -224,7 +224,8 @@ class Engine:
         out = RequestOutput(rid, self._prompts.get(rid), list(req.prompt_token_ids),
                             [CompletionOutput(0, text, list(toks), req.finish_reason, list(lps))],
                             finished=req.is_finished, num_cached_tokens=req.num_cached_tokens,
-                            num_preemptions=req.num_preemptions, new_token_ids=list(toks[prev:]), new_text=new_text)
+                            num_preemptions=req.num_preemptions, new_token_ids=list(toks[prev:]), new_text=new_text,
+                            num_replayed_tokens=req.num_replayed_tokens)
         if req.is_finished:
             for d in (self._prompts, self._logprobs, self._sent, self._text):
                 d.pop(rid, None)

@@ -26,10 +26,11 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = False
-    num_cached_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens not computed at admission (prefix-cache hit)
     num_preemptions: int = 0
     new_token_ids: list[int] = field(default_factory=list)  # tokens since the previous output (streaming)
     new_text: str = ""
+    num_replayed_tokens: int = 0  # tokens recomputed only to rebuild sliding windows (paging/replay.py)
 
     @property
     def text(self) -> str:

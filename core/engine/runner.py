@@ -61,7 +61,7 @@ class ModelRunner:
         if out.is_empty:
             return res
         t0 = time.perf_counter()
-        seqs = [SeqSlice(s.num_computed, s.num_new, s.block_ids) for s in out.seqs]
+        seqs = [SeqSlice(s.num_computed, s.num_new, s.block_ids, s.write_from) for s in out.seqs]
         positions, qsl, attn = build_attn_batches(self.specs, self.block_size, seqs, self.device)
         ids: list[int] = []
         plain_rows, plain_reqs = [], []

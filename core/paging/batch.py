@@ -23,6 +23,7 @@ class SeqSlice:
     num_computed: int
     num_new: int
     block_ids: Mapping[str, Sequence[int]]
+    write_from: int = 0  # positions below it write only the sliding groups (a bounded replay, paging/replay.py)
 
 
 def token_slots(spec: KVGroupSpec, block_size: int, blocks: Sequence[int], positions: Sequence[int]) -> list[int]:
@@ -63,6 +64,9 @@ def build_attn_batches(
     pos_t = pos.to(device)
     qsl_t = torch.tensor(qsl, dtype=torch.int32, device=device)
     ends = [c + n for c, n in zip(nc, nn)]
+    replaying = any(s.write_from > s.num_computed for s in seqs)
+    if replaying:  # [T]: a replayed token below its sequence's write_from writes no full/compressed KV
+        wf = torch.tensor([s.write_from for s in seqs], dtype=torch.long)[seq_of]
     out: dict[str, AttnBatch] = {}
     for spec in specs:
         r = spec.tokens_per_slot
@@ -78,6 +82,8 @@ def build_attn_batches(
         else:
             writes = torch.ones_like(pos, dtype=torch.bool)
             e = pos
+        if replaying and spec.kind != "sliding":
+            writes = writes & (pos >= wf)
         blk = e // spb
         inside = blk < width
         phys = torch.full_like(pos, -1)

@@ -42,10 +42,20 @@ def first_live_block(spec: KVGroupSpec, block_size: int, first_query: int) -> in
 
 @dataclass
 class PrefixHit:
-    """Cached blocks a request can reuse: ``blocks[group][j]`` (None where the group needs nothing)."""
+    """Cached blocks a request can reuse: ``blocks[group][j]`` (None where the group needs nothing).
+
+    ``num_tokens`` (``C``) tokens are covered; ``replay_from`` < ``C`` when the sliding groups' window blocks
+    were not cached: the request recomputes from there, writing only its sliding groups below ``C``
+    (:mod:`.replay`)."""
 
     num_tokens: int = 0
     blocks: dict[str, list[Optional[Block]]] = field(default_factory=dict)
+    replay_from: Optional[int] = None
+
+    @property
+    def start(self) -> int:
+        """The first token the request computes."""
+        return self.num_tokens if self.replay_from is None else self.replay_from
 
 
 @dataclass
@@ -132,10 +142,43 @@ class KVCacheManager:
         st = self._state(req_id, extra_keys)
         return extend_block_hashes(st.hashes, token_ids, self.block_size, st.extra_keys)
 
-    def find_prefix_hit(self, req_id: str, token_ids: Sequence[int], extra_keys: tuple = ()) -> PrefixHit:
-        """Longest reusable cached prefix of ``token_ids``, leaving at least one token to compute."""
+    def find_prefix_hit(self, req_id: str, token_ids: Sequence[int], extra_keys: tuple = (),
+                        replay_span: Optional[int] = None) -> PrefixHit:
+        """Longest reusable cached prefix of ``token_ids``, leaving at least one token to compute.
+
+        With ``replay_span`` (a hybrid model's bounded replay, :mod:`.replay`), a prefix whose full and
+        compressed blocks are cached but whose window blocks are not is still a hit: the sliding groups are
+        rebuilt from ``C - replay_span`` (when that saves recompute over the hit the windows allow)."""
         if not self.enable_caching:
             return PrefixHit()
+        hit = self._find_prefix_hit(req_id, token_ids, extra_keys)
+        if replay_span is None or all(s.kind == "sliding" for s in self.specs):
+            return hit
+        replay = self._replay_hit(req_id, token_ids, extra_keys, replay_span)
+        return replay if replay is not None and replay.start > hit.num_tokens else hit
+
+    def _replay_hit(self, req_id: str, token_ids: Sequence[int], extra_keys: tuple, span: int) -> Optional[PrefixHit]:
+        hashes = self.block_hashes(req_id, token_ids, extra_keys)
+        n = min(len(hashes), (len(token_ids) - 1) // self.block_size)
+        for s in self.specs:
+            if s.kind != "sliding":
+                k = 0
+                while k < n and self.pools[s.name].get_cached_block(s.name, hashes[k]) is not None:
+                    k += 1
+                n = k
+        c = n * self.block_size
+        start = c - span
+        if n == 0 or start <= 0:
+            return None
+        hit = PrefixHit(num_tokens=c, replay_from=start)
+        for s in self.specs:
+            if s.kind == "sliding":
+                hit.blocks[s.name] = []  # rebuilt by the replay
+            else:
+                hit.blocks[s.name] = [self.pools[s.name].get_cached_block(s.name, hashes[j]) for j in range(n)]
+        return hit
+
+    def _find_prefix_hit(self, req_id: str, token_ids: Sequence[int], extra_keys: tuple = ()) -> PrefixHit:
         hashes = self.block_hashes(req_id, token_ids, extra_keys)
         max_n = min(len(hashes), (len(token_ids) - 1) // self.block_size)
         pools, bs = self.pools, self.block_size

@@ -22,6 +22,7 @@ class ScheduledSeq:
     block_ids: Mapping[str, Sequence[int]]
     sample: bool
     spec_token_ids: Sequence[int] = ()
+    write_from: int = 0  # tokens below it are a bounded replay: they rebuild only the sliding groups' KV
 
 
 @dataclass(frozen=True)

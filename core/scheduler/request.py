@@ -34,6 +34,7 @@ class Request:
     num_preemptions: int = 0
     num_replayed_tokens: int = 0  # tokens recomputed by bounded sliding-window replay
     preempted_at: int = 0  # num_computed_tokens when last preempted
+    write_from: int = 0  # a replay below this many tokens rebuilds only the sliding groups (cached KV above)
     status: Status = Status.WAITING
     finish_reason: Optional[str] = None
     generator: Any = None  # torch.Generator for sampling, owned by the engine

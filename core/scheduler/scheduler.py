@@ -52,6 +52,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.priority = cfg.policy == "priority"
         self.span = replay_span(kv.specs, cfg.sliding_replay)
+        self._all_sliding = all(s.kind == "sliding" for s in kv.specs)
         self.requests: dict[str, Request] = {}
         self.waiting: deque[Request] = deque()
         self._wkeys: list[tuple[int, int]] = []  # priority policy: sorted keys parallel to waiting
@@ -215,16 +216,19 @@ class Scheduler:
             drafts = tuple(req.spec_token_ids)
             known = n - len(drafts)
             seqs.append(ScheduledSeq(rid, c, n, req.all_token_ids[c:c + known] + list(drafts), self.kv.block_ids(rid),
-                                     c + known == req.num_tokens, drafts))
+                                     c + known == req.num_tokens, drafts, req.write_from if req.write_from > c else 0))
             total += n
         return SchedulerOutput(tuple(seqs), total, tuple(preempted), len(self.running), len(self.waiting),
                                {"schedule_s": time.perf_counter() - t0})
 
     def _admit(self, req: Request, budget: int, cap: int, planned: dict[str, int]) -> bool:
-        hit = self.kv.find_prefix_hit(req.request_id, req.all_token_ids, req.extra_keys)
-        start = hit.num_tokens
-        replayed = 0
-        if req.num_preemptions and self.span is not None:
+        hit = self.kv.find_prefix_hit(req.request_id, req.all_token_ids, req.extra_keys, self.span)
+        start = hit.start
+        replayed, write_from = 0, 0
+        if hit.replay_from is not None:  # a hybrid model: cached full/compressed KV, windows rebuilt from start
+            replayed = write_from = hit.num_tokens
+            replayed -= start
+        elif req.num_preemptions and self.span is not None and self._all_sliding:
             rs = replay_start(req.preempted_at, self.span)
             if rs > start:
                 start, hit, replayed = rs, None, req.preempted_at - rs
@@ -238,9 +242,11 @@ class Scheduler:
             return False
         if not req.num_preemptions:
             req.num_cached_tokens = start
-        if replayed:  # KV below the preemption point is rebuilt only where the window reads it
+        req.write_from = write_from
+        if replayed:  # KV below the resume point is rebuilt only where the window reads it: never cached
             exact = self.cfg.sliding_replay == "exact"
-            self.kv.skip_caching_below(req.request_id, -(-req.preempted_at // self.kv.block_size) if exact else 1 << 62)
+            upto = write_from or req.preempted_at
+            self.kv.skip_caching_below(req.request_id, -(-upto // self.kv.block_size) if exact else 1 << 62)
         req.num_replayed_tokens += replayed
         req.num_computed_tokens = start
         planned[req.request_id] = n

@@ -108,5 +108,6 @@ def test_no_block_is_refused_with_the_bytes_one_block_needs():
 def test_replay_rule():
     s1 = KVGroupSpec("s", "sliding", (0, 1, 2), (1,), torch.float32, window=5)
     assert replay_span([s1], "exact") == 12 and replay_span([s1], "window") == 5
-    assert replay_span([s1, FULL]) is None and replay_span([s1], "off") is None
+    assert replay_span([s1, FULL]) == 12  # hybrid: the full group reads cached KV and adds nothing
+    assert replay_span([FULL]) is None and replay_span([s1], "off") is None
     assert replay_start(30, 12) == 18 and replay_start(7, 12) == 0 and replay_start(30, None) == 0
