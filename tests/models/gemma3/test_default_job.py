@@ -30,14 +30,23 @@ def _greedy(llm, ids):
     return llm.generate([ids], SamplingParams(max_tokens=8, temperature=0.0))[0].text
 
 
-def _cli(*overrides: str) -> str:
-    """What ``inferhal generate OVERRIDES`` writes (the command's own composition and generate path)."""
-    buf = io.StringIO()
-    assert generate(compose([*overrides, *SMALL], command="generate"), out=buf) == 0
-    return buf.getvalue()
+@pytest.fixture
+def _cli(gemma, monkeypatch):
+    """What ``inferhal generate OVERRIDES`` writes (the command's own composition and generate path), on the
+    model this test run loaded once (the subprocess test below loads it the command's own way)."""
+    import inferhal.core.models.registry as models
+
+    monkeypatch.setattr(models, "load_model", lambda cfg, backend: gemma[0])
+
+    def run(*overrides: str) -> str:
+        buf = io.StringIO()
+        assert generate(compose([*overrides, *SMALL], command="generate"), out=buf) == 0
+        return buf.getvalue()
+
+    return run
 
 
-def test_generate_prompt_prints_the_engine_text(llm):
+def test_generate_prompt_prints_the_engine_text(llm, _cli):
     out = _cli("prompt=The capital of France is")
     want = _greedy(llm, llm.tokenizer.encode("The capital of France is"))
     assert want.strip() and out.startswith("The capital of France is" + want)
@@ -51,7 +60,7 @@ def test_default_generate_command_prints_text_for_the_default_prompt(llm):
     assert out.startswith(DEFAULT_PROMPT + _greedy(llm, llm.tokenizer.encode(DEFAULT_PROMPT)))
 
 
-def test_chat_messages_go_through_the_gemma_turn_format(llm):
+def test_chat_messages_go_through_the_gemma_turn_format(llm, _cli):
     out = _cli("messages=[{role: user, content: 'Name one colour.'}]")
     tok = llm.tokenizer
     prompt = tok.apply_chat_template([{"role": "user", "content": "Name one colour."}])
