@@ -86,6 +86,7 @@ class KVCacheManager:
         self.pools = {s.name: BlockPool(int(counts[s.name]), enable_caching) for s in specs}
         self.reqs: dict[str, _ReqBlocks] = {}
         self._has_sliding = any(s.kind == "sliding" for s in specs)
+        self._all_sliding = all(s.kind == "sliding" for s in specs)
 
     @property
     def enable_caching(self) -> bool:
@@ -151,59 +152,37 @@ class KVCacheManager:
         rebuilt from ``C - replay_span`` (when that saves recompute over the hit the windows allow)."""
         if not self.enable_caching:
             return PrefixHit()
-        hit = self._find_prefix_hit(req_id, token_ids, extra_keys)
-        if replay_span is None or all(s.kind == "sliding" for s in self.specs):
-            return hit
-        replay = self._replay_hit(req_id, token_ids, extra_keys, replay_span)
-        return replay if replay is not None and replay.start > hit.num_tokens else hit
-
-    def _replay_hit(self, req_id: str, token_ids: Sequence[int], extra_keys: tuple, span: int) -> Optional[PrefixHit]:
         hashes = self.block_hashes(req_id, token_ids, extra_keys)
-        n = min(len(hashes), (len(token_ids) - 1) // self.block_size)
-        for s in self.specs:
-            if s.kind != "sliding":
-                k = 0
-                while k < n and self.pools[s.name].get_cached_block(s.name, hashes[k]) is not None:
-                    k += 1
-                n = k
-        c = n * self.block_size
-        start = c - span
-        if n == 0 or start <= 0:
-            return None
-        hit = PrefixHit(num_tokens=c, replay_from=start)
-        for s in self.specs:
-            if s.kind == "sliding":
-                hit.blocks[s.name] = []  # rebuilt by the replay
-            else:
-                hit.blocks[s.name] = [self.pools[s.name].get_cached_block(s.name, hashes[j]) for j in range(n)]
-        return hit
-
-    def _find_prefix_hit(self, req_id: str, token_ids: Sequence[int], extra_keys: tuple = ()) -> PrefixHit:
-        hashes = self.block_hashes(req_id, token_ids, extra_keys)
-        max_n = min(len(hashes), (len(token_ids) - 1) // self.block_size)
         pools, bs = self.pools, self.block_size
-        n = 0
+
+        def cached(s: KVGroupSpec, j: int) -> Optional[Block]:
+            return pools[s.name].get_cached_block(s.name, hashes[j])
+
+        full = min(len(hashes), (len(token_ids) - 1) // bs)
         for s in self.specs:  # full/compressed groups: every leading block
             if s.kind != "sliding":
                 k = 0
-                while k < max_n and pools[s.name].get_cached_block(s.name, hashes[k]) is not None:
+                while k < full and cached(s, k) is not None:
                     k += 1
-                max_n = k
-        n = max_n
+                full = k
+        n = full
         for s in self.specs:  # sliding groups: only the window before the hit point
             if s.kind != "sliding":
                 continue
-            while n > 0:
-                lo = first_live_block(s, bs, n * bs)
-                if all(pools[s.name].get_cached_block(s.name, hashes[j]) is not None for j in range(lo, n)):
-                    break
+            while n > 0 and any(cached(s, j) is None for j in range(first_live_block(s, bs, n * bs), n)):
                 n -= 1
+        replay_from = None
+        if replay_span is not None and not self._all_sliding and full * bs - replay_span > n * bs:
+            n, replay_from = full, full * bs - replay_span  # the windows are rebuilt, not taken from the cache
         if n == 0:
             return PrefixHit()
-        hit = PrefixHit(num_tokens=n * bs)
+        hit = PrefixHit(num_tokens=n * bs, replay_from=replay_from)
         for s in self.specs:
+            if replay_from is not None and s.kind == "sliding":
+                hit.blocks[s.name] = []
+                continue
             lo = first_live_block(s, bs, n * bs)
-            hit.blocks[s.name] = [None] * lo + [pools[s.name].get_cached_block(s.name, hashes[j]) for j in range(lo, n)]
+            hit.blocks[s.name] = [None] * lo + [cached(s, j) for j in range(lo, n)]
         return hit
 
     # ------------------------------------------------------------------ allocation

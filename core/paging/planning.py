@@ -25,6 +25,7 @@ from typing import Mapping, Sequence
 
 from inferhal.core.backend import KVGroupLayout, KVStorageRequest
 from inferhal.core.errors import UserError
+from inferhal.core.paging.kv_manager import blocks_needed
 from inferhal.core.paging.spec import KVGroupSpec
 
 PAGE_ALIGN = 16
@@ -82,8 +83,6 @@ def blocks_for_budget(specs: Sequence[KVGroupSpec], block_size: int, budget_byte
     for s in growth:
         out[s.name] = n
     if max_model_len:
-        from inferhal.core.paging.kv_manager import blocks_needed
-
         for s in growth:
             out[s.name] = min(out[s.name], max_num_seqs * blocks_needed(s, block_size, max_model_len) + 1)
     return out
@@ -91,11 +90,10 @@ def blocks_for_budget(specs: Sequence[KVGroupSpec], block_size: int, budget_byte
 
 def check_budget(specs: Sequence[KVGroupSpec], block_size: int, num_blocks: Mapping[str, int]) -> None:
     """Raise UserError when some group gets no block, naming it and the bytes one block needs."""
-    from inferhal.core.errors import UserError
-
-    empty = [(s, g) for s, g in zip(specs, layouts(specs, block_size)) if num_blocks.get(s.name, 0) < 1]
+    lay = layouts(specs, block_size)
+    empty = [(s, g) for s, g in zip(specs, lay) if num_blocks.get(s.name, 0) < 1]
     if empty:
-        need = sum(group_block_bytes(g) for _, g in zip(specs, layouts(specs, block_size)))
+        need = sum(group_block_bytes(g) for g in lay)
         names = ", ".join(f"{s.name} ({group_block_bytes(g):,} B a block)" for s, g in empty)
         raise UserError(f"the KV budget holds no block of group(s) {names}; one block of every group takes "
                         f"{need:,} B: raise cache.kv_cache_bytes (or set cache.num_blocks)")

@@ -216,7 +216,7 @@ class Scheduler:
             drafts = tuple(req.spec_token_ids)
             known = n - len(drafts)
             seqs.append(ScheduledSeq(rid, c, n, req.all_token_ids[c:c + known] + list(drafts), self.kv.block_ids(rid),
-                                     c + known == req.num_tokens, drafts, req.write_from if req.write_from > c else 0))
+                                     c + known == req.num_tokens, drafts, req.write_from))
             total += n
         return SchedulerOutput(tuple(seqs), total, tuple(preempted), len(self.running), len(self.waiting),
                                {"schedule_s": time.perf_counter() - t0})
@@ -226,8 +226,8 @@ class Scheduler:
         start = hit.start
         replayed, write_from = 0, 0
         if hit.replay_from is not None:  # a hybrid model: cached full/compressed KV, windows rebuilt from start
-            replayed = write_from = hit.num_tokens
-            replayed -= start
+            write_from = hit.num_tokens
+            replayed = write_from - start
         elif req.num_preemptions and self.span is not None and self._all_sliding:
             rs = replay_start(req.preempted_at, self.span)
             if rs > start:
