@@ -112,7 +112,7 @@ def throughput(loaded, backend, concurrency: int, num_prompts: int, max_tokens: 
 
 
 def run(cfg) -> int:
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.cli.console import Progress, console as make_console
     from rich.table import Table
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 4)))
@@ -125,8 +125,6 @@ def run(cfg) -> int:
     con.print(f"[bold]bench engine[/bold]: model {name}, backend {backend.name}, block_size {bs}, "
               f"torch threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} (shared machines: "
               f"compare ratios within one run)")
-    from inferhal.core.cli.console import Progress
-
     with Progress("bench engine", len(RUNNING) + len(cfg.bench.concurrency), every=0.0) as prog:
         book = []
         for n in RUNNING:

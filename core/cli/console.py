@@ -95,7 +95,3 @@ class Progress:
         elif self.enabled and self.done:
             self._show(final=True)
 
-
-def say(text: str, stderr: bool = True) -> None:
-    """One plain progress line (model loading and other long single steps), flushed at once."""
-    print(text, file=sys.stderr if stderr else sys.stdout, flush=True)
