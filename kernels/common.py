@@ -115,9 +115,12 @@ def launch(kernel, grid, *args, **kwargs):
     from triton.runtime.errors import OutOfResources
 
     want = int(kwargs.pop("num_stages", 1))
-    key = (getattr(kernel, "fn", kernel), len(grid), tuple(sorted((k, str(v)) for k, v in kwargs.items())),
-           tuple(str(getattr(a, "dtype", type(a).__name__)) for a in args))
-    stages = min(want, _FITTED_STAGES.get(key, want))
+
+    def key():  # built only once some launch has needed fewer stages: launches stay cheap otherwise
+        return (getattr(kernel, "fn", kernel), len(grid), tuple(sorted((k, str(v)) for k, v in kwargs.items())),
+                tuple(str(getattr(a, "dtype", type(a).__name__)) for a in args))
+
+    stages = min(want, _FITTED_STAGES.get(key(), want)) if _FITTED_STAGES else want
     while True:
         try:
             out = kernel[grid](*args, num_stages=stages, **kwargs)
@@ -127,5 +130,5 @@ def launch(kernel, grid, *args, **kwargs):
             stages -= 1
             continue
         if stages != want:
-            _FITTED_STAGES[key] = stages
+            _FITTED_STAGES[key()] = stages
         return out
