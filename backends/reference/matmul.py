@@ -72,6 +72,10 @@ PACK_ROWS_HINT = 32  # the row count oneDNN picks the packed layout for (it serv
 PROBED = (torch.bfloat16, torch.float32)
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 @dataclass(frozen=True)
 class ProductPath:
     """Which dtypes' CPU products run through oneDNN's packed kernel (the rest run ``F.linear``), and why."""
@@ -80,7 +84,7 @@ class ProductPath:
     reason: str
 
     def describe(self) -> str:
-        names = lambda ds: ", ".join(sorted(str(d).removeprefix("torch.") for d in ds))  # noqa: E731
+        names = lambda ds: ", ".join(sorted(_dtype_name(d) for d in ds))  # noqa: E731
         if self.packed == frozenset(PROBED):
             return f"products: oneDNN packed ({self.reason})"
         if not self.packed:
@@ -135,9 +139,8 @@ def product_path() -> ProductPath:
         return ProductPath(frozenset(), f"{PORTABLE_ENV}={os.environ[PORTABLE_ENV]}")
     failed = {dt: probe_onednn(dt) for dt in PROBED}
     ok = frozenset(dt for dt, why in failed.items() if why is None)
-    name = lambda d: str(d).removeprefix("torch.")  # noqa: E731
-    parts = [f"probe passed: {', '.join(sorted(name(d) for d in ok))}"] if ok else []
-    parts += [f"probe failed for {name(d)}: {why}" for d, why in failed.items() if why is not None]
+    parts = [f"probe passed: {', '.join(sorted(_dtype_name(d) for d in ok))}"] if ok else []
+    parts += [f"probe failed for {_dtype_name(d)}: {why}" for d, why in failed.items() if why is not None]
     return ProductPath(ok, "; ".join(parts))
 
 
