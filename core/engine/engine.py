@@ -28,7 +28,7 @@ from inferhal.core.paging.kv_manager import KVCacheManager
 from inferhal.core.sampling.params import SamplingParams, SamplingParamsError
 from inferhal.core.scheduler.request import Request
 from inferhal.core.scheduler.scheduler import RequestError, Scheduler
-from inferhal.core.spec.ngram import NgramProposer
+from inferhal.core.spec.proposer import DraftContext, DraftWant, StepSeq, TargetStep, make_proposer
 
 Prompt = Union[str, Sequence[int]]
 
@@ -58,7 +58,6 @@ class Engine:
         scheduler = scheduler or SchedulerConfig()
         cache = cache or CacheConfig()
         spec = spec or SpecConfig()
-        self.proposer = NgramProposer.from_config(spec)  # None: no drafts
         self.spec_off_at = spec.disable_by_batch_size or None  # running requests at which drafting pauses
         self.loaded, self.backend = loaded, backend
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
@@ -66,8 +65,11 @@ class Engine:
         if self.max_model_len < 2:
             raise UserError(f"model.max_model_len must be >= 2 (one prompt token and one generated token), "
                             f"got {self.max_model_len}")
-        self.specs = tuple(self.model.kv_groups())
         bs = cache.block_size
+        # the drafter (spec.method; None: no drafts), its own KV groups beside the model's
+        self.proposer = make_proposer(spec, DraftContext(self.model, loaded.name, bs, getattr(
+            backend.device, "torch_device", "cpu"), self.max_model_len))
+        self.specs = tuple(self.model.kv_groups()) + tuple(self.proposer.kv_groups() if self.proposer else ())
         need = planning.compatible_block_size(self.specs, bs)
         if need != bs:
             raise UserError(f"cache.block_size={bs} is not a multiple of every KV group's tokens_per_slot; "
@@ -79,6 +81,10 @@ class Engine:
         self.scheduler = Scheduler(scheduler, self.kv_manager, self.max_model_len)
         self.device = torch.device(getattr(backend.device, "torch_device", "cpu"))
         self.runner = ModelRunner(self.model, backend.ops, self.kv_storage, self.specs, bs, self.device)
+        if self.proposer is not None:
+            self.runner.keep_hidden = self.proposer.needs_hidden
+            self.scheduler.num_lookahead_tokens = self.proposer.num_lookahead_tokens
+            self.scheduler.trim_prefix_hit = self.proposer.reads_next_token
         self.seed = seed
         self.stream_text = False  # decode text on every step (streaming) or only when a request finishes
         # called as hook(engine) at the end of every step(), in order (e.g. core/parallel's EP rank sync
@@ -142,7 +148,11 @@ class Engine:
         return req.request_id
 
     def abort(self, request_ids: Iterable[str]) -> list[RequestOutput]:
-        return [self._output(r) for r in self.scheduler.abort(list(request_ids))]
+        done = self.scheduler.abort(list(request_ids))
+        if self.proposer is not None:
+            for r in done:
+                self.proposer.free(r.request_id)
+        return [self._output(r) for r in done]
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -156,14 +166,17 @@ class Engine:
         t1 = time.perf_counter()
         res = self.runner.execute(out, self.scheduler.requests)
         t2 = time.perf_counter()
+        before = {s.request_id: self.scheduler.requests[s.request_id].num_output_tokens
+                  for s in out.seqs if s.sample and s.request_id in self.scheduler.requests}
         changed = self.scheduler.update(out, res.tokens)
         for rid, lp in res.logprobs.items():
             (self._logprobs[rid].extend if isinstance(lp, list) else self._logprobs[rid].append)(lp)
+        stopped = self._check_stop_strings(changed, before)
         for r in changed:  # a stop among accepted drafts drops the tokens after it, and their logprobs
             lps = self._logprobs[r.request_id]
             del lps[r.num_output_tokens:]
-        stopped = self._check_stop_strings(changed)
-        self._draft(changed)
+        if self.proposer is not None:
+            self._draft(out, res, changed)
         outputs = [self._output(r) for r in changed]
         t3 = time.perf_counter()
         s = self.stats
@@ -182,28 +195,59 @@ class Engine:
             hook(self)
         return outputs
 
-    def _draft(self, changed: Sequence[Request]) -> None:
-        """Drafts for the next step of every request that got tokens and decodes on; capped so no draft
-        lies past ``max_tokens`` or ``max_model_len`` (the verifier's own token always comes on top). None
-        while ``spec.disable_by_batch_size`` or more requests run: verifying drafts costs rows, and on a
-        busy batch (compute-bound products) more than the accepted tokens give back."""
-        if self.proposer is None or (self.spec_off_at and len(self.scheduler.running) >= self.spec_off_at):
+    def _draft(self, out, res, changed: Sequence[Request]) -> None:
+        """Drive the drafter (the order of :mod:`inferhal.core.spec.proposer`): accept, prefill every running
+        request's exact positions of the step, free the finished, then drafts for the next step of every
+        request that got tokens and decodes on, capped so no draft lies past ``max_tokens`` or
+        ``max_model_len`` (the verifier's own token always comes on top). No drafts while
+        ``spec.disable_by_batch_size`` or more requests run: verifying drafts costs rows, and on a busy
+        batch (compute-bound products) more than the accepted tokens give back."""
+        prop, reqs = self.proposer, self.scheduler.requests
+        seqs, row = [], 0
+        for s in out.seqs:
+            r = reqs.get(s.request_id)
+            if s.spec_token_ids and r is not None:
+                known = s.num_new - len(s.spec_token_ids)
+                prop.accept(s.request_id, len(s.spec_token_ids), r.num_computed_tokens - s.num_computed - known)
+            if r is not None and not r.is_finished and r.num_computed_tokens > s.num_computed:
+                seqs.append(StepSeq(s.request_id, s.num_computed, r.num_computed_tokens - s.num_computed, row,
+                                    r.all_token_ids, self.kv_manager.block_ids(s.request_id)))
+            row += s.num_new
+        for r in changed:
+            if r.is_finished:
+                prop.free(r.request_id)
+        prop.prefill(TargetStep(tuple(seqs), res.hidden, self.kv_storage))
+        if self.spec_off_at and len(self.scheduler.running) >= self.spec_off_at:
             return
+        wants = []
         for r in changed:
             if r.is_finished or r.num_tokens - r.num_computed_tokens != 1:
                 continue
             left = min(r.params.max_tokens - r.num_output_tokens, self.max_model_len - r.num_tokens)
-            r.spec_token_ids = self.proposer.propose(r.all_token_ids, left - 1)
+            wants.append(DraftWant(r.request_id, r.all_token_ids, left - 1, self.kv_manager.block_ids(r.request_id)))
+        for rid, drafts in prop.propose(wants, self.kv_storage).items():
+            reqs[rid].spec_token_ids = list(drafts)
 
-    def _check_stop_strings(self, changed: Sequence[Request]) -> int:
+    def _check_stop_strings(self, changed: Sequence[Request], before: dict[str, int]) -> int:
+        """Finish the requests whose text now holds a stop string, cutting this step's tokens (accepted
+        drafts among them) right after the first token whose text holds it, as decoding one token a step
+        would have."""
         ids = []
         for r in changed:
             if r.params.stop and not r.is_finished and self.tokenizer is not None:
-                text = self.tokenizer.decode(r.output_token_ids)
-                if any(s in text for s in r.params.stop):
-                    ids.append(r.request_id)
+                toks = r.output_token_ids
+                if not any(s in self.tokenizer.decode(toks) for s in r.params.stop):
+                    continue
+                for n in range(before.get(r.request_id, len(toks) - 1) + 1, len(toks)):
+                    if any(s in self.tokenizer.decode(toks[:n]) for s in r.params.stop):
+                        del r.all_token_ids[r.num_prompt_tokens + n:]
+                        break
+                ids.append(r.request_id)
         if ids:
             self.scheduler.finish(ids, "stop")
+            if self.proposer is not None:
+                for rid in ids:
+                    self.proposer.free(rid)
         return len(ids)
 
     def _output(self, req: Request) -> RequestOutput:

@@ -9,6 +9,10 @@ sampled rows alike). A step whose every row is greedy, with no logprobs and no d
 ``forward_greedy`` instead when it has one: its tokens come from ``lm_head.argmax``, without logits (when
 the backend's ``lm_head.argmax`` is native, or its ``lm_head`` is the reference's too, so that both paths
 give the same token).
+
+With ``keep_hidden`` (a drafter that reads the target's hidden states, e.g. MTP) the model's
+``forward_and_hidden`` runs instead and :attr:`StepResult.hidden` holds the final hidden states of every
+token of the step, in the order of ``out.seqs``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class StepResult:
     prepare_s: float = 0.0
     model_s: float = 0.0
     sample_s: float = 0.0
+    hidden: Any = None  # [T, ...] the model's final hidden states of the step's tokens (keep_hidden only)
 
 
 class ModelRunner:
@@ -47,6 +52,7 @@ class ModelRunner:
         fallbacks = set(ops.fallbacks()) if hasattr(ops, "fallbacks") else set()
         self.greedy_head = (hasattr(model, "forward_greedy")
                         and ("lm_head.argmax" not in fallbacks or "lm_head" in fallbacks))
+        self.keep_hidden = False  # set by the engine when its drafter reads hidden states
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         """``[rows, V]`` fp32 for the model's logits, one buffer grown to the most rows seen and reused every
@@ -92,12 +98,19 @@ class ModelRunner:
         )
         t1 = time.perf_counter()
         if greedy:
-            toks = self.model.forward_greedy(batch, self.kv).tolist()  # [B']
+            if self.keep_hidden:
+                toks, res.hidden = self.model.forward_and_hidden(batch, self.kv, greedy=True)
+                toks = toks.tolist()
+            else:
+                toks = self.model.forward_greedy(batch, self.kv).tolist()  # [B']
             res.prepare_s, res.model_s = t1 - t0, time.perf_counter() - t1
             for r, tok in zip(plain_reqs, toks):
                 res.tokens[r.request_id] = int(tok)
             return res
-        logits = self.model.forward(batch, self.kv)  # [B', V] fp32
+        if self.keep_hidden:
+            logits, res.hidden = self.model.forward_and_hidden(batch, self.kv)
+        else:
+            logits = self.model.forward(batch, self.kv)  # [B', V] fp32
         t2 = time.perf_counter()
         res.prepare_s, res.model_s = t1 - t0, t2 - t1
         if plain_reqs:

@@ -39,6 +39,8 @@ class Request:
     finish_reason: Optional[str] = None
     generator: Any = None  # torch.Generator for sampling, owned by the engine
     spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify in the next decode step
+    num_draft_tokens: int = 0  # drafts verified for this request so far
+    num_accepted_tokens: int = 0  # of which accepted
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:

@@ -12,7 +12,10 @@ Each :meth:`Scheduler.schedule` builds one step under ``max_num_batched_tokens``
 
 A decoding request may carry draft tokens (``Request.spec_token_ids``, set by the engine's drafter): they
 are scheduled after its decode token when the budget allows, and dropped before anyone is preempted for
-room. :meth:`Scheduler.update` takes the accepted drafts plus one token, rolls ``num_computed_tokens``
+room. A drafter that writes state past the step (MTP's chained drafts) sets ``num_lookahead_tokens``: a step
+that reaches a request's last known token also allocates that many positions after it (given up first when
+the pool is short); one whose state at a position reads the next token sets ``trim_prefix_hit``: a prefix
+hit gives up its last block. :meth:`Scheduler.update` takes the accepted drafts plus one token, rolls ``num_computed_tokens``
 back over the rejected ones (their KV slots are simply written again), and stops at the first stopping
 token among them.
 
@@ -60,6 +63,10 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_draft_tokens = 0  # drafts verified so far, all requests
         self.num_accepted_tokens = 0  # of which accepted
+        self.drafted_at: list[int] = []  # [i]: steps that verified a draft at position i (0-based)
+        self.accepted_at: list[int] = []  # [i]: of which accepted it
+        self.num_lookahead_tokens = 0  # set by the engine from its drafter
+        self.trim_prefix_hit = False
         self._arrivals = 0
 
     # ------------------------------------------------------------------ requests in and out
@@ -184,7 +191,11 @@ class Scheduler:
             room = min(budget, cap) if cap > 0 else budget
             req.spec_token_ids = req.spec_token_ids[:room - 1] if req in decode_set else []
             n += len(req.spec_token_ids)
-            while not self.kv.allocate(req.request_id, req.num_computed_tokens, n):
+            ahead = self._lookahead(req, req.num_computed_tokens, n)
+            while not self.kv.allocate(req.request_id, req.num_computed_tokens, n + ahead):
+                if ahead:  # the drafter's lookahead goes first, then the drafts
+                    ahead = 0
+                    continue
                 if req.spec_token_ids:  # drafts are given up before anyone is preempted
                     n -= len(req.spec_token_ids)
                     req.spec_token_ids = []
@@ -221,8 +232,19 @@ class Scheduler:
         return SchedulerOutput(tuple(seqs), total, tuple(preempted), len(self.running), len(self.waiting),
                                {"schedule_s": time.perf_counter() - t0})
 
+    def _lookahead(self, req: Request, start: int, n: int) -> int:
+        """Positions to allocate past a step of ``n`` tokens from ``start``: the drafter's lookahead when the
+        step reaches the request's last known token (drafts follow), never past ``max_model_len``."""
+        end = start + n
+        if not self.num_lookahead_tokens or end - len(req.spec_token_ids) < req.num_tokens:
+            return 0
+        return max(0, min(self.num_lookahead_tokens, self.max_model_len - end))
+
     def _admit(self, req: Request, budget: int, cap: int, planned: dict[str, int]) -> bool:
         hit = self.kv.find_prefix_hit(req.request_id, req.all_token_ids, req.extra_keys, self.span)
+        if self.trim_prefix_hit and hit.num_tokens:  # the drafter's entry at the hit's last position read
+            hit = self.kv.find_prefix_hit(req.request_id, req.all_token_ids[:hit.num_tokens], req.extra_keys,
+                                          self.span)  # a token the new request may not share
         start = hit.start
         replayed, write_from = 0, 0
         if hit.replay_from is not None:  # a hybrid model: cached full/compressed KV, windows rebuilt from start
@@ -238,7 +260,9 @@ class Scheduler:
         n = min(n, budget)
         if cap > 0:
             n = min(n, cap)
-        if not self.kv.allocate(req.request_id, start, n, hit):
+        ahead = self._lookahead(req, start, n)
+        if not self.kv.allocate(req.request_id, start, n + ahead, hit) and (
+                not ahead or not self.kv.allocate(req.request_id, start, n, hit)):
             return False
         if not req.num_preemptions:
             req.num_cached_tokens = start
@@ -270,8 +294,7 @@ class Scheduler:
                     raise ValueError(f"request {seq.request_id!r}: tokens {toks} are not an accepted prefix of the "
                                      f"drafts {list(seq.spec_token_ids)} plus one")
                 req.num_computed_tokens += seq.num_new - len(seq.spec_token_ids) + accepted
-                self.num_draft_tokens += len(seq.spec_token_ids)
-                self.num_accepted_tokens += accepted
+                self._count_drafts(req, len(seq.spec_token_ids), accepted)
                 changed.append(req)
                 reason = None
                 for tok in toks:
@@ -290,6 +313,20 @@ class Scheduler:
         if finished:
             self.running = [r for r in self.running if r.status is Status.RUNNING]
         return changed
+
+    def _count_drafts(self, req: Request, drafted: int, accepted: int) -> None:
+        if not drafted:
+            return
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
+        req.num_draft_tokens += drafted
+        req.num_accepted_tokens += accepted
+        while len(self.drafted_at) < drafted:
+            self.drafted_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(drafted):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < accepted
 
     def _stop_reason(self, req: Request, tok: int) -> Optional[str]:
         p = req.params

@@ -7,41 +7,23 @@ draft in the same forward that computes the next token (the backend's ``spec.ver
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from inferhal.core.config.schema import SpecConfig
 from inferhal.core.errors import UserError
-
-METHODS = ("none", "ngram", "mtp")
-
-
-def check_spec_config(cfg: SpecConfig) -> None:
-    """Raise :class:`UserError` naming the field when ``cfg`` cannot run here."""
-    if cfg.method not in METHODS:
-        raise UserError(f"spec.method must be one of {METHODS}, got {cfg.method!r}")
-    if cfg.method == "mtp":
-        raise UserError("spec.method=mtp needs a model with an MTP draft head, which this build does not run yet; "
-                        "use spec.method=ngram or spec.method=none")
-    if cfg.method == "none":
-        if cfg.num_speculative_tokens:
-            raise UserError(f"spec.num_speculative_tokens={cfg.num_speculative_tokens} has no effect with "
-                            f"spec.method=none; set spec.method=ngram (or spec=ngram) to draft tokens")
-        return
-    if cfg.num_speculative_tokens < 1:
-        raise UserError(f"spec.method={cfg.method} needs spec.num_speculative_tokens >= 1, "
-                        f"got {cfg.num_speculative_tokens}")
-    if cfg.disable_by_batch_size < 0:
-        raise UserError(f"spec.disable_by_batch_size must be >= 0 (0: always draft), got {cfg.disable_by_batch_size}")
-    if not 1 <= cfg.ngram_min <= cfg.ngram_max:
-        raise UserError(f"spec.ngram_min and spec.ngram_max need 1 <= ngram_min <= ngram_max, "
-                        f"got {cfg.ngram_min} and {cfg.ngram_max}")
+from inferhal.core.spec.proposer import METHODS, DraftContext, DraftWant, TargetStep, check_spec_config  # noqa: F401
 
 
 class NgramProposer:
-    """Drafts up to ``k`` tokens per request from its own prompt and output."""
+    """Drafts up to ``k`` tokens per request from its own prompt and output (a
+    :class:`~inferhal.core.spec.proposer.Proposer` with no state: prefill, accept and free do nothing)."""
+
+    needs_hidden = False
+    num_lookahead_tokens = 0
+    reads_next_token = False
 
     def __init__(self, k: int, ngram_min: int = 1, ngram_max: int = 4) -> None:
         if k < 1 or not 1 <= ngram_min <= ngram_max:
@@ -49,14 +31,41 @@ class NgramProposer:
                              f"{ngram_max}")
         self.k, self.ngram_min, self.ngram_max = k, ngram_min, ngram_max
 
+    @property
+    def num_speculative_tokens(self) -> int:
+        return self.k
+
+    @staticmethod
+    def check_config(cfg: SpecConfig) -> None:
+        if not 1 <= cfg.ngram_min <= cfg.ngram_max:
+            raise UserError(f"spec.ngram_min and spec.ngram_max need 1 <= ngram_min <= ngram_max, "
+                            f"got {cfg.ngram_min} and {cfg.ngram_max}")
+
     @classmethod
-    def from_config(cls, cfg: SpecConfig) -> "NgramProposer | None":
+    def from_config(cls, cfg: SpecConfig, ctx: DraftContext | None = None) -> "NgramProposer | None":
         check_spec_config(cfg)
         if cfg.method == "none":
             return None
         return cls(cfg.num_speculative_tokens, cfg.ngram_min, cfg.ngram_max)
 
-    def propose(self, token_ids: Sequence[int], limit: int | None = None) -> list[int]:
+    # ------------------------------------------------------------------ the proposer contract
+
+    def kv_groups(self) -> list:
+        return []
+
+    def accept(self, request_id: str, num_drafts: int, num_accepted: int) -> None:
+        pass
+
+    def prefill(self, step: TargetStep) -> None:
+        pass
+
+    def free(self, request_id: str) -> None:
+        pass
+
+    def propose(self, wants: Sequence[DraftWant], kv: Any = None) -> dict[str, list[int]]:
+        return {w.request_id: self.lookup(w.token_ids, w.limit) for w in wants}
+
+    def lookup(self, token_ids: Sequence[int], limit: int | None = None) -> list[int]:
         """At most ``min(k, limit)`` draft tokens to follow ``token_ids``; ``[]`` when no n-gram recurs."""
         k = self.k if limit is None else min(self.k, limit)
         n_tok = len(token_ids)

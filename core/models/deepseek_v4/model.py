@@ -133,10 +133,29 @@ class DeepseekV4ForCausalLM:
             streams = self.block(f"layers.{i}.", i, streams, ids, batch, kv)
         return streams
 
+    def forward_and_hidden(self, batch: ForwardBatch, kv: KVCache, greedy: bool = False
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` (or with ``greedy`` :meth:`forward_greedy`) and the final streams ``[T, N, D]`` of
+        every token, which an MTP drafter reads as its ``hidden``."""
+        streams = self.forward_hidden(batch, kv)
+        rows = streams[batch.logits_indices.long()]
+        return (self.head("", rows, greedy=True) if greedy else self.head("", rows, batch.logits_out)), streams
+
     def forward_mtp(self, batch: ForwardBatch, kv: KVCache, hidden: torch.Tensor, k: int = 0) -> torch.Tensor:
         """Draft logits of MTP layer ``k``: ``batch.input_ids[t]`` is the token at ``positions[t] + 1``,
         ``hidden[t]`` the main model's final streams at ``positions[t]`` (``[T, N, D]``); returns fp32
         ``[len(batch.logits_indices), vocab]`` for position ``+ 2``. Writes layer ``num_layers + k`` of ``swa``."""
+        streams = self.mtp_hidden(batch, kv, hidden, k)
+        return self.head(f"mtp.{k}.", streams[batch.logits_indices.long()])
+
+    def mtp_head(self, streams: torch.Tensor, k: int = 0, greedy: bool = True) -> torch.Tensor:
+        """MTP layer ``k``'s head over rows of its output streams: greedy draft tokens ``[R]`` int64 (or with
+        ``greedy=False`` fp32 logits ``[R, vocab]``); the LM head is the main model's."""
+        return self.head(f"mtp.{k}.", streams, greedy=greedy)
+
+    def mtp_hidden(self, batch: ForwardBatch, kv: KVCache, hidden: torch.Tensor, k: int = 0) -> torch.Tensor:
+        """MTP layer ``k``'s output streams ``[T, N, D]`` (before its head), as :meth:`forward_mtp` computes
+        them: a chained draft step feeds them back as the ``hidden`` of the next position."""
         if k >= self.num_mtp_layers:
             raise ValueError(f"MTP layer {k} is not loaded (this model has {self.num_mtp_layers})")
         ops, w, cfg = self.ops, self.weights, self.cfg
@@ -146,8 +165,7 @@ class DeepseekV4ForCausalLM:
         e = ops["norm.rms"](ops["embed"](ids, w["embed_tokens.weight"], 1.0), w[pre + "enorm.weight"], self.norm_p)
         hn = ops["norm.rms"](hidden.reshape(t * n, d).to(self.dtype), w[pre + "hnorm.weight"], self.norm_p)
         x = ops["linear"](e, w[pre + "e_proj.weight"])[:, None, :] + ops["linear"](hn, w[pre + "h_proj.weight"]).view(t, n, d)
-        streams = self.block(pre, cfg.num_layers + k, x, ids, batch, kv)
-        return self.head(pre, streams[batch.logits_indices.long()])
+        return self.block(pre, cfg.num_layers + k, x, ids, batch, kv)
 
     # ------------------------------------------------------------------ expert parallelism
 
