@@ -246,8 +246,9 @@ class NpuOps:
     def kv_write(self, values: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor,
                  p: KVWriteParams = KVWriteParams(), scale_cache: torch.Tensor | None = None) -> None:
         # values: [T, *slot]; cache: [NB, BS, *slot]; slot_mapping: [T], -1 = skip
-        if p.quant != "none":
-            self._fallback("kv.write", f"quant={p.quant!r}: quantising scatter is not wired")
+        if p.quant != "none" or p.record is not None:
+            what = f"{p.record.name} records" if p.record is not None else f"quant={p.quant!r}"
+            self._fallback("kv.write", f"{what}: quantising scatter is not wired")
             return ref.kv_write(values, cache, slot_mapping, p, scale_cache)
         keep = slot_mapping >= 0
         slots, v = slot_mapping[keep], values[keep].to(cache.dtype)

@@ -44,7 +44,7 @@ def profile(backend: str = "cpu_amx", isa: str = "AMX", feature: str = "amx_bf16
         exec_level=ExecLevel.DEVICE,  # the kernels run on this very CPU: a hardware result for it
         dtypes=ref.DTYPES,
         features=frozenset({"deterministic", "paged_attention", "paged_sparse_attention", "fp8_block_linear",
-                            "fp4_grouped_gemm", feature}),
+                            "fp4_grouped_gemm", feature, *ref.KV_DTYPE_FEATURES}),
         memory_bytes=ref.cpu_memory_bytes(),
         compute_units=os.cpu_count() or 1,
         sources={"memory_bytes": "os.sysconf", "peak_bandwidth": "not declared: no roofline for this CPU yet"},

@@ -15,8 +15,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from inferhal.backends.reference import kv_records
 from inferhal.backends.reference.attention import attend_gathered, gather_slots, token_seqs
 from inferhal.core.ops.params import AttnBatch, AttnParams, CompressParams, IndexerParams, RmsNormParams
+
+
+def read(entries: torch.Tensor, fmt) -> torch.Tensor:
+    """Gathered cache entries as fp32 values: records of ``fmt`` decoded (zero records, i.e. entries a row
+    may not see, decode to zeros), or the values themselves when ``fmt`` is None."""
+    return entries.float() if fmt is None else kv_records.decode(entries, fmt)
 
 
 def attn_compress(state_cache: torch.Tensor, batch: AttnBatch, rows: torch.Tensor, position_bias: torch.Tensor,
@@ -64,7 +71,7 @@ def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, w
     seq = token_seqs(batch.query_start_loc, t)  # [T]
     cols = torch.arange(width, device=q.device)
     visible = cols[None, :] < ((batch.positions.long() + 1) // batch.tokens_per_slot)[:, None]  # [T, S]
-    keys = gather_slots(key_cache, batch.block_table, seq[:, None], cols[None, :], visible).float()  # [T, S, Di]
+    keys = read(gather_slots(key_cache, batch.block_table, seq[:, None], cols[None, :], visible), p.key_format)
     if fixed_order:
         dots = F.relu((q.float()[:, :, None, :] * keys[:, None, :, :]).sum(dim=-1)) * p.scale  # [T, Hi, S]
     else:
@@ -86,7 +93,7 @@ def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, 
     w = p.window if p.window > 0 else int(qpos.max()) + 1
     kpos = qpos[:, None] - (w - 1) + torch.arange(w, device=q.device)  # [T, W]
     mask = kpos >= 0
-    keys = gather_slots(kv_cache, batch.block_table, seq[:, None], kpos, mask)  # [T, W, D]
+    keys = read(gather_slots(kv_cache, batch.block_table, seq[:, None], kpos, mask), p.kv_format)  # [T, W, D]
     if comp_batch is not None and topk_idx is not None and topk_idx.shape[1] > 0:
         n_c = comp_batch.seq_lens.long()[seq]  # [T] entries of each query's sequence
         visible = (qpos + 1) // comp_batch.tokens_per_slot  # [T]
@@ -95,7 +102,7 @@ def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, 
         idx = torch.sort(torch.where(ok, idx, -1), dim=1).values  # [T, K]; a repeated entry counts once
         pick = idx >= 0
         pick[:, 1:] &= idx[:, 1:] != idx[:, :-1]
-        comp = gather_slots(comp_cache, comp_batch.block_table, seq[:, None], idx, pick)  # [T, K, D]
+        comp = read(gather_slots(comp_cache, comp_batch.block_table, seq[:, None], idx, pick), p.kv_format)
         keys = torch.cat((keys, comp), dim=1)
         mask = torch.cat((mask, pick), dim=1)
     kv = keys[:, :, None]  # [T, S, 1, D]

@@ -12,6 +12,8 @@ from inferhal.core.paging import planning
 from inferhal.core.profile import DeviceProfile, ExecLevel
 
 DTYPES = frozenset({"float32", "bfloat16", "float16", "float8_e4m3fn", "fp4_e2m1"})
+# cache.kv_dtype values the reference's ops read (core/paging/formats.py: FP8 and FP4 KV records, kv_records.py)
+KV_DTYPE_FEATURES = frozenset({"kv_dtype:fp8", "kv_dtype:fp4"})
 #: ``backend.options`` the reference reads, with their meaning
 OPTIONS = {"torch_device": "the torch device to run on (default cpu)"}
 
@@ -62,7 +64,7 @@ def profile(torch_device: str = "cpu", batch_invariant: bool = False) -> DeviceP
         dtypes=DTYPES,
         # deterministic always (no atomics, fixed orders); batch-invariant only in that mode
         features=frozenset({"deterministic", "paged_attention", "paged_sparse_attention", "fp8_block_linear",
-                            "fp4_grouped_gemm"} | ({"batch_invariant"} if batch_invariant else set())),
+                            "fp4_grouped_gemm", *KV_DTYPE_FEATURES} | ({"batch_invariant"} if batch_invariant else set())),
         memory_bytes=cpu_memory_bytes(),
         compute_units=os.cpu_count() or 1,
         sources={"memory_bytes": "os.sysconf", "peak_bandwidth": "not declared: the reference has no roofline",

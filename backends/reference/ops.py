@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from inferhal.backends.reference.matmul import product
+from inferhal.backends.reference import kv_records
 from inferhal.backends.reference.quant import dequantize
 from inferhal.core.ops.params import ActParams, KVWriteParams, RmsNormParams, RopeParams, SampleBatch
 from inferhal.core.ops.quant import QuantWeight
@@ -170,7 +171,12 @@ def kv_write(
     slots = slot_mapping[keep].long()
     blk, off = slots // bs, slots % bs
     v = values[keep]
-    if p.quant == "fp8":
+    if p.record is not None:  # one quantised record per entry (core/paging/formats.py)
+        if cache.dtype != torch.uint8 or cache.shape[2:] != (p.record.nbytes,):
+            raise ValueError(f"kv.write {p.record.name}: cache must be uint8 [NB, BS, {p.record.nbytes}], got "
+                             f"{cache.dtype} {tuple(cache.shape)}")
+        cache[blk, off] = kv_records.encode(v.reshape(v.shape[0], -1), p.record)
+    elif p.quant == "fp8":
         if scale_cache is None:
             raise ValueError("kv.write with quant='fp8' needs scale_cache [NB, BS]")
         amax = v.float().reshape(v.shape[0], -1).abs().amax(dim=1).clamp(min=1e-12)

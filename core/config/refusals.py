@@ -20,8 +20,6 @@ from inferhal.core.config.errors import ConfigError
 REFUSED: dict[str, str] = {
     "scheduler.async_scheduling": "asynchronous scheduling is not implemented; each step schedules, runs the "
                                   "model and updates in turn",
-    "cache.kv_dtype": "the KV cache is stored in the model's dtype (model.dtype); FP8/FP4 KV records are only "
-                      "planned (`inferhal plan kv cache.kv_dtype=fp8`), no attention op reads them yet",
     "parallel.tp": "tensor parallelism is not implemented",
     "parallel.dp": "data-parallel attention is not implemented; attention is replicated on every EP rank",
     "parallel.role": "prefill/decode disaggregation is not implemented; every process does both",
@@ -33,7 +31,7 @@ REFUSED: dict[str, str] = {
 }
 
 #: refused fields that some commands do honour: field → command prefixes (the planner reads KV formats)
-HONOURED_BY: dict[str, tuple[str, ...]] = {"cache.kv_dtype": ("plan",)}
+HONOURED_BY: dict[str, tuple[str, ...]] = {}
 
 _MISSING = object()
 
@@ -70,6 +68,11 @@ def refused(cfg: Any) -> list[tuple[str, str]]:
         if value is _MISSING or value == default:
             continue
         out.append((path, f"{path}={value!r} is refused (not honoured yet; the default is {default!r}): {why}"))
+    from inferhal.core.paging.formats import KV_DTYPES
+
+    kv_dtype = OmegaConf.select(cfg, "cache.kv_dtype", default="auto")
+    if kv_dtype not in KV_DTYPES:
+        out.append(("cache.kv_dtype", f"cache.kv_dtype={kv_dtype!r} is not a KV format: use one of {', '.join(KV_DTYPES)}"))
     enabled = OmegaConf.select(cfg, "eplb.enabled", default=False)
     ep = OmegaConf.select(cfg, "parallel.ep", default=1)
     if enabled and int(ep) <= 1:

@@ -65,7 +65,7 @@ class CacheConfig:
     kv_cache_bytes: int = 0  # 0 = derive from memory_fraction of the device's free memory
     memory_fraction: float = 0.5
     enable_prefix_caching: bool = True
-    kv_dtype: str = "auto"  # auto (= model dtype); fp8 is refused until an FP8 KV cache exists (core/config/refusals.py)
+    kv_dtype: str = "auto"  # auto (= model dtype) | fp8 | fp4: quantised KV records (core/paging/formats.py)
     num_blocks: int = 0  # > 0: use exactly this many blocks (overrides kv_cache_bytes)
     auto_kv_cap_bytes: int = 1073741824  # cap on a budget derived from free memory (0 = no cap)
 

@@ -23,7 +23,7 @@ from inferhal.core.engine.outputs import CompletionOutput, RequestOutput
 from inferhal.core.engine.runner import ModelRunner
 from inferhal.core.errors import UserError
 from inferhal.core.models.base import LoadedModel
-from inferhal.core.paging import planning
+from inferhal.core.paging import formats, planning
 from inferhal.core.paging.kv_manager import KVCacheManager
 from inferhal.core.sampling.params import SamplingParams, SamplingParamsError
 from inferhal.core.scheduler.request import Request
@@ -65,6 +65,9 @@ class Engine:
         if self.max_model_len < 2:
             raise UserError(f"model.max_model_len must be >= 2 (one prompt token and one generated token), "
                             f"got {self.max_model_len}")
+        # the model stores its KV as cache.kv_dtype (FP8/FP4 records refused where the backend cannot read them)
+        formats.apply_kv_dtype(self.model, getattr(backend, "name", "?"), getattr(backend, "profile", None),
+                               cache.kv_dtype)
         bs = cache.block_size
         # the drafter (spec.method; None: no drafts), its own KV groups beside the model's
         self.proposer = make_proposer(spec, DraftContext(self.model, loaded.name, bs, getattr(

@@ -45,6 +45,9 @@ class AttnParams:
     window: int = 0  # 0 = full causal attention
     softcap: float = 0.0
     shared_kv: bool = False  # one latent tensor serves as K and V (DeepSeek-V4)
+    # the caches hold quantised records of this KVFormat (core/paging/formats.py), uint8 [NB, BS, nbytes]:
+    # attn.sparse_topk decodes the window and compressed entries it reads; None = the cache holds values
+    kv_format: Any = None
 
     def __post_init__(self) -> None:
         _require(self.num_kv_heads >= 1, "AttnParams.num_kv_heads must be >= 1")
@@ -107,10 +110,14 @@ class ActParams:
 
 @dataclass(frozen=True)
 class KVWriteParams:
-    quant: str = "none"  # none | fp8
+    quant: str = "none"  # none | fp8 (e4m3 cache + one fp32 scale per entry in a separate scale_cache)
+    # or: encode each entry as a record of this KVFormat (core/paging/formats.py) into a uint8 cache
+    record: Any = None
 
     def __post_init__(self) -> None:
         _require(self.quant in ("none", "fp8"), f"KVWriteParams.quant must be none|fp8, got {self.quant!r}")
+        _require(self.record is None or self.quant == "none", "KVWriteParams: record and quant='fp8' exclude "
+                                                              "each other")
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,7 @@ class IndexerParams:
 
     scale: float
     weight_scale: float = 1.0
+    key_format: Any = None  # the key cache holds records of this KVFormat (uint8); None = values
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,8 @@ def compress(m: "DeepseekV4ForCausalLM", prefix: str, layer: int, group: str, ra
     p = CompressParams(ratio, overlap, m.rope_p, m.cfg.rms_eps)
     entries = ops["attn.compress"](scache, sb, rows, w[prefix + "position_bias"], w[prefix + "kv_norm.weight"],
                                    cos_sin, p)  # [N, D]
-    ops["kv.write"](entries, kv.layer_cache(group, layer), cb.slot_mapping[rows], m.kv_write_p)
+    role = "index" if group == "csa_index" else "main"
+    ops["kv.write"](entries, kv.layer_cache(group, layer), cb.slot_mapping[rows], m.kv_record_p[role])
 
 
 def attention(m: "DeepseekV4ForCausalLM", pre: str, layer: int, x: torch.Tensor, batch: "ForwardBatch",
@@ -71,7 +72,7 @@ def attention(m: "DeepseekV4ForCausalLM", pre: str, layer: int, x: torch.Tensor,
     lat = ops["rope.apply"](lat[:, None], pos, cs, rp)[:, 0]  # [T, hd]
     swa = batch.attn["swa"]
     cache = kv.layer_cache("swa", layer)
-    ops["kv.write"](lat, cache, swa.slot_mapping, m.kv_write_p)
+    ops["kv.write"](lat, cache, swa.slot_mapping, m.kv_record_p["main"])
 
     comp_cache = comp_batch = topk = None
     if lt != SLIDING:
@@ -90,12 +91,13 @@ def attention(m: "DeepseekV4ForCausalLM", pre: str, layer: int, x: torch.Tensor,
             iq = ops["rope.apply"](iq, pos, cs, rp)
             iw = ops["linear"](x, w[c + "indexer.scorer.weights_proj.weight"])  # [T, Hi]
             scores = ops["indexer.scores"](iq, kv.layer_cache("csa_index", src), batch.attn["csa_index"], iw,
-                                           IndexerParams(scale=di ** -0.5, weight_scale=hi ** -0.5))
+                                           IndexerParams(di ** -0.5, hi ** -0.5, m.kv_formats["index"]))
             topk = ops["topk.select"](scores, cfg.index_topk)
         else:
             topk = all_visible(pos, ratio)
 
-    p = AttnParams(scale=hd ** -0.5, num_kv_heads=1, window=cfg.sliding_window, shared_kv=True)
+    p = AttnParams(scale=hd ** -0.5, num_kv_heads=1, window=cfg.sliding_window, shared_kv=True,
+                   kv_format=m.kv_formats["main"])
     o = ops["attn.sparse_topk"](q, cache, swa, comp_cache, comp_batch, topk, p, w[a + "sinks"])
     o = ops["rope.apply"](o, pos, cs, RopeParams(rp.rotary_dim, rp.style, rp.placement, inverse=True))
     og = o.reshape(t, cfg.o_groups, h * hd // cfg.o_groups)

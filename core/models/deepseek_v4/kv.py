@@ -57,19 +57,33 @@ def v4_config(model_cfg: Any) -> V4Config:
         return parse_config(json.load(f))
 
 
+def record_formats(cfg: V4Config, kv_dtype: str = "auto") -> dict[str, formats.KVFormat | None]:
+    """The record format of the ``main`` entries (window latents and compressed entries: ``head_dim``
+    channels, the last ``rope_dim`` rotary) and of the ``index`` entries (indexer keys) in ``kv_dtype``;
+    None for ``auto`` (values in the model's dtype)."""
+    if kv_dtype not in formats.KV_DTYPES:
+        raise UserError(f"cache.kv_dtype must be one of {', '.join(formats.KV_DTYPES)}, got {kv_dtype!r}")
+    if kv_dtype == "auto":
+        return {"main": None, "index": None}
+    return {"main": formats.record(kv_dtype, cfg.head_dim, cfg.rope_dim, role="main"),
+            "index": formats.record(kv_dtype, cfg.index_head_dim, role="index")}
+
+
 def kv_groups(cfg: V4Config, dtype: torch.dtype = torch.float32, kv_dtype: str = "auto") -> list[KVGroupSpec]:
     """The groups of ``cfg``; with cross-layer sharing (``kv_sources``) the compressed groups and their
     compressor state hold only the source layers (the layers that read another's KV write none).
-    ``kv_dtype`` (planning only, :mod:`inferhal.core.paging.formats`): the window, compressed and indexer-key
-    groups as quantised records; the compressor state stays in the model's dtype."""
+    ``kv_dtype`` (:mod:`inferhal.core.paging.formats`): the window, compressed and indexer-key groups as
+    quantised records (uint8 slots of one record each); the compressor state stays in the model's dtype."""
     csa = tuple(i for i, t in enumerate(cfg.layer_types) if t == CSA and cfg.kv_source(i) == i)
     hca = tuple(i for i, t in enumerate(cfg.layer_types) if t == HCA and cfg.kv_source(i) == i)
     every = tuple(range(cfg.num_layers + cfg.num_mtp))
 
+    recs = record_formats(cfg, kv_dtype)
+
     def entry(dims: int, role: str) -> dict:
-        if kv_dtype == "auto":
+        rec = recs[role]
+        if rec is None:
             return {"slot_shape": (dims,), "dtype": dtype}
-        rec = formats.record(kv_dtype, dims, cfg.rope_dim, dtype, role)
         return {"slot_shape": (rec.nbytes,), "dtype": torch.uint8, "record": rec.layout}
 
     main, index = entry(cfg.head_dim, "main"), entry(cfg.index_head_dim, "index")

@@ -32,7 +32,7 @@ import torch
 from inferhal.core.models.base import ForwardBatch, KVCache
 from inferhal.core.models.deepseek_v4.attention import attention
 from inferhal.core.models.deepseek_v4.config import V4Config
-from inferhal.core.models.deepseek_v4.kv import kv_groups
+from inferhal.core.models.deepseek_v4.kv import kv_groups, record_formats
 from inferhal.core.models.deepseek_v4.rope import RopeCache
 from inferhal.core.ops.params import ExpertsParams, KVWriteParams, MhcParams, RmsNormParams, RopeParams, RouteParams
 from inferhal.core.ops.quant import QuantWeight
@@ -90,8 +90,7 @@ class DeepseekV4ForCausalLM:
         self.mhc_p = MhcParams(cfg.hc_mult, cfg.hc_sinkhorn_iters, cfg.hc_eps, cfg.rms_eps)
         self.route_p = RouteParams(cfg.top_k, cfg.scoring, cfg.renormalize, cfg.routed_scaling)
         self.experts_p = ExpertsParams(swiglu_limit=cfg.swiglu_limit)
-        self.kv_write_p = KVWriteParams()
-        self._groups = kv_groups(cfg, dtype)
+        self.use_kv_dtype("auto")
         self.o_a_groups: dict[str, list] = {}
         self.shared: dict[str, tuple] = {}
         prefixes = [f"layers.{i}." for i in range(cfg.num_layers)] + [f"mtp.{k}." for k in range(self.num_mtp_layers)]
@@ -111,6 +110,16 @@ class DeepseekV4ForCausalLM:
 
     def kv_groups(self) -> Sequence[KVGroupSpec]:
         return list(self._groups)
+
+    def use_kv_dtype(self, kv_dtype: str) -> None:
+        """Store the window, compressed and indexer-key groups as ``kv_dtype`` records (``cache.kv_dtype``:
+        auto | fp8 | fp4, :mod:`inferhal.core.paging.formats`); call before the KV cache is built. The
+        compressor state stays in the model's dtype."""
+        self.kv_dtype = kv_dtype
+        self.kv_formats = record_formats(self.cfg, kv_dtype)
+        self._groups = kv_groups(self.cfg, self.dtype, kv_dtype)
+        self.kv_write_p = KVWriteParams()  # values in the model's dtype (compressor state)
+        self.kv_record_p = {role: KVWriteParams(record=f) for role, f in self.kv_formats.items()}
 
     def forward(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
         """fp32 logits ``[len(batch.logits_indices), vocab]``; writes this step's KV into ``kv``."""

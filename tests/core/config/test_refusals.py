@@ -119,9 +119,9 @@ def test_eplb_needs_expert_parallelism():
 
 
 def test_the_cli_refuses_cleanly_before_anything_runs(capsys):
-    assert main(["generate", "cache.kv_dtype=fp8"]) == 2
+    assert main(["generate", "parallel.tp=2"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("inferhal: cache.kv_dtype='fp8' is refused") and "Traceback" not in err
+    assert err.startswith("inferhal: parallel.tp=2 is refused") and "Traceback" not in err
     assert "a config option" not in err  # the user set it on the command line
 
 
@@ -130,8 +130,10 @@ def test_the_python_api_refuses_keyword_options_before_loading(monkeypatch):
     from inferhal.core.models import registry
 
     monkeypatch.setattr(registry, "load_model", lambda *a: pytest.fail("loaded a model for a refused config"))
-    with pytest.raises(ConfigError, match="cache.kv_dtype='fp8' is refused"):
-        LLM("deepseek_v4_tiny", kv_dtype="fp8")
+    with pytest.raises(ConfigError, match="parallel.tp=2 is refused"):
+        LLM("deepseek_v4_tiny", overrides=["parallel.tp=2"])
+    with pytest.raises(ConfigError, match="cache.kv_dtype='fp6' is not a KV format: use one of auto, fp8, fp4"):
+        LLM("deepseek_v4_tiny", kv_dtype="fp6")
     with pytest.raises(ConfigError, match="scheduler.async_scheduling=True is refused"):
         LLM("deepseek_v4_tiny", async_scheduling=True)
     with pytest.raises(ConfigError, match="server.port=9000 is refused"):

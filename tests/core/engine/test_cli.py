@@ -107,6 +107,7 @@ def test_plan_kv_formats_and_the_v4_1_reading_of_890_bytes():
         plan_kv(compose(["model=gemma3_270m"], "plan kv").model, 16, kv_dtype="fp8")
 
 
-def test_kv_dtype_is_refused_where_nothing_reads_it():
-    with pytest.raises(UserError, match="cache.kv_dtype='fp8' is refused"):
-        compose(["model=deepseek_v4_tiny", "cache.kv_dtype=fp8"], "generate")
+def test_kv_dtype_values_are_checked_when_composed():
+    assert compose(["model=deepseek_v4_tiny", "cache.kv_dtype=fp8"], "generate").cache.kv_dtype == "fp8"
+    with pytest.raises(UserError, match="cache.kv_dtype='int4' is not a KV format"):
+        compose(["model=deepseek_v4_tiny", "cache.kv_dtype=int4"], "generate")
