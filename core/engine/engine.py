@@ -99,7 +99,8 @@ class Engine:
         self._sent: dict[str, int] = {}  # tokens already reported (streaming deltas)
         self._text: dict[str, str] = {}
         self.stats = {"steps": 0, "schedule_s": 0.0, "prepare_s": 0.0, "model_s": 0.0, "sample_s": 0.0,
-                      "update_s": 0.0, "tokens": 0, "draft_tokens": 0, "accepted_tokens": 0}
+                      "update_s": 0.0, "tokens": 0, "draft_tokens": 0, "accepted_tokens": 0,
+                      "drafted_at": [], "accepted_at": []}  # [i]: steps that verified / accepted draft i
 
     # ------------------------------------------------------------------ requests
 
@@ -191,6 +192,7 @@ class Engine:
         s["update_s"] += t3 - t2
         s["tokens"] += out.num_scheduled_tokens
         s["draft_tokens"], s["accepted_tokens"] = self.scheduler.num_draft_tokens, self.scheduler.num_accepted_tokens
+        s["drafted_at"], s["accepted_at"] = list(self.scheduler.drafted_at), list(self.scheduler.accepted_at)
         self.last_step = {"schedule_s": t1 - t0, "execute_s": t2 - t1, "prepare_s": res.prepare_s,
                           "model_s": res.model_s, "sample_s": res.sample_s, "update_s": t3 - t2,
                           "num_seqs": len(out.seqs), "num_tokens": out.num_scheduled_tokens, "stopped": stopped}
@@ -272,7 +274,8 @@ class Engine:
                             [CompletionOutput(0, text, list(toks), req.finish_reason, list(lps))],
                             finished=req.is_finished, num_cached_tokens=req.num_cached_tokens,
                             num_preemptions=req.num_preemptions, new_token_ids=list(toks[prev:]), new_text=new_text,
-                            num_replayed_tokens=req.num_replayed_tokens)
+                            num_replayed_tokens=req.num_replayed_tokens, num_draft_tokens=req.num_draft_tokens,
+                            num_accepted_tokens=req.num_accepted_tokens)
         if req.is_finished:
             for d in (self._prompts, self._logprobs, self._sent, self._text):
                 d.pop(rid, None)

@@ -31,6 +31,8 @@ class RequestOutput:
     new_token_ids: list[int] = field(default_factory=list)  # tokens since the previous output (streaming)
     new_text: str = ""
     num_replayed_tokens: int = 0  # tokens recomputed only to rebuild sliding windows (paging/replay.py)
+    num_draft_tokens: int = 0  # speculative drafts verified for this request (spec.method)
+    num_accepted_tokens: int = 0  # of which the target accepted (the tokens they gave may be cut by a stop)
 
     @property
     def text(self) -> str:

@@ -1,0 +1,152 @@
+"""MTP speculative decoding through the engine (tiny DeepSeek-V4 with one MTP layer, fp32 reference):
+
+- greedy output at k = 1, 2, 3 is token for token the output without drafts, for a mixed-length batch
+  under a small KV budget (preemption), chunked prefill and prefix hits, with drafts accepted often
+  (a random MTP head accepts almost nothing, so the drafts are steered: the first m of each step are the
+  true continuation, m varying, while the MTP drafter runs underneath);
+- the MTP drafter's own first draft of every step equals an offline recompute over the final sequence:
+  its paged state stays exact through acceptance, roll back, preemption, prefix hits and chunking;
+- limits and bad input: max_tokens with no room for drafts, stop strings cutting accepted drafts,
+  k out of range, a model without MTP weights.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferhal import LLM, SamplingParams
+from inferhal.core.engine.llm import compose_config
+from inferhal.core.errors import UserError
+from inferhal.core.models.base import ForwardBatch
+from inferhal.core.paging.batch import SeqSlice, build_attn_batches
+
+BASE = [(7 * i + 3) % 190 + 1 for i in range(48)]
+# mixed lengths; the later ones share 32- and 40-token prefixes with earlier ones (prefix hits)
+PROMPTS = [BASE[:5], BASE[:37], BASE[3:20], BASE[:48], [42, 43], BASE[:40] + [9, 9, 9], BASE[:32] + [11] * 10]
+SMALL = ["cache.num_blocks=8", "scheduler.max_num_batched_tokens=24", "scheduler.max_num_seqs=5"]
+
+
+def llm(*overrides):
+    return LLM.from_config(compose_config("deepseek_v4_tiny", "reference", overrides=list(overrides)))
+
+
+def greedy(n=20):
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain():
+    eng = llm(*SMALL)
+    return eng, eng.generate(PROMPTS, greedy())
+
+
+def offline_drafts(eng, ids):
+    """MTP layer 0's greedy draft after every position of ``ids``, from one full forward in fresh blocks
+    (``[p]``: the draft for position ``p + 2``)."""
+    kvm = eng.engine.kv_manager
+    assert kvm.allocate("offline", 0, len(ids))
+    blocks = kvm.block_ids("offline")
+    try:
+        pos, qsl, attn = build_attn_batches(eng.engine.specs, kvm.block_size, [SeqSlice(0, len(ids), blocks)])
+        batch = ForwardBatch(torch.tensor(ids), pos, qsl, attn, torch.arange(len(ids)))
+        _, hidden = eng.engine.model.forward_and_hidden(batch, eng.engine.kv_storage)
+        prop = eng.engine.proposer
+        streams = prop._run([SeqSlice(0, len(ids) - 1, {"mtp": blocks["mtp"]})], ids[1:], hidden[:-1], 0,
+                            eng.engine.kv_storage)
+        return eng.engine.model.mtp_head(streams, 0).tolist()
+    finally:
+        kvm.free("offline")
+
+
+def steer(eng, truth):
+    """Replace each step's drafts: the first m (varying with the position) from the ``truth`` sequence the
+    request follows (full greedy sequences), the rest the MTP drafter's own; log the drafter's first draft
+    of every step."""
+    prop = eng.engine.proposer
+    orig, log = prop.propose, []
+
+    def propose(wants, kv=None):
+        got = orig(wants, kv)
+        for w in wants:
+            d = got.get(w.request_id)
+            if not d:
+                continue
+            log.append((w.request_id, len(w.token_ids), d[0]))
+            c = len(w.token_ids)
+            m = (c * 5) % (len(d) + 1)
+            seq = next((t for t in truth.values() if t[:c] == list(w.token_ids)), [])
+            got[w.request_id] = list(seq[c:c + m]) + d[m:]
+        return got
+
+    prop.propose = propose
+    return log
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_greedy_mtp_is_token_identical_with_preemption_chunking_and_prefix_hits(plain, k):
+    base, want = plain
+    truth = {o.request_id: o.prompt_token_ids + o.token_ids for o in want}
+    eng = llm(*SMALL, "spec=mtp", f"spec.num_speculative_tokens={k}")
+    log = steer(eng, truth)
+    got = eng.generate(PROMPTS, greedy())
+    for a, b in zip(want, got):
+        assert b.token_ids == a.token_ids and b.finish_reason == a.finish_reason
+    st = eng.engine.stats
+    assert sum(o.num_preemptions for o in got) > 0 and sum(o.num_cached_tokens for o in got) > 0
+    assert 0 < st["accepted_tokens"] < st["draft_tokens"]
+    assert sum(o.num_draft_tokens for o in got) == st["draft_tokens"]
+    assert sum(o.num_accepted_tokens for o in got) == st["accepted_tokens"]
+    assert len(st["drafted_at"]) == k and st["drafted_at"][0] >= st["drafted_at"][-1]
+    # the drafter's own first draft of every step equals a recompute from scratch
+    assert len(log) > 30
+    off = {rid: offline_drafts(eng, seq) for rid, seq in truth.items()}
+    bad = [(rid, c, d) for rid, c, d in log if off[rid][c - 2] != d]
+    assert not bad, f"{len(bad)} of {len(log)} drafts differ from the offline MTP: {bad[:5]}"
+    assert eng.engine.kv_manager.reqs == {} and eng.engine.scheduler.running == []
+    eng.engine.kv_manager.check()
+
+
+def test_no_room_for_drafts_and_stop_strings_cut_accepted_drafts_exactly(plain):
+    base, want = plain
+    eng = llm(*SMALL, "spec=mtp", "spec.num_speculative_tokens=3")
+    truth = {o.request_id: o.prompt_token_ids + o.token_ids for o in want}
+    steer(eng, truth)  # every draft of the first call is right where m = len(d)
+    for n in (1, 2, 3):
+        out = eng.generate(PROMPTS[:3], greedy(n))
+        assert [o.token_ids for o in out] == [o.token_ids[:n] for o in want[:3]]
+        assert all(o.finish_reason == "length" for o in out)
+    # a stop token among drafts: output ends at it, as without drafts
+    stop = want[1].token_ids[6]
+    sp = SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=[stop], ignore_eos=True)
+    a, b = base.generate(PROMPTS[1:2], sp)[0], eng.generate(PROMPTS[1:2], sp)[0]
+    assert (a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason)
+    # a stop string completed by an accepted draft: tokens cut right after it, as without drafts
+    for e in (base, eng):
+        e.engine.tokenizer = Letters()
+    for i in range(3, 12):
+        text = Letters().decode(want[1].token_ids[i:i + 2])
+        sp = SamplingParams(max_tokens=20, temperature=0.0, stop=[text], ignore_eos=True)
+        a, b = base.generate(PROMPTS[1:2], sp)[0], eng.generate(PROMPTS[1:2], sp)[0]
+        assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+        assert a.finish_reason == "stop"
+    assert eng.engine.stats["accepted_tokens"] > 0
+
+
+class Letters:
+    """A stand-in tokenizer: token ``t`` is a two-letter word, so stop strings can span tokens."""
+
+    eos_token_ids = ()
+
+    def decode(self, ids):
+        return "".join(chr(97 + t % 26) + chr(65 + t // 26) for t in ids)
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["spec=mtp", "spec.num_speculative_tokens=4"], "spec.num_speculative_tokens must be in 1..3"),
+    (["spec=mtp", "spec.num_speculative_tokens=0"], "num_speculative_tokens >= 1"),
+    (["spec=mtp", "model.arch.num_nextn_predict_layers=0"], "model 'deepseek_v4_tiny' has no MTP weights"),
+])
+def test_bad_mtp_configs_are_clear_errors(overrides, words):
+    with pytest.raises(UserError, match=words):
+        llm(*overrides)
