@@ -82,7 +82,8 @@ OPS: dict[str, OpSpec] = {
             pos > q_pos - p.window, causal) and (b) the compressed entries topk_idx[t] (logical entry
             indices of its sequence, -1 = none) of comp_cache, restricted to causally closed entries
             (e < (q_pos+1) // comp_batch.tokens_per_slot). CSA passes the indexer's top-k; HCA passes every
-            visible entry. comp_* None = window only (sliding layers).""",
+            visible entry. comp_* None = window only (sliding layers). With p.kv_format both caches hold
+            uint8 records of that format (written by kv.write with p.record) and are read decoded.""",
         ),
         _spec(
             "attn.compress",
@@ -100,7 +101,7 @@ OPS: dict[str, OpSpec] = {
             """Lightning indexer over the paged compressed keys of batch (a compressed group, S = max
             seq_lens): score[t,s] = sum_h weights[t,h] * p.weight_scale * relu(q[t,h] . key[s]) * p.scale;
             -inf where entry s is not causally closed for token t (s >= (pos+1)//m) or past its sequence,
-            so topk.select pads those with -1.""",
+            so topk.select pads those with -1. With p.key_format the keys are uint8 records of that format.""",
         ),
         _spec(
             "topk.select",
@@ -156,7 +157,9 @@ OPS: dict[str, OpSpec] = {
             "kv.write",
             "(values[T,*slot], cache[NB,BS,*slot], slot_mapping[T] int64, p: KVWriteParams) -> None",
             """Scatter one entry per token into its page slot (flat slot = block*BS + offset; -1 skips).
-            With p.quant 'fp8' the cache is e4m3 with one fp32 scale per entry in p.scale_cache.""",
+            With p.quant 'fp8' the cache is e4m3 with one fp32 scale per entry in p.scale_cache. With p.record
+            (a KVFormat, core/paging/formats.py) the cache is uint8 [NB, BS, nbytes] and each entry is encoded
+            as one record (FP8 / NVFP4 / MXFP4 codes, block scales, bf16 RoPE part).""",
         ),
         _spec(
             "sample",

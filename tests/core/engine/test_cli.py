@@ -64,15 +64,17 @@ def test_plan_kv_for_deepseek_v4_configs():
     assert flash["block_size"] % 128 == 0  # raised to fit HCA's 128:1 ratio
 
 
-@pytest.mark.parametrize("budget", [8 << 20, 64 << 20])
-def test_plan_kv_allocates_what_the_engine_allocates(budget):
+@pytest.mark.parametrize("budget,kv_dtype", [(8 << 20, "auto"), (64 << 20, "auto"), (8 << 20, "fp8"), (8 << 20, "fp4")])
+def test_plan_kv_allocates_what_the_engine_allocates(budget, kv_dtype):
     """`plan kv` and a running engine split a budget into the same pools and allocate the same bytes."""
     from inferhal.core.cli.cmd_plan import plan_kv
     from inferhal.core.engine.llm import LLM
 
-    ov = [f"cache.kv_cache_bytes={budget}", "cache.block_size=16", "model.max_model_len=256"]
+    ov = [f"cache.kv_cache_bytes={budget}", "cache.block_size=16", "model.max_model_len=256",
+          f"cache.kv_dtype={kv_dtype}"]
     cfg = compose(["model=deepseek_v4_tiny", *ov], "plan kv")
-    plan = plan_kv(cfg.model, 16, budget, cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens)
+    plan = plan_kv(cfg.model, 16, budget, cfg.scheduler.max_num_seqs, cfg.scheduler.max_num_batched_tokens,
+                   kv_dtype=kv_dtype)
     eng = LLM("deepseek_v4_tiny", backend="reference", overrides=ov).engine
     assert eng.kv_manager.num_blocks == plan["num_blocks"]
     assert eng.kv_storage.nbytes() == plan["allocated_bytes"] <= budget
