@@ -41,7 +41,12 @@ def kv_write_kernel(v_ptr, c_ptr, sc_ptr, slot_ptr, S, BS, stride_v, stride_cb, 
 
 def kv_write(values: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor, p: KVWriteParams = KVWriteParams(),
              scale_cache: torch.Tensor | None = None, *, target: str | None = None) -> None:
-    """``kv.write``: values[T, *slot] into cache[NB, BS, *slot] at slot_mapping[T] (in place)."""
+    """``kv.write``: values[T, *slot] into cache[NB, BS, *slot] at slot_mapping[T] (in place); with
+    ``p.record`` one FP8/FP4 record per entry (:mod:`inferhal.kernels.kv_records`)."""
+    if p.record is not None:
+        from inferhal.kernels.kv_records import kv_write_record
+
+        return kv_write_record(values, cache, slot_mapping, p.record, target=target)
     slot_shape = tuple(cache.shape[2:])
     if tuple(values.shape[1:]) != slot_shape:
         raise ValueError(f"kv.write: values entries {tuple(values.shape[1:])} != cache slot shape {slot_shape}")

@@ -89,6 +89,34 @@ def _specs() -> list[KernelSpec]:
             out.append(KernelSpec(f"moe_{'down' if down else 'gate_up_swiglu'}_{label}", "moe.experts",
                                   f"inferhal.kernels.moe_experts:{kern}", tun, ptrs, ("limit",), cx, mma=True))
     out.extend(_later_specs())
+    out.extend(_kv_record_specs())
+    return out
+
+
+def _kv_record_specs() -> list[KernelSpec]:
+    """FP8 / FP4 KV records (cache.kv_dtype) at V4-Flash widths: 512-dim latents (64 RoPE), 128-dim indexer keys."""
+    from inferhal.core.paging import formats
+
+    def cx(fmt, write: bool):
+        def make(cfg):
+            from inferhal.kernels.kv_records import _constexprs
+
+            extra = {}
+            if write:
+                used = fmt.scales_at + fmt.num_scales * (4 if fmt.scale == "fp32" else 1)
+                extra = {"PAD_AT": used, "PAD": fmt.nbytes - used, "INTERP": False}
+            return {**_constexprs(fmt), **extra}
+        return make
+
+    out = []
+    for kv_dtype, dims, rope, role in (("fp8", 512, 64, "main"), ("fp8", 128, 0, "index"), ("fp4", 512, 64, "main"),
+                                       ("fp4", 128, 0, "index")):
+        fmt = formats.record(kv_dtype, dims, rope, role=role)
+        out.append(KernelSpec(f"kv_record_write_{fmt.name}", "kv.write", "inferhal.kernels.kv_records:kv_record_write_kernel",
+                              "kv_write", {"v_ptr": "*bf16", "c_ptr": "*u8", "slot_ptr": "*i64"}, (), cx(fmt, True)))
+        out.append(KernelSpec(f"kv_record_decode_{fmt.name}", "attn.sparse_topk",
+                              "inferhal.kernels.kv_records:kv_record_decode_kernel", "kv_write",
+                              {"c_ptr": "*u8", "row_ptr": "*i64", "o_ptr": "*fp32"}, (), cx(fmt, False)))
     return out
 
 

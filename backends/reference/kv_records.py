@@ -29,9 +29,11 @@ def e2m1_codes(y: torch.Tensor) -> torch.Tensor:
 
 def ue8m0_exponents(amax: torch.Tensor, code_max: float) -> torch.Tensor:
     """The ue8m0 scale of each block, as its exponent e (scale = 2**e): ceil(log2(amax / code_max)) in
-    [-126, 127]; an all-zero block gets -126."""
-    e = torch.ceil(torch.log2(amax.float() / code_max))
-    return torch.nan_to_num(e, nan=-126.0, neginf=-126.0).clamp(-126, 127)
+    [-126, 127], exactly (from the float's own exponent and mantissa, not a rounded log2); an all-zero
+    block gets -126."""
+    mant, exp = torch.frexp(amax.float() / code_max)  # x = mant * 2**exp, mant in [0.5, 1)
+    e = torch.where(mant == 0.5, exp - 1, exp).float()  # a power of two is its own ceiling
+    return torch.where(mant == 0, torch.full_like(e, -126.0), e).clamp(-126, 127)
 
 
 def _blocks(x: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
@@ -57,7 +59,7 @@ def encode(values: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
         scale = (amax / cmax).clamp(min=torch.finfo(torch.float32).tiny)
         scale_bytes = scale.contiguous().view(torch.uint8)  # [N, S * 4]
     else:  # e4m3
-        s8 = (amax / cmax).to(torch.float8_e4m3fn)
+        s8 = (amax / cmax).clamp(max=448.0).to(torch.float8_e4m3fn)
         scale = s8.float()
         scale_bytes = s8.view(torch.uint8)
     safe = torch.where(scale > 0, scale, torch.ones_like(scale))
