@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 FAMILIES = {
     "gemma3": "inferhal.core.models.gemma3.loader:load",
     "deepseek_v4": "inferhal.core.models.deepseek_v4.loader:load",
+    "llama": "inferhal.core.models.llama.loader:load",
 }
 
 
