@@ -23,9 +23,6 @@ REFUSED: dict[str, str] = {
     "parallel.tp": "tensor parallelism is not implemented",
     "parallel.dp": "data-parallel attention is not implemented; attention is replicated on every EP rank",
     "parallel.role": "prefill/decode disaggregation is not implemented; every process does both",
-    "server.host": "there is no HTTP server (no `inferhal serve`) to read the server group",
-    "server.port": "there is no HTTP server (no `inferhal serve`) to read the server group",
-    "server.served_model_name": "there is no HTTP server (no `inferhal serve`) to read the server group",
     "experiment.name": "nothing records an experiment's label (no report or result file carries it)",
     "experiment.notes": "nothing records an experiment's notes (no report or result file carries them)",
 }

@@ -93,11 +93,15 @@ class SpecConfig:
 
 @dataclass
 class ServerConfig:
-    """For the HTTP server to come; every field is refused away from its default until it exists."""
+    """``inferhal serve`` (:mod:`inferhal.core.server`): an OpenAI-compatible HTTP server."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_name: Optional[str] = None
+    host: str = "127.0.0.1"  # loopback only unless set (0.0.0.0 listens on every interface)
+    port: int = 8000  # 0 = any free port (the chosen one is printed)
+    served_model_name: Optional[str] = None  # the `model` clients send; None = model.name
+    api_key: Optional[str] = None  # a required bearer token; None = env INFERHAL_API_KEY, else no key
+    max_body_bytes: int = 1_048_576  # a larger request body is a 413
+    max_queued_requests: int = 256  # requests in the engine (waiting + running); more are a 429
+    shutdown_timeout_s: float = 30.0  # on SIGTERM: in-flight requests get this long, then are aborted
 
 
 @dataclass

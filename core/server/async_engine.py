@@ -1,0 +1,232 @@
+"""An engine loop on its own thread, driven from an asyncio event loop.
+
+:class:`AsyncEngine` owns an :class:`~inferhal.core.engine.engine.Engine` and calls it from one thread
+only (the loop thread): ``add``, ``abort`` and ``step``. The event loop talks to it through a command
+queue; each request's outputs come back on an ``asyncio.Queue`` of :class:`Delta` (filled with
+``call_soon_threadsafe``), so HTTP handlers await tokens while the engine schedules and runs the batch.
+Continuous batching, prefix caching and spec decoding are the engine's own: every request of the server
+shares it.
+
+- Admission: :meth:`AsyncEngine.submit` validates a request on the loop thread (the engine's own checks:
+  prompt length, sampling fields) and raises its ``UserError`` back to the caller; more than
+  ``max_queued`` unfinished requests raise :class:`QueueFull` first.
+- :meth:`AsyncEngine.abort` (a client that went away) frees the request's KV blocks at the next loop
+  turn, before the next step.
+- A step that raises kills the loop: every open stream ends with :class:`EngineDead`, ``dead`` is set
+  (the server's ``/health`` answers 503) and new requests are refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+from inferhal.core.errors import UserError
+
+log = logging.getLogger("inferhal.server")
+
+
+class QueueFull(Exception):
+    """More unfinished requests than the server admits."""
+
+
+class EngineDead(Exception):
+    """The engine loop stopped (an error in a step, or shutdown)."""
+
+
+@dataclass
+class Delta:
+    """What one engine step gave one request: its new token ids, their logprobs, and whether it finished."""
+
+    token_ids: list[int]
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    finished: bool = False
+    finish_reason: Optional[str] = None
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class _Track:
+    queue: asyncio.Queue
+    arrival: float
+    num_prompt: int
+    first: Optional[float] = None
+    last: Optional[float] = None
+    num_out: int = 0
+    num_lp: int = 0
+
+
+class AsyncEngine:
+    def __init__(self, engine, max_queued: int = 256, metrics: Any = None) -> None:
+        self.engine = engine
+        self.max_queued = int(max_queued)
+        self.metrics = metrics
+        self.dead: Optional[BaseException] = None
+        self._cmds: "queue.Queue[tuple[str, Any]]" = queue.Queue()
+        self._tracks: dict[str, _Track] = {}  # loop thread only
+        self._num_open = 0  # submitted and not finished (event loop side)
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._stop = threading.Event()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._thread: Optional[threading.Thread] = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="inferhal-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort what is left, end the loop thread and wait for it."""
+        self._stop.set()
+        self._cmds.put(("wake", None))
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self.dead is None and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def num_unfinished(self) -> int:
+        return self._num_open
+
+    # -- requests (event loop side) ----------------------------------------------------------------
+    async def submit(self, prompt: Sequence[int], params) -> tuple[str, asyncio.Queue]:
+        """Admit one request → (request id, its queue of :class:`Delta`). Raises ``UserError`` (bad
+        request), :class:`QueueFull` or :class:`EngineDead`."""
+        if not self.alive:
+            raise EngineDead("the engine loop is not running")
+        with self._lock:
+            if self._num_open >= self.max_queued:
+                raise QueueFull(f"{self._num_open} requests are queued or running (server.max_queued_requests="
+                                f"{self.max_queued}); retry later")
+            self._num_open += 1
+        rid = f"req-{next(self._ids)}"
+        q: asyncio.Queue = asyncio.Queue()
+        fut: Future = Future()
+        self._cmds.put(("add", (rid, list(prompt), params, q, fut)))
+        try:
+            await asyncio.wrap_future(fut)
+        except BaseException:
+            self._release()
+            raise
+        return rid, q
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its KV (at the loop's next turn); a finished or unknown id is ignored."""
+        self._cmds.put(("abort", request_id))
+
+    def _release(self) -> None:
+        with self._lock:
+            self._num_open -= 1
+
+    # -- the loop thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        eng = self.engine
+        try:
+            while not self._stop.is_set():
+                self._drain(block=not eng.has_unfinished())
+                if self._stop.is_set():
+                    break
+                if eng.has_unfinished():
+                    outs = eng.step()
+                    self._dispatch(outs)
+                self._update_gauges()
+        except BaseException as exc:  # a failed step: the engine is in an unknown state
+            log.exception("the engine loop died")
+            self.dead = exc
+        finally:
+            self._fail_all(self.dead or EngineDead("the server is shutting down"))
+
+    def _drain(self, block: bool) -> None:
+        try:
+            cmd = self._cmds.get(timeout=0.5) if block else self._cmds.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle(*cmd)
+            try:
+                cmd = self._cmds.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle(self, kind: str, arg: Any) -> None:
+        eng = self.engine
+        if kind == "add":
+            rid, prompt, params, q, fut = arg
+            try:
+                req = eng.make_request(prompt, params, request_id=rid)
+                eng.add(req)
+            except (UserError, ValueError) as exc:
+                fut.set_exception(exc)
+                return
+            self._tracks[rid] = _Track(q, time.monotonic(), len(prompt))
+            fut.set_result(rid)
+        elif kind == "abort":
+            if arg in self._tracks:
+                outs = eng.abort([arg])
+                self._dispatch(outs)
+
+    def _dispatch(self, outs) -> None:
+        now = time.monotonic()
+        m = self.metrics
+        for o in outs:
+            tr = self._tracks.get(o.request_id)
+            if tr is None:
+                continue
+            new = list(o.new_token_ids)
+            lps = o.logprobs[tr.num_lp:tr.num_lp + len(new)] if o.logprobs else []
+            tr.num_lp += len(lps)
+            if new:
+                if tr.first is None:
+                    tr.first = now
+                    if m:
+                        m.ttft.observe(now - tr.arrival)
+                elif m:
+                    m.itl.observe((now - tr.last) / len(new))
+                tr.last = now
+                tr.num_out += len(new)
+            d = Delta(new, lps, o.finished, o.finish_reason, tr.num_prompt, o.num_cached_tokens)
+            if o.finished:
+                del self._tracks[o.request_id]
+                if m:
+                    m.finished(o, tr, now)
+                self._loop.call_soon_threadsafe(self._finish_put, tr.queue, d)
+            else:
+                self._loop.call_soon_threadsafe(tr.queue.put_nowait, d)
+
+    def _finish_put(self, q: asyncio.Queue, d: Delta) -> None:
+        self._release()
+        q.put_nowait(d)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        tracks, self._tracks = self._tracks, {}
+        if tracks:
+            try:
+                self.engine.abort(list(tracks))
+            except Exception:  # the engine may be broken already
+                pass
+        for tr in tracks.values():
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self._finish_put, tr.queue, exc)
+        while True:  # requests that never reached the engine
+            try:
+                kind, arg = self._cmds.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add" and not arg[4].done():
+                arg[4].set_exception(EngineDead("the engine loop stopped"))
+
+    def _update_gauges(self) -> None:
+        if self.metrics:
+            self.metrics.engine_state(self.engine)

@@ -1,0 +1,91 @@
+"""The server's Prometheus metrics (``GET /metrics``), one registry per server.
+
+Latencies (histograms, seconds): ``inferhal_time_to_first_token_seconds``,
+``inferhal_inter_token_latency_seconds`` (between a request's consecutive outputs, per token),
+``inferhal_time_per_output_token_seconds`` (per finished request: decode time / (tokens - 1)),
+``inferhal_e2e_request_latency_seconds``.
+Engine state (gauges): ``inferhal_num_requests_running``, ``inferhal_num_requests_waiting``,
+``inferhal_kv_cache_usage_ratio`` (the fullest KV pool), ``inferhal_prefix_cache_hit_rate``
+(cached / queried prompt tokens since start).
+Counters: ``inferhal_prompt_tokens_total``, ``inferhal_generation_tokens_total``,
+``inferhal_prefix_cache_queries_total`` / ``inferhal_prefix_cache_hits_total`` (prompt tokens),
+``inferhal_num_preemptions_total``, ``inferhal_spec_decode_num_draft_tokens_total`` /
+``inferhal_spec_decode_num_accepted_tokens_total``, ``inferhal_request_success_total{finished_reason}``
+(stop | length | abort).
+
+Everything but the request counters is written by the engine thread; prometheus_client is thread-safe.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = r = CollectorRegistry()
+        lab = ["model_name"]
+
+        def h(name, doc, buckets=_LATENCY):
+            return Histogram(name, doc, lab, buckets=buckets, registry=r).labels(model_name)
+
+        def g(name, doc):
+            return Gauge(name, doc, lab, registry=r).labels(model_name)
+
+        def c(name, doc):
+            return Counter(name, doc, lab, registry=r).labels(model_name)
+
+        self.ttft = h("inferhal_time_to_first_token_seconds", "Time from arrival to a request's first token")
+        self.itl = h("inferhal_inter_token_latency_seconds", "Time between a request's consecutive tokens")
+        self.tpot = h("inferhal_time_per_output_token_seconds", "Decode time per output token of a finished request")
+        self.e2e = h("inferhal_e2e_request_latency_seconds", "Time from arrival to a request's end")
+        self.running = g("inferhal_num_requests_running", "Requests in the running batch")
+        self.waiting = g("inferhal_num_requests_waiting", "Requests waiting to be scheduled")
+        self.kv_usage = g("inferhal_kv_cache_usage_ratio", "Fraction of KV blocks in use (the fullest pool)")
+        self.hit_rate = g("inferhal_prefix_cache_hit_rate", "Prompt tokens served from the prefix cache / queried")
+        self.prompt_tokens = c("inferhal_prompt_tokens", "Prompt tokens of finished requests")
+        self.generation_tokens = c("inferhal_generation_tokens", "Tokens generated")
+        self.pc_queries = c("inferhal_prefix_cache_queries", "Prompt tokens looked up in the prefix cache")
+        self.pc_hits = c("inferhal_prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self.preemptions = c("inferhal_num_preemptions", "Requests preempted (recomputed later)")
+        self.drafts = c("inferhal_spec_decode_num_draft_tokens", "Speculative draft tokens verified")
+        self.accepted = c("inferhal_spec_decode_num_accepted_tokens", "Speculative draft tokens accepted")
+        self._success = Counter("inferhal_request_success", "Finished requests by finish reason",
+                                ["model_name", "finished_reason"], registry=r)
+        self._model = model_name
+        for reason in ("stop", "length", "abort"):
+            self._success.labels(model_name, reason)
+        self._seen = {"pre": 0, "draft": 0, "acc": 0}
+        self._queried = self._hits = 0
+
+    def finished(self, out, track, now: float) -> None:
+        """A request finished (engine thread): its latencies, tokens and outcome."""
+        self.e2e.observe(now - track.arrival)
+        if track.first is not None and track.num_out > 1:
+            self.tpot.observe((now - track.first) / (track.num_out - 1))
+        self.prompt_tokens.inc(track.num_prompt)
+        self.generation_tokens.inc(track.num_out)
+        self.pc_queries.inc(track.num_prompt)
+        self.pc_hits.inc(out.num_cached_tokens)
+        self._queried += track.num_prompt
+        self._hits += out.num_cached_tokens
+        self.hit_rate.set(self._hits / self._queried if self._queried else 0.0)
+        self._success.labels(self._model, str(out.finish_reason or "abort")).inc()
+
+    def engine_state(self, engine) -> None:
+        """After every loop turn (engine thread): gauges and the engine's own running counters."""
+        s = engine.scheduler
+        self.running.set(len(s.running))
+        self.waiting.set(len(s.waiting))
+        self.kv_usage.set(engine.kv_manager.usage())
+        for key, now, counter in (("pre", s.num_preemptions, self.preemptions),
+                                  ("draft", s.num_draft_tokens, self.drafts),
+                                  ("acc", s.num_accepted_tokens, self.accepted)):
+            if now > self._seen[key]:
+                counter.inc(now - self._seen[key])
+            self._seen[key] = now
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

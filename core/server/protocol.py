@@ -1,0 +1,166 @@
+"""OpenAI request bodies → one validated :class:`Job`; OpenAI's error schema.
+
+Each check raises :class:`APIError` with the status, the offending ``param`` and a message; the server
+answers it as ``{"error": {"message", "type", "param", "code"}}``. Supported: ``model``, ``prompt`` (a
+string or one list of token ids) or ``messages`` (roles system | user | assistant; content a string or
+text parts), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``, ``top_k``,
+``min_p``, ``seed``, ``stop`` (up to 4 strings), ``n``, ``logprobs`` / ``top_logprobs`` (at most 20),
+``stream``, ``stream_options.include_usage``, ``ignore_eos``. A field that would change the output but
+is not implemented (penalties, ``logit_bias``, ``response_format``, ``tools``, ``echo``, ``suffix``,
+``best_of``) is a 400 rather than silently ignored; other unknown fields are ignored, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+MAX_LOGPROBS = 20
+MAX_STOP = 4
+MAX_N = 16
+ROLES = ("system", "user", "assistant")
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error", 503: "service_unavailable"}
+#: fields whose non-default value is refused: field → the value that means "off"
+_UNSUPPORTED = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "response_format": None,
+                "tools": None, "tool_choice": None, "functions": None, "echo": False, "suffix": None, "best_of": 1}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Job:
+    """One request, validated: the prompt (text or ids, or chat messages) and its sampling fields."""
+
+    chat: bool
+    model: str
+    prompt: Any = None  # str | list[int] (completions)
+    messages: Optional[list[dict]] = None  # chat
+    max_tokens: Optional[int] = None  # None = up to the context limit
+    sampling: dict = field(default_factory=dict)  # SamplingParams fields
+    n: int = 1
+    logprobs: Optional[int] = None  # top-k per position; None = none asked
+    stream: bool = False
+    include_usage: bool = False
+
+
+def _bad(msg: str, param: str) -> APIError:
+    return APIError(400, msg, param)
+
+
+def _int(body: dict, key: str, lo: int, hi: Optional[int] = None) -> Optional[int]:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _bad(f"'{key}' must be an integer, got {v!r}", key)
+    if v < lo or (hi is not None and v > hi):
+        raise _bad(f"'{key}' must be {'>= ' + str(lo) if hi is None else f'in [{lo}, {hi}]'}, got {v}", key)
+    return v
+
+
+def _num(body: dict, key: str, lo: float, hi: float, lo_open: bool = False) -> Optional[float]:
+    v = body.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _bad(f"'{key}' must be a number, got {v!r}", key)
+    if v < lo or v > hi or (lo_open and v == lo):
+        raise _bad(f"'{key}' must be in {'(' if lo_open else '['}{lo}, {hi}], got {v}", key)
+    return float(v)
+
+
+def _content(m: dict, i: int) -> str:
+    c = m.get("content")
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                                   for p in c):
+        return "".join(p["text"] for p in c)
+    raise _bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
+
+
+def parse(body: Any, chat: bool) -> Job:
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object", None)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("'model' is required (a string)", "model")
+    job = Job(chat=chat, model=model)
+    if chat:
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise _bad("'messages' is required: a non-empty list of {role, content}", "messages")
+        job.messages = []
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict):
+                raise _bad(f"messages[{i}] must be an object with 'role' and 'content'", f"messages[{i}]")
+            if m.get("role") not in ROLES:
+                raise _bad(f"messages[{i}].role is {m.get('role')!r}; expected one of {', '.join(ROLES)}",
+                           f"messages[{i}].role")
+            job.messages.append({"role": m["role"], "content": _content(m, i)})
+    else:
+        p = body.get("prompt")
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+            p = p[0]  # a batch of one
+        if isinstance(p, str):
+            if not p:
+                raise _bad("'prompt' is empty", "prompt")
+        elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            pass
+        else:
+            raise _bad("'prompt' is required: a non-empty string or one list of token ids (one prompt per "
+                       "request)", "prompt")
+        job.prompt = p
+    for key, off in _UNSUPPORTED.items():
+        v = body.get(key)
+        if v is not None and v != off and v != {} and v != []:
+            raise _bad(f"'{key}' is not supported by this server", key)
+    mt = _int(body, "max_completion_tokens", 1) if chat else None
+    job.max_tokens = mt if mt is not None else _int(body, "max_tokens", 1)
+    s = job.sampling
+    for key, val in (("temperature", _num(body, "temperature", 0.0, 2.0)),
+                     ("top_p", _num(body, "top_p", 0.0, 1.0, lo_open=True)),
+                     ("min_p", _num(body, "min_p", 0.0, 1.0)),
+                     ("top_k", _int(body, "top_k", -1)), ("seed", _int(body, "seed", -(2 ** 63)))):
+        if val is not None:
+            s[key] = val
+    if body.get("ignore_eos") is not None:
+        s["ignore_eos"] = bool(body["ignore_eos"])
+    stop = body.get("stop")
+    if stop is not None:
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop) or len(stop) > MAX_STOP:
+            raise _bad(f"'stop' must be a non-empty string or a list of up to {MAX_STOP} of them", "stop")
+        s["stop"] = list(stop)
+    job.n = _int(body, "n", 1, MAX_N) or 1
+    if chat:
+        lp = body.get("logprobs")
+        if lp is not None and not isinstance(lp, bool):
+            raise _bad("'logprobs' must be a boolean for chat completions", "logprobs")
+        top = _int(body, "top_logprobs", 0, MAX_LOGPROBS)
+        if top is not None and not lp:
+            raise _bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        job.logprobs = (top or 0) if lp else None
+    else:
+        job.logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS)
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("'stream' must be a boolean", "stream")
+    job.stream = stream
+    so = body.get("stream_options")
+    if so is not None:
+        if not stream:
+            raise _bad("'stream_options' is only allowed with 'stream': true", "stream_options")
+        if not isinstance(so, dict):
+            raise _bad("'stream_options' must be an object", "stream_options")
+        job.include_usage = bool(so.get("include_usage", False))
+    return job
