@@ -18,8 +18,6 @@ from inferhal.core.config.errors import ConfigError
 
 #: dotted field path → what is missing. A value other than the schema default is refused.
 REFUSED: dict[str, str] = {
-    "scheduler.async_scheduling": "asynchronous scheduling is not implemented; each step schedules, runs the "
-                                  "model and updates in turn",
     "parallel.tp": "tensor parallelism is not implemented",
     "parallel.dp": "data-parallel attention is not implemented; attention is replicated on every EP rank",
     "parallel.role": "prefill/decode disaggregation is not implemented; every process does both",

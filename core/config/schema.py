@@ -55,7 +55,7 @@ class SchedulerConfig:
     chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0 = no per-request cap inside a step
     policy: str = "fcfs"  # fcfs | priority
-    async_scheduling: bool = False  # refused until asynchronous scheduling exists (core/config/refusals.py)
+    async_scheduling: bool = False  # schedule step N+1 while step N runs (core/engine/executor.py)
     sliding_replay: str = "exact"  # exact | window | off: bounded replay on resume (core/paging/replay.py)
 
 

@@ -19,6 +19,7 @@ from typing import Any, Hashable, Iterable, Optional, Sequence, Union
 import torch
 
 from inferhal.core.config.schema import CacheConfig, SchedulerConfig, SpecConfig
+from inferhal.core.engine.executor import StepExecutor
 from inferhal.core.engine.outputs import CompletionOutput, RequestOutput
 from inferhal.core.engine.runner import ModelRunner
 from inferhal.core.errors import UserError
@@ -84,6 +85,10 @@ class Engine:
         self.scheduler = Scheduler(scheduler, self.kv_manager, self.max_model_len)
         self.device = torch.device(getattr(backend.device, "torch_device", "cpu"))
         self.runner = ModelRunner(self.model, backend.ops, self.kv_storage, self.specs, bs, self.device)
+        if scheduler.async_scheduling and self.proposer is not None:
+            raise UserError(f"scheduler.async_scheduling=true does not run with spec.method={spec.method} yet (drafts "
+                            f"need the step's tokens on the host); use spec=none or scheduler.async_scheduling=false")
+        self.executor = StepExecutor(self.runner, scheduler.async_scheduling)
         if self.proposer is not None:
             self.runner.keep_hidden = self.proposer.needs_hidden
             self.scheduler.num_lookahead_tokens = self.proposer.num_lookahead_tokens
@@ -100,7 +105,8 @@ class Engine:
         self._text: dict[str, str] = {}
         self.stats = {"steps": 0, "schedule_s": 0.0, "prepare_s": 0.0, "model_s": 0.0, "sample_s": 0.0,
                       "update_s": 0.0, "tokens": 0, "draft_tokens": 0, "accepted_tokens": 0,
-                      "drafted_at": [], "accepted_at": []}  # [i]: steps that verified / accepted draft i
+                      "drafted_at": [], "accepted_at": [],  # [i]: steps that verified / accepted draft i
+                      "device_busy_s": 0.0, "device_gap_s": 0.0}  # the runner's steps, the host time between them
 
     # ------------------------------------------------------------------ requests
 
@@ -164,16 +170,31 @@ class Engine:
     # ------------------------------------------------------------------ the loop
 
     def step(self) -> list[RequestOutput]:
-        """One iteration; → an output for every request that received a token or finished."""
+        """One iteration; → an output for every request that received a token or finished. With
+        ``scheduler.async_scheduling`` it schedules and submits step N+1, then folds in step N (one step
+        late), so the device runs N+1 while the host updates N and schedules N+2."""
         t0 = time.perf_counter()
-        out = self.scheduler.schedule()
-        t1 = time.perf_counter()
-        res = self.runner.execute(out, self.scheduler.requests)
+        ex = self.executor
+        if ex.asynchronous:
+            if not ex.in_flight:  # prime the pipeline
+                self._submit(self.scheduler.schedule())
+            self._submit(self.scheduler.schedule())  # step N+1, while step N runs
+            t1 = time.perf_counter()
+            if not ex.in_flight:
+                ex.idle()
+                return []
+            out, res = ex.result()
+        else:
+            out = self.scheduler.schedule()
+            t1 = time.perf_counter()
+            res = ex.run(out, self.scheduler.requests)
         t2 = time.perf_counter()
         before = {s.request_id: self.scheduler.requests[s.request_id].num_output_tokens
                   for s in out.seqs if s.sample and s.request_id in self.scheduler.requests}
         changed = self.scheduler.update(out, res.tokens)
         for rid, lp in res.logprobs.items():
+            if rid not in self._logprobs:
+                continue  # finished before this step was folded in (asynchronous scheduling)
             (self._logprobs[rid].extend if isinstance(lp, list) else self._logprobs[rid].append)(lp)
         stopped = self._check_stop_strings(changed, before)
         for r in changed:  # a stop among accepted drafts drops the tokens after it, and their logprobs
@@ -196,9 +217,17 @@ class Engine:
         self.last_step = {"schedule_s": t1 - t0, "execute_s": t2 - t1, "prepare_s": res.prepare_s,
                           "model_s": res.model_s, "sample_s": res.sample_s, "update_s": t3 - t2,
                           "num_seqs": len(out.seqs), "num_tokens": out.num_scheduled_tokens, "stopped": stopped}
+        s["device_busy_s"], s["device_gap_s"] = ex.busy_s, ex.gap_s
+        if not self.scheduler.has_unfinished() and not ex.in_flight:
+            ex.idle()
         for hook in self.step_hooks:
             hook(self)
         return outputs
+
+    def _submit(self, out) -> None:
+        if not out.is_empty:
+            reqs = self.scheduler.requests
+            self.executor.submit(out, {s.request_id: reqs[s.request_id] for s in out.seqs})
 
     def _draft(self, out, res, changed: Sequence[Request]) -> None:
         """Drive the drafter (the order of :mod:`inferhal.core.spec.proposer`): accept, prefill every running

@@ -13,6 +13,10 @@ give the same token).
 With ``keep_hidden`` (a drafter that reads the target's hidden states, e.g. MTP) the model's
 ``forward_and_hidden`` runs instead and :attr:`StepResult.hidden` holds the final hidden states of every
 token of the step, in the order of ``out.seqs``.
+
+Asynchronous scheduling: a decode step scheduled while the previous step ran feeds
+:data:`~inferhal.core.scheduler.scheduler.PENDING` for the token that step samples; the runner, which
+executes steps in order, fills in the token it sampled for that request in its previous step.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from inferhal.core.paging.batch import SeqSlice, build_attn_batches
 from inferhal.core.paging.spec import KVGroupSpec
 from inferhal.core.scheduler.output import ScheduledSeq, SchedulerOutput
 from inferhal.core.scheduler.request import Request
+from inferhal.core.scheduler.scheduler import PENDING
 
 
 @dataclass
@@ -53,6 +58,7 @@ class ModelRunner:
         self.greedy_head = (hasattr(model, "forward_greedy")
                         and ("lm_head.argmax" not in fallbacks or "lm_head" in fallbacks))
         self.keep_hidden = False  # set by the engine when its drafter reads hidden states
+        self._last: dict[str, int] = {}  # each request's last token sampled by the previous step (PENDING)
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         """``[rows, V]`` fp32 for the model's logits, one buffer grown to the most rows seen and reused every
@@ -63,6 +69,11 @@ class ModelRunner:
         return self._logits[:rows]
 
     def execute(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> StepResult:
+        res = self._execute(out, requests)
+        self._last = {r: (t[-1] if isinstance(t, list) else t) for r, t in res.tokens.items()}
+        return res
+
+    def _execute(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> StepResult:
         res = StepResult()
         if out.is_empty:
             return res
@@ -73,7 +84,10 @@ class ModelRunner:
         plain_rows, plain_reqs = [], []
         spec: dict[int, list[tuple[int, ScheduledSeq]]] = {}  # drafts per row -> (first logits row, seq)
         for s in out.seqs:
-            ids.extend(s.token_ids)
+            if PENDING in s.token_ids:  # asynchronous scheduling: the token the previous step sampled
+                ids.extend(self._last[s.request_id] if t == PENDING else t for t in s.token_ids)
+            else:
+                ids.extend(s.token_ids)
             if not s.sample:
                 continue
             if s.spec_token_ids:  # the last known token and every draft: S + 1 rows verified together

@@ -39,6 +39,7 @@ class Request:
     finish_reason: Optional[str] = None
     generator: Any = None  # torch.Generator for sampling, owned by the engine
     spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify in the next decode step
+    num_pending: int = 0  # tokens sampled by a step in flight, not folded in yet (asynchronous scheduling)
     num_draft_tokens: int = 0  # drafts verified for this request so far
     num_accepted_tokens: int = 0  # of which accepted
 

@@ -38,6 +38,7 @@ from inferhal.core.scheduler.output import ScheduledSeq, SchedulerOutput
 from inferhal.core.scheduler.request import Request, Status
 
 POLICIES = ("fcfs", "priority")
+PENDING = -1  # a token id not known yet: the one the step in flight samples (the runner fills it in)
 
 
 class RequestError(UserError, ValueError):
@@ -176,15 +177,15 @@ class Scheduler:
         cap = self.cfg.long_prefill_token_threshold
         planned: dict[str, int] = {}  # request id -> num_new, in scheduling order
         preempted: list[str] = []
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens == 1]
-        prefills = [r for r in self.running if r.num_tokens - r.num_computed_tokens > 1]
+        decodes = [r for r in self.running if r.num_tokens + r.num_pending - r.num_computed_tokens == 1]
+        prefills = [r for r in self.running if r.num_tokens + r.num_pending - r.num_computed_tokens > 1]
         decode_set = set(decodes)
         for req in decodes + prefills:
             if budget <= 0:
                 break
             if req.status is not Status.RUNNING:
                 continue  # preempted earlier in this step
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = min(req.num_tokens + req.num_pending - req.num_computed_tokens, budget)
             if cap > 0:
                 n = min(n, cap)
             # drafts ride along with a decode token while the budget (and the long-prefill cap) allow
@@ -226,8 +227,15 @@ class Scheduler:
             c = req.num_computed_tokens
             drafts = tuple(req.spec_token_ids)
             known = n - len(drafts)
-            seqs.append(ScheduledSeq(rid, c, n, req.all_token_ids[c:c + known] + list(drafts), self.kv.block_ids(rid),
-                                     c + known == req.num_tokens, drafts, req.write_from))
+            ids = req.all_token_ids[c:c + known]
+            ids += [PENDING] * (known - len(ids))  # the token the step in flight samples (asynchronous mode)
+            blocks = self.kv.block_ids(rid)
+            if self.cfg.async_scheduling:  # the tables change while this step runs: the step keeps its own
+                blocks = {g: list(b) for g, b in blocks.items()}
+            sample = c + known == req.num_tokens + req.num_pending
+            seqs.append(ScheduledSeq(rid, c, n, ids + list(drafts), blocks, sample, drafts, req.write_from))
+            req.num_computed_tokens = c + n  # rejected drafts are rolled back in update()
+            req.num_pending += sample
             total += n
         return SchedulerOutput(tuple(seqs), total, tuple(preempted), len(self.running), len(self.waiting),
                                {"schedule_s": time.perf_counter() - t0})
@@ -236,7 +244,7 @@ class Scheduler:
         """Positions to allocate past a step of ``n`` tokens from ``start``: the drafter's lookahead when the
         step reaches the request's last known token (drafts follow), never past ``max_model_len``."""
         end = start + n
-        if not self.num_lookahead_tokens or end - len(req.spec_token_ids) < req.num_tokens:
+        if not self.num_lookahead_tokens or end - len(req.spec_token_ids) < req.num_tokens + req.num_pending:
             return 0
         return max(0, min(self.num_lookahead_tokens, self.max_model_len - end))
 
@@ -283,17 +291,21 @@ class Scheduler:
         finished = False
         for seq in out.seqs:
             req = self.requests.get(seq.request_id)
-            if req is None or req.status is not Status.RUNNING:
-                continue  # aborted while the step ran
-            req.spec_token_ids = []
+            if req is None:
+                continue  # finished or aborted while the step ran
+            running = req.status is Status.RUNNING  # else preempted while the step ran (asynchronous mode)
+            if running:
+                req.spec_token_ids = []
             if seq.sample:
+                req.num_pending -= 1
                 got = sampled[seq.request_id]
                 toks = [int(t) for t in got] if isinstance(got, (list, tuple)) else [int(got)]
                 accepted = len(toks) - 1  # drafts that matched; the last token is the verifier's own
                 if accepted > len(seq.spec_token_ids) or list(seq.spec_token_ids[:accepted]) != toks[:accepted]:
                     raise ValueError(f"request {seq.request_id!r}: tokens {toks} are not an accepted prefix of the "
                                      f"drafts {list(seq.spec_token_ids)} plus one")
-                req.num_computed_tokens += seq.num_new - len(seq.spec_token_ids) + accepted
+                if running:
+                    req.num_computed_tokens -= len(seq.spec_token_ids) - accepted
                 self._count_drafts(req, len(seq.spec_token_ids), accepted)
                 changed.append(req)
                 reason = None
@@ -304,12 +316,13 @@ class Scheduler:
                         break
                 if reason:
                     self.requests.pop(req.request_id)
+                    if not running:
+                        self._remove_waiting(req)
                     self._finish(req, reason)
                     finished = True
                     continue
-            else:
-                req.num_computed_tokens += seq.num_new
-            self.kv.cache_blocks(req.request_id, req.all_token_ids, req.num_computed_tokens)
+            if running:  # (asynchronous mode: num_computed may count a step in flight; it runs before any reader)
+                self.kv.cache_blocks(req.request_id, req.all_token_ids, min(req.num_computed_tokens, req.num_tokens))
         if finished:
             self.running = [r for r in self.running if r.status is Status.RUNNING]
         return changed

@@ -134,7 +134,5 @@ def test_the_python_api_refuses_keyword_options_before_loading(monkeypatch):
         LLM("deepseek_v4_tiny", overrides=["parallel.tp=2"])
     with pytest.raises(ConfigError, match="cache.kv_dtype='fp6' is not a KV format: use one of auto, fp8, fp4"):
         LLM("deepseek_v4_tiny", kv_dtype="fp6")
-    with pytest.raises(ConfigError, match="scheduler.async_scheduling=True is refused"):
-        LLM("deepseek_v4_tiny", async_scheduling=True)
     with pytest.raises(ConfigError, match="experiment.name='x' is refused"):
         LLM("deepseek_v4_tiny", overrides=["experiment.name=x"])
