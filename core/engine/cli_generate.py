@@ -123,7 +123,7 @@ def _stream_one(llm, prompt, params: SamplingParams, out: TextIO, echo: str = ""
     decode = f"{(n - 1) / rest:.1f} tok/s decode" if n > 1 and rest > 0 else "no decode steps"
     st = llm.engine.stats
     if st["draft_tokens"]:
-        decode += f", {st['accepted_tokens']}/{st['draft_tokens']} n-gram drafts accepted"
+        decode += f", {st['accepted_tokens']}/{st['draft_tokens']} {llm.engine.spec_method} drafts accepted"
     out.write(f"\n[{n} tokens in {dt:.2f} s: {n / dt if dt else 0.0:.1f} tok/s, TTFT {ttft * 1000:.0f} ms, {decode}; "
               f"prompt {len(final.prompt_token_ids) if final else 0} tokens; finish: {final.finish_reason if final else None}]\n")
     return 0

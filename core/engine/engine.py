@@ -60,6 +60,7 @@ class Engine:
         cache = cache or CacheConfig()
         spec = spec or SpecConfig()
         self.spec_off_at = spec.disable_by_batch_size or None  # running requests at which drafting pauses
+        self.spec_method = spec.method
         self.loaded, self.backend = loaded, backend
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.max_model_len = int(self.model.max_model_len if max_model_len is None else max_model_len)
