@@ -72,8 +72,7 @@ class AsyncEngine:
         self.dead: Optional[BaseException] = None
         self._cmds: "queue.Queue[tuple[str, Any]]" = queue.Queue()
         self._tracks: dict[str, _Track] = {}  # loop thread only
-        self._num_open = 0  # submitted and not finished (event loop side)
-        self._lock = threading.Lock()
+        self._open: set[str] = set()  # submitted, neither finished nor aborted (event loop side)
         self._ids = itertools.count()
         self._stop = threading.Event()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -98,7 +97,7 @@ class AsyncEngine:
 
     @property
     def num_unfinished(self) -> int:
-        return self._num_open
+        return len(self._open)
 
     # -- requests (event loop side) ----------------------------------------------------------------
     async def submit(self, prompt: Sequence[int], params) -> tuple[str, asyncio.Queue]:
@@ -106,29 +105,26 @@ class AsyncEngine:
         request), :class:`QueueFull` or :class:`EngineDead`."""
         if not self.alive:
             raise EngineDead("the engine loop is not running")
-        with self._lock:
-            if self._num_open >= self.max_queued:
-                raise QueueFull(f"{self._num_open} requests are queued or running (server.max_queued_requests="
-                                f"{self.max_queued}); retry later")
-            self._num_open += 1
+        if len(self._open) >= self.max_queued:
+            raise QueueFull(f"{len(self._open)} requests are queued or running (server.max_queued_requests="
+                            f"{self.max_queued}); retry later")
         rid = f"req-{next(self._ids)}"
+        self._open.add(rid)
         q: asyncio.Queue = asyncio.Queue()
         fut: Future = Future()
         self._cmds.put(("add", (rid, list(prompt), params, q, fut)))
         try:
             await asyncio.wrap_future(fut)
         except BaseException:
-            self._release()
+            self._open.discard(rid)
             raise
         return rid, q
 
     def abort(self, request_id: str) -> None:
-        """Stop a request and free its KV (at the loop's next turn); a finished or unknown id is ignored."""
+        """Stop a request (event loop side): it no longer counts against ``max_queued``, and its KV is freed
+        at the loop's next turn; a finished or unknown id is ignored."""
+        self._open.discard(request_id)
         self._cmds.put(("abort", request_id))
-
-    def _release(self) -> None:
-        with self._lock:
-            self._num_open -= 1
 
     # -- the loop thread ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -201,12 +197,12 @@ class AsyncEngine:
                 del self._tracks[o.request_id]
                 if m:
                     m.finished(o, tr, now)
-                self._loop.call_soon_threadsafe(self._finish_put, tr.queue, d)
+                self._loop.call_soon_threadsafe(self._finish_put, o.request_id, tr.queue, d)
             else:
                 self._loop.call_soon_threadsafe(tr.queue.put_nowait, d)
 
-    def _finish_put(self, q: asyncio.Queue, d: Delta) -> None:
-        self._release()
+    def _finish_put(self, rid: str, q: asyncio.Queue, d) -> None:
+        self._open.discard(rid)
         q.put_nowait(d)
 
     def _fail_all(self, exc: BaseException) -> None:
@@ -216,9 +212,9 @@ class AsyncEngine:
                 self.engine.abort(list(tracks))
             except Exception:  # the engine may be broken already
                 pass
-        for tr in tracks.values():
+        for rid, tr in tracks.items():
             if self._loop is not None and not self._loop.is_closed():
-                self._loop.call_soon_threadsafe(self._finish_put, tr.queue, exc)
+                self._loop.call_soon_threadsafe(self._finish_put, rid, tr.queue, exc)
         while True:  # requests that never reached the engine
             try:
                 kind, arg = self._cmds.get_nowait()

@@ -56,8 +56,11 @@ def make_app(llm, cfg):
     settings = settings_of(cfg, str(cfg.model.name))
     metrics = ServerMetrics(settings.model_name)
     engine = AsyncEngine(llm.engine, int(cfg.server.max_queued_requests), metrics)
-    app = build_app(engine, settings, metrics)
+    return with_lifespan(build_app(engine, settings, metrics), engine), engine
 
+
+def with_lifespan(app, engine):
+    """``app`` with the engine loop starting and stopping in its lifespan (on the server's event loop)."""
     @asynccontextmanager
     async def lifespan(_app):
         engine.start(asyncio.get_running_loop())
@@ -67,7 +70,7 @@ def make_app(llm, cfg):
             engine.stop()
 
     app.router.lifespan_context = lifespan
-    return app, engine
+    return app
 
 
 def serve(cfg, llm=None) -> int:
