@@ -78,6 +78,7 @@ def serve(cfg, llm=None) -> int:
 
     from inferhal.core.engine.llm import LLM
 
+    settings_of(cfg, str(cfg.model.name))  # bad server settings fail before the model loads
     if llm is None:
         llm = LLM.from_config(cfg)
     app, _ = make_app(llm, cfg)
@@ -104,7 +105,10 @@ def serve(cfg, llm=None) -> int:
         await server.serve()
         task.cancel()
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except SystemExit:  # uvicorn exits 1 when it cannot bind (it has said why)
+        pass
     if not server.started:
         raise UserError(f"could not listen on {s.host}:{s.port} (see the message above)")
     return 0
