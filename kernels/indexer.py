@@ -19,6 +19,7 @@ import triton.language as tl
 
 from inferhal.core.ops.params import AttnBatch, IndexerParams
 from inferhal.kernels.common import dot_operand, interp, launch
+from inferhal.kernels.kv_records import check_record_cache, load_records, record_args, record_row_scale
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
 
@@ -28,7 +29,9 @@ def indexer_scores_kernel(q_ptr, k_ptr, w_ptr, o_ptr, bt_ptr, seq_ptr, pos_ptr, 
                           H, D, BS, M_RATIO, W, stride_qt, stride_qh, stride_kb, stride_ks, stride_wt, stride_ot,
                           stride_bt, scale, weight_scale,
                           PREC: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                          INTERP: tl.constexpr):
+                          INTERP: tl.constexpr, RECORD: tl.constexpr = False, CODE: tl.constexpr = 0,
+                          SCALE: tl.constexpr = 0, RBLOCK: tl.constexpr = 1, CODED: tl.constexpr = 0,
+                          RAW_AT: tl.constexpr = 0, SCALES_AT: tl.constexpr = 0):
     t = tl.program_id(0).to(tl.int64)
     n0 = tl.program_id(1) * BLOCK_N
     b = tl.load(seq_ptr + t).to(tl.int64)
@@ -45,9 +48,20 @@ def indexer_scores_kernel(q_ptr, k_ptr, w_ptr, o_ptr, bt_ptr, seq_ptr, pos_ptr, 
         q = tl.load(q_ptr + t * stride_qt + h[:, None] * stride_qh + d[None, :], mask=hm[:, None] & dm[None, :],
                     other=0.0)  # [BLOCK_H, BLOCK_D]
         blk = tl.load(bt_ptr + b * stride_bt + s // BS, mask=ok, other=0).to(tl.int64)
-        k = tl.load(k_ptr + blk[:, None] * stride_kb + (s % BS)[:, None] * stride_ks + d[None, :],
-                    mask=ok[:, None] & dm[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
-        dots = tl.dot(dot_operand(k, INTERP), dot_operand(tl.trans(q), INTERP), input_precision=PREC)  # [N, H]
+        row = blk * stride_kb + (s % BS) * stride_ks
+        if RECORD:
+            if SCALE == 1:  # FP8 keys, one fp32 scale each: the codes (exact in q's dtype) on the tensor cores,
+                k = load_records(k_ptr, row, ok, d, D, CODE, SCALE, RBLOCK, CODED, RAW_AT, SCALES_AT, True)
+                dots = tl.dot(dot_operand(k.to(q.dtype), INTERP), dot_operand(tl.trans(q), INTERP),
+                              input_precision=PREC)
+                dots = dots * record_row_scale(k_ptr, row, ok, SCALES_AT)[:, None]  # then each key's scale
+            else:  # FP4 keys (e2m1 x ue8m0) decode exactly into q's dtype
+                k = load_records(k_ptr, row, ok, d, D, CODE, SCALE, RBLOCK, CODED, RAW_AT, SCALES_AT).to(q.dtype)
+                dots = tl.dot(dot_operand(k, INTERP), dot_operand(tl.trans(q), INTERP), input_precision=PREC)
+        else:
+            k = tl.load(k_ptr + blk[:, None] * stride_kb + (s % BS)[:, None] * stride_ks + d[None, :],
+                        mask=ok[:, None] & dm[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+            dots = tl.dot(dot_operand(k, INTERP), dot_operand(tl.trans(q), INTERP), input_precision=PREC)  # [N, H]
         w = tl.load(w_ptr + t * stride_wt + h, mask=hm, other=0.0).to(tl.float32) * weight_scale
         acc = tl.sum(tl.maximum(dots, 0.0) * scale * w[None, :], axis=1)
     tl.store(o_ptr + t * stride_ot + s, tl.where(ok, acc, -float("inf")), mask=s < W)
@@ -59,7 +73,15 @@ def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, w
     if q.dim() != 3:
         raise ValueError(f"indexer.scores: q must be [T, Hi, Di], got shape {tuple(q.shape)}")
     t, hi, di = q.shape
-    if key_cache.dim() != 3 or key_cache.shape[-1] != di:
+    fmt = p.key_format
+    if fmt is not None:
+        if fmt.dims != di:
+            raise ValueError(f"indexer.scores: key records of {fmt.dims} channels for q of {di}")
+        check_record_cache(key_cache, fmt, "indexer.scores")
+        if fmt.scale == "fp32" and fmt.num_scales != 1:
+            raise ValueError(f"indexer.scores: {fmt.name} keys of {fmt.dims} channels have {fmt.num_scales} scales; the "
+                             f"kernel takes one per key (at most {fmt.block} channels)")
+    elif key_cache.dim() != 3 or key_cache.shape[-1] != di:
         raise ValueError(f"indexer.scores: key_cache must be [NB, BS, {di}], got {tuple(key_cache.shape)}")
     if weights.shape != (t, hi):
         raise ValueError(f"indexer.scores: weights must be [T, Hi]=({t}, {hi}), got {tuple(weights.shape)}")
@@ -84,5 +106,6 @@ def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, w
         hi, di, key_cache.shape[1], batch.tokens_per_slot, width, q.stride(0), q.stride(1), key_cache.stride(0),
         key_cache.stride(1), w.stride(0), out.stride(0), bt.stride(0), float(p.scale), float(p.weight_scale),
         PREC="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_H=max(16, next_pow2(hi)), BLOCK_N=bn,
-        BLOCK_D=max(16, next_pow2(di)), INTERP=interp(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        BLOCK_D=max(16, next_pow2(di)), INTERP=interp(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **record_args(fmt))
     return out

@@ -58,6 +58,67 @@ def _e4m3_value(b):
 
 
 @triton.jit
+def load_records(c_ptr, row, ok, d, D, CODE: tl.constexpr, SCALE: tl.constexpr, BLOCK: tl.constexpr,
+                 CODED: tl.constexpr, RAW_AT: tl.constexpr, SCALES_AT: tl.constexpr, UNSCALED: tl.constexpr = False):
+    """Decoded fp32 ``[len(row), len(d)]``: channels ``d`` of the records at element offsets ``row`` (the
+    record's first byte in ``c_ptr``), zero where not ``ok`` or ``d >= D`` (what an attention kernel's key tile
+    load gives for a value cache). ``UNSCALED``: the codes' values only (the caller applies the scales,
+    :func:`record_row_scale`), exact in bf16."""
+    m = ok[:, None] & (d < D)[None, :]
+    coded = (d < CODED)[None, :]
+    base = c_ptr + row[:, None]
+    if CODE == 0:
+        v = _e4m3_value(tl.load(base + d[None, :], mask=m & coded, other=0).to(tl.int32))
+    else:
+        b = tl.load(base + (d // 2)[None, :], mask=m & coded, other=0).to(tl.int32)
+        v = _e2m1_value((b >> (4 * (d & 1))[None, :]) & 15)
+    si = (d // BLOCK)[None, :]
+    if UNSCALED:
+        scale = 1.0
+    elif SCALE == 0:
+        sb = tl.load(base + SCALES_AT + si, mask=m & coded, other=0).to(tl.int32)
+        scale = tl.where(sb == 0, 0.0, (sb << 23).to(tl.float32, bitcast=True))
+    elif SCALE == 1:
+        bits = tl.load(base + SCALES_AT + 4 * si, mask=m & coded, other=0).to(tl.int32)
+        for k in tl.static_range(1, 4):
+            bits = bits | (tl.load(base + SCALES_AT + 4 * si + k, mask=m & coded, other=0).to(tl.int32) << (8 * k))
+        scale = bits.to(tl.float32, bitcast=True)
+    else:
+        scale = _e4m3_value(tl.load(base + SCALES_AT + si, mask=m & coded, other=0).to(tl.int32))
+    v = v * scale
+    if CODED < D:  # the RoPE channels, bf16
+        r = (d - CODED)[None, :]
+        rm = m & (d >= CODED)[None, :]
+        lo = tl.load(base + RAW_AT + 2 * r, mask=rm, other=0).to(tl.int32)
+        hi = tl.load(base + RAW_AT + 2 * r + 1, mask=rm, other=0).to(tl.int32)
+        v = tl.where(coded, v, ((lo | (hi << 8)) << 16).to(tl.float32, bitcast=True))
+    return tl.where(m, v, 0.0)
+
+
+@triton.jit
+def record_row_scale(c_ptr, row, ok, SCALES_AT: tl.constexpr):
+    """The fp32 scale of each record at ``row`` whose coded channels form one block (FP8 indexer keys of
+    at most 128 channels): a product with the unscaled codes times this equals the product with the values."""
+    bits = tl.load(c_ptr + row + SCALES_AT, mask=ok, other=0).to(tl.int32)
+    for k in tl.static_range(1, 4):
+        bits = bits | (tl.load(c_ptr + row + SCALES_AT + k, mask=ok, other=0).to(tl.int32) << (8 * k))
+    return bits.to(tl.float32, bitcast=True)
+
+
+def record_args(fmt) -> dict:
+    """The constexprs :func:`load_records` takes for records of ``fmt`` (None: a value cache, all unused)."""
+    if fmt is None:
+        return {"RECORD": False, "CODE": 0, "SCALE": 0, "RBLOCK": 1, "CODED": 0, "RAW_AT": 0, "SCALES_AT": 0}
+    return {"RECORD": True, "CODE": CODES[fmt.code], "SCALE": SCALES[fmt.scale], "RBLOCK": fmt.block,
+            "CODED": fmt.coded, "RAW_AT": fmt.raw_at, "SCALES_AT": fmt.scales_at}
+
+
+def check_record_cache(cache: torch.Tensor, fmt, what: str) -> None:
+    """A cache of ``fmt`` records: uint8 ``[NB, BS, nbytes]``, each record contiguous."""
+    _check(fmt, cache, what)
+
+
+@triton.jit
 def kv_record_write_kernel(v_ptr, c_ptr, slot_ptr, BS, stride_v, stride_cb, stride_co,
                            CODE: tl.constexpr, SCALE: tl.constexpr, BLOCK: tl.constexpr, CODED: tl.constexpr,
                            NS_P2: tl.constexpr, RAW: tl.constexpr, RAW_P2: tl.constexpr, RAW_AT: tl.constexpr,

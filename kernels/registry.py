@@ -47,6 +47,14 @@ def _tl():
     return tl
 
 
+def _value_cache() -> dict:
+    """The record constexprs of a kernel that reads a value cache (the ahead-of-time compiler needs every
+    constexpr spelled out; a defaulted one would compile as a runtime argument)."""
+    from inferhal.kernels.kv_records import record_args
+
+    return record_args(None)
+
+
 def _blocks(cfg):
     return {k: v for k, v in cfg.items() if k.startswith("BLOCK_")}
 
@@ -89,11 +97,11 @@ def _specs() -> list[KernelSpec]:
             out.append(KernelSpec(f"moe_{'down' if down else 'gate_up_swiglu'}_{label}", "moe.experts",
                                   f"inferhal.kernels.moe_experts:{kern}", tun, ptrs, ("limit",), cx, mma=True))
     out.extend(_later_specs())
-    out.extend(_kv_record_specs())
+    out.extend(_kv_record_specs({k.name: k for k in out}))
     return out
 
 
-def _kv_record_specs() -> list[KernelSpec]:
+def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:
     """FP8 / FP4 KV records (cache.kv_dtype) at V4-Flash widths: 512-dim latents (64 RoPE), 128-dim indexer keys."""
     from inferhal.core.paging import formats
 
@@ -117,6 +125,25 @@ def _kv_record_specs() -> list[KernelSpec]:
         out.append(KernelSpec(f"kv_record_decode_{fmt.name}", "attn.sparse_topk",
                               "inferhal.kernels.kv_records:kv_record_decode_kernel", "kv_write",
                               {"c_ptr": "*u8", "row_ptr": "*i64", "o_ptr": "*fp32"}, (), cx(fmt, False)))
+
+    def reading(fmt, base: str):
+        def make(cfg):
+            from inferhal.kernels.kv_records import record_args
+
+            return {**specs[base].constexprs(cfg), **record_args(fmt)}
+        return make
+
+    # the attention kernels decoding records in their key tiles (CSA decode shapes, as their value-cache specs)
+    for kv_dtype in ("fp8", "fp4"):
+        main, index = formats.record(kv_dtype, 512, 64, role="main"), formats.record(kv_dtype, 128, role="index")
+        base = specs["attn_sparse_topk_csa"]
+        out.append(KernelSpec(f"attn_sparse_topk_csa_{main.name}", base.op_id, base.fn, base.tuning,
+                              {**base.ptrs, "kv_ptr": "*u8", "c_ptr": "*u8"}, base.floats,
+                              reading(main, "attn_sparse_topk_csa"), mma=True))
+        base = specs["indexer_scores"]
+        out.append(KernelSpec(f"indexer_scores_{index.name}", base.op_id, base.fn, base.tuning,
+                              {**base.ptrs, "k_ptr": "*u8"}, base.floats, reading(index, "indexer_scores"),
+                              mma=True))
     return out
 
 
@@ -157,7 +184,8 @@ def _v4_specs() -> list[KernelSpec]:
                    "indexer_scores",
                    {"q_ptr": "*bf16", "k_ptr": "*bf16", "w_ptr": "*fp32", "o_ptr": "*fp32", "bt_ptr": "*i32",
                     "seq_ptr": "*i64", "pos_ptr": "*i64", "len_ptr": "*i32"}, ("scale", "weight_scale"),
-                   lambda cfg: {"PREC": "tf32", "BLOCK_H": 64, "BLOCK_D": 128, "INTERP": False, **_blocks(cfg)},
+                   lambda cfg: {"PREC": "tf32", "BLOCK_H": 64, "BLOCK_D": 128, "INTERP": False, **_blocks(cfg),
+                                **_value_cache()},
                    mma=True),
         # CSA decode: 64 heads on the 512-dim latent, 128-token window + top-512 compressed entries, sinks
         KernelSpec("attn_sparse_topk_csa", "attn.sparse_topk", "inferhal.kernels.sparse_attn:sparse_attn_kernel",
@@ -166,7 +194,7 @@ def _v4_specs() -> list[KernelSpec]:
                     "sink_ptr": "*fp32", "bt_ptr": "*i32", "cbt_ptr": "*i32", "seq_ptr": "*i64", "pos_ptr": "*i64",
                     "len_ptr": "*i32", "clen_ptr": "*i32"}, ("scale",),
                    lambda cfg: {"HAS_COMP": True, "HAS_SINKS": True, "DTYPE": bf16(), "PREC": "tf32", "BLOCK_H": 64,
-                                "BLOCK_D": 512, "INTERP": False, **_blocks(cfg)}, mma=True),
+                                "BLOCK_D": 512, "INTERP": False, **_blocks(cfg), **_value_cache()}, mma=True),
     ] + [
         # compressor: CSA (4-token windows with overlap, C = 2 x 512) and HCA (128-token windows, C = 512)
         KernelSpec(f"attn_compress_{name}", "attn.compress", "inferhal.kernels.compress:compress_kernel",

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from inferhal.core.ops.params import AttnBatch, AttnParams
 from inferhal.kernels.common import dot_operand, interp, launch, query_span, round_to, softmax_out, tl_dtype
+from inferhal.kernels.kv_records import check_record_cache, load_records, record_args
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
 
@@ -48,7 +49,10 @@ def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, c
                        clen_ptr, H, D, BS, CBS, NK, RATIO, stride_qt, stride_qh, stride_ot, stride_oh, stride_kb,
                        stride_ks, stride_cb, stride_cs, stride_it, stride_bt, stride_cbt, scale, window,
                        HAS_COMP: tl.constexpr, HAS_SINKS: tl.constexpr, DTYPE: tl.constexpr, PREC: tl.constexpr,
-                       BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INTERP: tl.constexpr):
+                       BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INTERP: tl.constexpr,
+                       RECORD: tl.constexpr = False, CODE: tl.constexpr = 0, SCALE: tl.constexpr = 0,
+                       RBLOCK: tl.constexpr = 1, CODED: tl.constexpr = 0, RAW_AT: tl.constexpr = 0,
+                       SCALES_AT: tl.constexpr = 0):
     t = tl.program_id(0).to(tl.int64)
     b, qpos, first, last = query_span(seq_ptr, pos_ptr, len_ptr, t, window)
     h = tl.arange(0, BLOCK_H)
@@ -65,8 +69,12 @@ def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, c
         kpos = n0 + j
         ok = (kpos >= first) & (kpos < last)
         blk = tl.load(bt_ptr + b * stride_bt + kpos // BS, mask=ok, other=0).to(tl.int64)
-        k = tl.load(kv_ptr + blk[:, None] * stride_kb + (kpos % BS)[:, None] * stride_ks + d[None, :],
-                    mask=ok[:, None] & dm[None, :], other=0.0)
+        if RECORD:  # FP8/FP4 records decoded in the tile (kernels/kv_records.py); exact in bf16 for main records
+            k = load_records(kv_ptr, blk * stride_kb + (kpos % BS) * stride_ks, ok, d, D, CODE, SCALE, RBLOCK,
+                             CODED, RAW_AT, SCALES_AT).to(DTYPE)
+        else:
+            k = tl.load(kv_ptr + blk[:, None] * stride_kb + (kpos % BS)[:, None] * stride_ks + d[None, :],
+                        mask=ok[:, None] & dm[None, :], other=0.0)
         m_i, l_i, acc = _online_block(q, k, ok, m_i, l_i, acc, scale, PREC, INTERP)
     if HAS_COMP:  # 2. the selected compressed entries
         n_vis = tl.minimum(tl.load(clen_ptr + b).to(tl.int32), (qpos + 1) // RATIO)
@@ -74,8 +82,12 @@ def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, c
             e = tl.load(idx_ptr + t * stride_it + i0 + j, mask=i0 + j < NK, other=-1).to(tl.int32)
             ok = (e >= 0) & (e < n_vis)
             blk = tl.load(cbt_ptr + b * stride_cbt + e // CBS, mask=ok, other=0).to(tl.int64)
-            k = tl.load(c_ptr + blk[:, None] * stride_cb + (e % CBS)[:, None] * stride_cs + d[None, :],
-                        mask=ok[:, None] & dm[None, :], other=0.0)
+            if RECORD:
+                k = load_records(c_ptr, blk * stride_cb + (e % CBS) * stride_cs, ok, d, D, CODE, SCALE, RBLOCK,
+                                 CODED, RAW_AT, SCALES_AT).to(DTYPE)
+            else:
+                k = tl.load(c_ptr + blk[:, None] * stride_cb + (e % CBS)[:, None] * stride_cs + d[None, :],
+                            mask=ok[:, None] & dm[None, :], other=0.0)
             m_i, l_i, acc = _online_block(q, k, ok, m_i, l_i, acc, scale, PREC, INTERP)
     out = softmax_out(m_i, l_i, acc, sink_ptr, h, hm, HAS_SINKS)
     tl.store(o_ptr + t * stride_ot + h[:, None] * stride_oh + d[None, :], round_to(out, DTYPE, INTERP),
@@ -89,14 +101,21 @@ def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, 
     if q.dim() != 3:
         raise ValueError(f"attn.sparse_topk: q must be [T, H, D], got shape {tuple(q.shape)}")
     t, h, d = q.shape
-    if kv_cache.dim() != 3 or kv_cache.shape[-1] != d or kv_cache.stride(-1) != 1:
+    fmt = p.kv_format
+    if fmt is not None:  # both caches hold records of fmt (d channels each)
+        if fmt.dims != d:
+            raise ValueError(f"attn.sparse_topk: records of {fmt.dims} channels for q of {d}")
+        check_record_cache(kv_cache, fmt, "attn.sparse_topk")
+        if comp_cache is not None:
+            check_record_cache(comp_cache, fmt, "attn.sparse_topk")
+    elif kv_cache.dim() != 3 or kv_cache.shape[-1] != d or kv_cache.stride(-1) != 1:
         raise ValueError(f"attn.sparse_topk: kv_cache must be [NB, BS, {d}] contiguous along D, got {tuple(kv_cache.shape)}")
     if p.num_kv_heads != 1 or p.softcap > 0:
         raise ValueError(f"attn.sparse_topk: the kernel takes one shared latent KV head without softcap, got "
                          f"num_kv_heads={p.num_kv_heads}, softcap={p.softcap}")
     has_comp = comp_cache is not None and comp_batch is not None and topk_idx is not None
     if has_comp:
-        if comp_cache.dim() != 3 or comp_cache.shape[-1] != d or comp_cache.stride(-1) != 1:
+        if fmt is None and (comp_cache.dim() != 3 or comp_cache.shape[-1] != d or comp_cache.stride(-1) != 1):
             raise ValueError(f"attn.sparse_topk: comp_cache must be [NB', BS', {d}] contiguous along D, "
                              f"got {tuple(comp_cache.shape)}")
         if topk_idx.dim() != 2 or topk_idx.shape[0] != t:
@@ -127,5 +146,6 @@ def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, 
         cc.stride(0), cc.stride(1), idx.stride(0), bt.stride(0), cbt.stride(0), float(p.scale), int(p.window),
         HAS_COMP=has_comp, HAS_SINKS=sinks is not None, DTYPE=tl_dtype(q.dtype),
         PREC="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_H=max(16, next_pow2(h)), BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_D=max(16, next_pow2(d)), INTERP=interp(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        BLOCK_D=max(16, next_pow2(d)), INTERP=interp(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **record_args(fmt))
     return out

@@ -46,3 +46,51 @@ def test_a_cache_that_is_not_records_of_the_format_is_refused():
         kv_write_record(torch.zeros(1, 32), torch.zeros(2, 4, 18), torch.tensor([0]), fmt)
     with pytest.raises(ValueError, match=r"values must be \[T, 32\]"):
         kv_write_record(torch.zeros(1, 30), torch.zeros(2, 4, 18, dtype=torch.uint8), torch.tensor([0]), fmt)
+
+
+# ---- the attention kernels reading records (attn.sparse_topk, indexer.scores) ------------------------------
+
+def _records(values: torch.Tensor, fmt) -> torch.Tensor:
+    """``values [NB, BS, D]`` as a record cache ``uint8 [NB, BS, nbytes]`` (the reference's kv.write)."""
+    nb, bs, d = values.shape
+    cache = torch.zeros(nb, bs, fmt.nbytes, dtype=torch.uint8)
+    ref_write(values.reshape(-1, d), cache, torch.arange(nb * bs), KVWriteParams(record=fmt))
+    return cache
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "fp4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sparse_attention_and_indexer_kernels_read_records_as_the_reference_does(kv_dtype, dtype, close):
+    """The kernels decode records inside their key tiles; against the reference reading the same records, the
+    tolerances are the value-cache kernels' own (test_deepseek_v4.py): decoded main records are exact in bf16."""
+    from inferhal.backends.reference.deepseek import attn_sparse_topk as ref_sparse
+    from inferhal.backends.reference.deepseek import indexer_scores as ref_indexer
+    from inferhal.core.ops.params import AttnParams, IndexerParams
+    from inferhal.kernels.indexer import indexer_scores
+    from inferhal.kernels.sparse_attn import attn_sparse_topk
+
+    from tests.kernels.test_deepseek_v4 import BLOCK, _topk_rows, v4_batch
+
+    g = torch.Generator().manual_seed(5 if kv_dtype == "fp8" else 6)
+    m, h, d, rope, hi, di = 4, 8, 64, 16, 4, 32
+    main, index = formats.record(kv_dtype, d, rope, role="main"), formats.record(kv_dtype, di, role="index")
+    pos, qsl, attn, nb = v4_batch([23, 40, 6], [1, 5, 6], m, g)
+    kv = _records(torch.randn(nb, BLOCK, d, generator=g), main)
+    cc = _records(torch.randn(nb, BLOCK // m, d, generator=g), main)
+    keys = _records(torch.randn(nb, BLOCK // m, di, generator=g), index)
+    q = torch.randn(len(pos), h, d, generator=g).to(dtype)
+    sinks = torch.randn(h, generator=g)
+    p = AttnParams(scale=d ** -0.5, window=8, shared_kv=True, kv_format=main)
+    args = (cc, attn["comp"], _topk_rows(pos, attn, m, 5, "csa", g))
+    out, expect = attn_sparse_topk(q, kv, attn["swa"], *args, p, sinks), ref_sparse(q, kv, attn["swa"], *args, p, sinks)
+    vmax = float(max(ref.decode(kv, main).abs().max(), ref.decode(cc, main).abs().max()))
+    close(out, expect, links=2 if dtype == torch.bfloat16 else 1, scale=vmax, name=f"attn.sparse_topk {main.name}")
+    iq, w = torch.randn(len(pos), hi, di, generator=g).to(dtype), torch.randn(len(pos), hi, generator=g)
+    ip = IndexerParams(di ** -0.5, hi ** -0.5, index)
+    got, want = indexer_scores(iq, keys, attn["comp"], w, ip), ref_indexer(iq, keys, attn["comp"], w, ip)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    fin = ~torch.isinf(want)
+    mag = float(ref_indexer(iq.abs(), ref.decode(keys, index).abs(), attn["comp"], w.abs(),
+                            IndexerParams(di ** -0.5, hi ** -0.5))[fin].max())
+    close(got[fin], want[fin], scale=mag, name=f"indexer.scores {index.name}")
+

@@ -187,6 +187,16 @@ def test_kv_write_planes_and_latent(npu_ops, recorder):
     assert torch.equal(latent, expect) and recorder.calls[-1].op == "npu_scatter_nd_update_"
     npu_ops.kv_write(lv, latent, torch.tensor([0, 9, 33]), KVWriteParams(quant="fp8"), torch.zeros(4, 16))
     assert npu_ops.events[-1][0] == "kv.write"
+    # FP8/FP4 KV records (cache.kv_dtype): not wired to torch_npu; the reference writes them, visibly
+    from inferhal.core.paging import formats
+
+    fmt = formats.record("fp4", 64, 16, role="main")
+    rec, expect = (torch.zeros(4, 16, fmt.nbytes, dtype=torch.uint8) for _ in range(2))
+    n = len(recorder.calls)
+    npu_ops.kv_write(lv[:, 0], rec, torch.tensor([0, 9, 33]), KVWriteParams(record=fmt))
+    ref.kv_write(lv[:, 0], expect, torch.tensor([0, 9, 33]), KVWriteParams(record=fmt))
+    assert torch.equal(rec, expect) and len(recorder.calls) == n
+    assert npu_ops.events[-1] == ("kv.write", "nvfp4 records: quantising scatter is not wired")
 
 
 # ------------------------------------------------------------------------------------------ MoE
