@@ -17,6 +17,16 @@ from inferhal.core.paging.formats import CODE_MAX, KVFormat
 E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
 
+_PAIRS: dict = {}
+
+
+def _e2m1_pairs(device) -> torch.Tensor:
+    """byte → its two e2m1 values (low nibble first), fp32 ``[256, 2]``."""
+    if device not in _PAIRS:
+        _PAIRS[device] = unpack_e2m1(torch.arange(256, dtype=torch.uint8, device=device)).view(256, 2)
+    return _PAIRS[device]
+
+
 def e2m1_codes(y: torch.Tensor) -> torch.Tensor:
     """fp32 values (already divided by their scale) → e2m1 codes 0..15 (sign in bit 3), int64; magnitudes
     above 6 clip to 6, ties to the even code."""
@@ -91,8 +101,8 @@ def decode(records: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
     codes = r[:, :fmt.code_bytes]
     if fmt.code == "e4m3":
         vals = codes.contiguous().view(torch.float8_e4m3fn).float()
-    else:
-        vals = unpack_e2m1(codes)[:, :fmt.coded]
+    else:  # both nibbles of a byte at once: a 256 x 2 table (low nibble = even channel)
+        vals = _e2m1_pairs(r.device)[codes.long()].view(n, -1)[:, :fmt.coded]
     sb = r[:, fmt.scales_at:fmt.scales_at + fmt.num_scales * (4 if fmt.scale == "fp32" else 1)].contiguous()
     if fmt.scale == "ue8m0":
         scale = torch.where(sb == 0, torch.zeros((), device=r.device), torch.exp2(sb.float() - 127))
@@ -100,7 +110,10 @@ def decode(records: torch.Tensor, fmt: KVFormat) -> torch.Tensor:
         scale = sb.view(torch.float32)
     else:
         scale = sb.view(torch.float8_e4m3fn).float()
-    vals = vals * scale.repeat_interleave(fmt.block, dim=1)[:, :fmt.coded]
+    if fmt.coded == fmt.num_scales * fmt.block:  # whole blocks: one broadcast multiply
+        vals = (vals.view(n, fmt.num_scales, fmt.block) * scale[:, :, None]).view(n, fmt.coded)
+    else:
+        vals = vals * scale.repeat_interleave(fmt.block, dim=1)[:, :fmt.coded]
     if fmt.raw_dims:
         raw = r[:, fmt.raw_at:fmt.scales_at].contiguous().view(torch.bfloat16).float()
         vals = torch.cat((vals, raw), dim=1)
