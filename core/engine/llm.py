@@ -118,6 +118,10 @@ class LLM:
             from inferhal.core.registry import BackendRegistry
 
             active_backend = BackendRegistry.discover().select(_to(schema.BackendConfig, cfg.backend))
+        if str(cfg.cache.kv_dtype) != "auto":  # before loading: a KV format the backend cannot read
+            from inferhal.core.paging.formats import check_backend
+
+            check_backend(active_backend.name, active_backend.profile, str(cfg.cache.kv_dtype))
         if loaded_model is None:
             from inferhal.core.models.registry import load_model
 

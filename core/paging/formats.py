@@ -121,6 +121,18 @@ def backend_kv_dtypes(profile: Any) -> tuple[str, ...]:
     return ("auto",) + tuple(k for k in KV_DTYPES[1:] if profile.supports(f"kv_dtype:{k}"))
 
 
+def check_backend(backend: str, profile: Any, kv_dtype: str) -> None:
+    """Refuse ``kv_dtype`` (naming the backend and the formats it reads) when the backend's ops cannot read it;
+    run before a model is loaded (``LLM``) and again when an engine is built."""
+    from inferhal.core.errors import UserError
+
+    readable = backend_kv_dtypes(profile)
+    if kv_dtype not in readable:
+        raise UserError(f"cache.kv_dtype={kv_dtype} is refused: backend {backend!r} reads KV caches in "
+                        f"{', '.join(readable)} only (its device profile declares the formats its attention ops "
+                        f"read); use cache.kv_dtype={readable[-1]} or backend=reference")
+
+
 def apply_kv_dtype(model: Any, backend: str, profile: Any, kv_dtype: str) -> None:
     """Make ``model`` store its KV as ``kv_dtype`` records (``cache.kv_dtype``), before its KV groups are
     read: refused, naming the problem, when the value is unknown, when the backend's ops do not read that
@@ -134,11 +146,7 @@ def apply_kv_dtype(model: Any, backend: str, profile: Any, kv_dtype: str) -> Non
         if use is not None:  # a model an earlier engine set to records goes back to values
             use("auto")
         return
-    readable = backend_kv_dtypes(profile)
-    if kv_dtype not in readable:
-        raise UserError(f"cache.kv_dtype={kv_dtype} is refused: backend {backend!r} reads KV caches in "
-                        f"{', '.join(readable)} only (its device profile declares the formats its attention ops "
-                        f"read); use cache.kv_dtype={readable[-1]} or backend=reference")
+    check_backend(backend, profile, kv_dtype)
     if use is None:
         raise UserError(f"cache.kv_dtype={kv_dtype} is refused: {type(model).__name__} stores its KV in the model's "
                         f"dtype only (cache.kv_dtype=auto); FP8/FP4 KV records exist for the deepseek_v4 family")
