@@ -189,8 +189,29 @@ def load(model_cfg: Any, backend: Any) -> LoadedModel:
     prof = backend.profile
     weights = finalize(weights, dtype, device, prof.supports("fp8_block_linear"), prof.supports("fp4_grouped_gemm"))
     model = DeepseekV4ForCausalLM(cfg, weights, backend.ops, dtype, int(model_cfg.max_model_len), device, has_mtp)
+    if getattr(model_cfg, "mtp_weights", None):
+        load_mtp_overlay(model, model_cfg)
     tok = load_tokenizer(path, cfg, getattr(model_cfg, "chat_template", None)) if path else None
     quant = sorted({w.format for w in weights.values() if isinstance(w, QuantWeight)})
     return LoadedModel(model=model, tokenizer=tok, name=model_cfg.name, family="deepseek_v4",
                        info={"num_layers": cfg.num_layers, "mtp_layers": model.num_mtp_layers, "quantized": quant,
                              "dtype": str(dtype).replace("torch.", ""), "path": path})
+
+
+def load_mtp_overlay(model: Any, model_cfg: Any) -> None:
+    """Lay ``model.mtp_weights`` (``mtp.*`` tensors, e.g. from ``fit_mtp``) over the model's MTP layers."""
+    import inferhal
+
+    path = str(model_cfg.mtp_weights)
+    if not os.path.isabs(path) and not os.path.exists(path):
+        path = os.path.join(os.path.dirname(os.path.abspath(inferhal.__file__)), path)
+    if not os.path.isfile(path):
+        raise UserError(f"model {model_cfg.name!r}: model.mtp_weights={model_cfg.mtp_weights!r} is not a file")
+    if model.num_mtp_layers < 1:
+        raise UserError(f"model {model_cfg.name!r}: model.mtp_weights is set but the model has no MTP layers")
+    from safetensors.torch import load_file
+
+    try:
+        model.load_mtp_weights(load_file(path))
+    except ValueError as exc:
+        raise UserError(f"model {model_cfg.name!r}: model.mtp_weights={model_cfg.mtp_weights!r}: {exc}") from None

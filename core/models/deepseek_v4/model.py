@@ -93,18 +93,34 @@ class DeepseekV4ForCausalLM:
         self.use_kv_dtype("auto")
         self.o_a_groups: dict[str, list] = {}
         self.shared: dict[str, tuple] = {}
-        prefixes = [f"layers.{i}." for i in range(cfg.num_layers)] + [f"mtp.{k}." for k in range(self.num_mtp_layers)]
-        r = cfg.o_lora_rank
-        for pre in prefixes:
-            wa = self.weights[pre + "self_attn.o_a_proj.weight"]
-            self.o_a_groups[pre] = [_rows(wa, g * r, (g + 1) * r) for g in range(cfg.o_groups)]
-            s = pre + "mlp.shared_experts."
-            gu = _cat_rows(self.weights[s + "gate_proj.weight"], self.weights[s + "up_proj.weight"])
-            down = self.weights[s + "down_proj.weight"]
-            down = QuantWeight(down.data[None], down.scale[None], down.format, (1, *down.shape), down.block) \
-                if isinstance(down, QuantWeight) else down[None]
-            self.shared[pre] = (gu, down)
+        for pre in [f"layers.{i}." for i in range(cfg.num_layers)] + [f"mtp.{k}." for k in range(self.num_mtp_layers)]:
+            self._derive(pre)
         self.lm_head = self.weights["embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
+
+    def _derive(self, pre: str) -> None:
+        """The per-layer weights built from the loaded ones: ``o_a`` per group, the shared expert's gate+up."""
+        r, w = self.cfg.o_lora_rank, self.weights
+        wa = w[pre + "self_attn.o_a_proj.weight"]
+        self.o_a_groups[pre] = [_rows(wa, g * r, (g + 1) * r) for g in range(self.cfg.o_groups)]
+        s = pre + "mlp.shared_experts."
+        gu = _cat_rows(w[s + "gate_proj.weight"], w[s + "up_proj.weight"])
+        down = w[s + "down_proj.weight"]
+        down = QuantWeight(down.data[None], down.scale[None], down.format, (1, *down.shape), down.block) \
+            if isinstance(down, QuantWeight) else down[None]
+        self.shared[pre] = (gu, down)
+
+    def load_mtp_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Lay ``mtp.*`` tensors (e.g. a fitted draft head, ``fit_mtp``) over this model's MTP layers; every
+        MTP tensor must be given with its shape. Also what a fitting loop calls after making them trainable."""
+        want = {k: v for k, v in self.weights.items() if k.startswith("mtp.")}
+        bad = sorted(k for k in want if k not in tensors or tuple(tensors[k].shape) != tuple(want[k].shape))
+        if bad or not want:
+            raise ValueError(f"MTP weights do not fit this model: {bad[:3] or 'it has no MTP layers'}")
+        for k in want:
+            t = tensors[k]
+            self.weights[k] = t if t.requires_grad else t.to(device=want[k].device, dtype=want[k].dtype)
+        for k in range(self.num_mtp_layers):
+            self._derive(f"mtp.{k}.")
 
     # ------------------------------------------------------------------ contract
 

@@ -150,3 +150,21 @@ class Letters:
 def test_bad_mtp_configs_are_clear_errors(overrides, words):
     with pytest.raises(UserError, match=words):
         llm(*overrides)
+
+
+def test_mtp_layers_route_their_experts_through_the_ep_runner(plain):
+    """An EP rank (a world of one, in process): the MTP layer's MoE runs through the expert runner too,
+    and greedy output stays the output without drafts."""
+    from inferhal.core.backend import ParallelLayout
+    from inferhal.core.parallel.ep_engine import attach_ep
+
+    _, want = plain
+    cfg = compose_config("deepseek_v4_tiny", "reference",
+                         overrides=[*SMALL, "parallel=ep2", "eplb=default", "eplb.step_interval=0", "spec=mtp",
+                                    "spec.num_speculative_tokens=2"])
+    eng = LLM.from_config(cfg)
+    attach_ep(eng.engine, eng.engine.backend.communicator(ParallelLayout()), cfg.eplb)
+    assert not any(k.startswith("mtp.") and "experts.gate_up" in k for k in eng.engine.model.weights)
+    got = eng.generate(PROMPTS, greedy())
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert eng.engine.stats["draft_tokens"] > 0
