@@ -35,7 +35,8 @@ from inferhal.core.sampling.params import SamplingParams
 _SECTIONS = {"model": schema.ModelConfig, "scheduler": schema.SchedulerConfig, "cache": schema.CacheConfig,
              "backend": schema.BackendConfig}
 _ROOT = {f.name for f in dataclasses.fields(schema.InferhalConfig)} - set(_SECTIONS)
-_FAMILY_BASE = {"gemma3": "gemma3_270m", "deepseek_v4": "deepseek_v4_flash"}
+_FAMILY_BASE = {"gemma3": "gemma3_270m", "deepseek_v4": "deepseek_v4_flash", "llama": "smollm2_135m_instruct"}
+_GGUF_ARCHS = {"gemma3": "gemma3", "llama": "llama"}  # general.architecture of a .gguf → family
 _MODEL_TYPES = {"gemma3": "gemma3", "gemma3_text": "gemma3", "deepseek_v4": "deepseek_v4", "deepseek_v3": "deepseek_v4"}
 
 
@@ -55,8 +56,12 @@ def _checkpoint_overrides(path: str) -> tuple[str, dict[str, Any]]:
     """(model config to start from, fields to set) for a checkpoint directory or GGUF file."""
     name = os.path.basename(os.path.normpath(path))
     if path.endswith(".gguf"):
-        family = "gemma3"
-        fmt = "gguf"
+        from inferhal.core.models.gemma3.gguf_file import GGUFFile
+
+        arch = GGUFFile(path).metadata.get("general.architecture")
+        if arch not in _GGUF_ARCHS:
+            raise UserError(f"LLM: GGUF {path!r} has architecture {arch!r}; supported: {', '.join(_GGUF_ARCHS)}")
+        family, fmt = _GGUF_ARCHS[arch], "gguf"
     else:
         cfg_file = os.path.join(path, "config.json")
         if not os.path.isfile(cfg_file):
