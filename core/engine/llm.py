@@ -123,10 +123,16 @@ class LLM:
             from inferhal.core.registry import BackendRegistry
 
             active_backend = BackendRegistry.discover().select(_to(schema.BackendConfig, cfg.backend))
-        if str(cfg.cache.kv_dtype) != "auto":  # before loading: a KV format the backend cannot read
+        kv_dtype = str(cfg.cache.kv_dtype)
+        if kv_dtype != "auto":  # before loading: a KV format the backend cannot read or the family cannot store
+            from inferhal.core.models.registry import kv_dtypes
             from inferhal.core.paging.formats import check_backend
 
-            check_backend(active_backend.name, active_backend.profile, str(cfg.cache.kv_dtype))
+            check_backend(active_backend.name, active_backend.profile, kv_dtype)
+            if loaded_model is None and kv_dtype not in kv_dtypes(cfg.model):
+                raise UserError(f"cache.kv_dtype={kv_dtype} is refused: model {cfg.model.name!r} (family "
+                                f"{cfg.model.family!r}) stores its KV as {', '.join(kv_dtypes(cfg.model))} only; "
+                                f"FP8/FP4 KV records exist for the deepseek_v4 family")
         if loaded_model is None:
             from inferhal.core.models.registry import load_model
 

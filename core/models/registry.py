@@ -26,6 +26,14 @@ def load_model(model_cfg: "ModelConfig", backend: "ActiveBackend") -> "LoadedMod
     return getattr(importlib.import_module(mod), fn)(model_cfg, backend)
 
 
+def kv_dtypes(model_cfg: "ModelConfig") -> tuple[str, ...]:
+    """The ``cache.kv_dtype`` values the family of ``model_cfg`` stores, without loading it (the family
+    package's ``KV_DTYPES``; ``auto`` only when it has none)."""
+    if model_cfg.family not in FAMILIES:
+        raise UserError(f"unknown model family {model_cfg.family!r}; known: {', '.join(FAMILIES)}")
+    return tuple(getattr(importlib.import_module(f"inferhal.core.models.{model_cfg.family}"), "KV_DTYPES", ("auto",)))
+
+
 def routed_experts(model_cfg: "ModelConfig") -> int | None:
     """Routed experts per MoE layer of ``model_cfg``, read from its config alone (no weights): 0 for a
     dense model, None when its family cannot tell without loading. A family answers through

@@ -9,7 +9,11 @@ names), ``shapes`` (expected tensors), ``quantized`` (FP8/FP4), ``loader``, ``ma
 
 from inferhal.core.models.deepseek_v4.kv import kv_groups, kv_groups_from_config, v4_config
 
-__all__ = ["kv_groups", "kv_groups_from_config", "routed_experts_from_config"]
+__all__ = ["KV_DTYPES", "kv_groups", "kv_groups_from_config", "routed_experts_from_config"]
+
+#: cache.kv_dtype values this family stores (FP8/FP4 records: core/paging/formats.py); a family without this
+#: name stores its KV in the model's dtype only
+KV_DTYPES = ("auto", "fp8", "fp4")
 
 
 def routed_experts_from_config(model_cfg) -> int:

@@ -95,7 +95,10 @@ def test_a_kv_dtype_the_backend_cannot_read_is_refused_with_the_formats_it_reads
         formats.apply_kv_dtype(type("Plain", (), {})(), "reference", _Profile("kv_dtype:fp8"), "fp8")
 
 
-def test_gemma_refuses_kv_records_at_start_up_naming_the_model():
+def test_gemma_refuses_kv_records_before_loading_naming_the_model(monkeypatch, capsys):
     from inferhal.core.cli.main import main
+    from inferhal.core.models import registry
 
+    monkeypatch.setattr(registry, "load_model", lambda *a: pytest.fail("loaded a model for a refused kv_dtype"))
     assert main(["generate", "model=gemma3_270m", "cache.kv_dtype=fp8", "sampling.max_tokens=1"]) == 2
+    assert "model 'gemma3_270m' (family 'gemma3') stores its KV as auto only" in capsys.readouterr().err
