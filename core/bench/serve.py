@@ -7,9 +7,11 @@ For each ``bench.concurrency`` level ``c`` (e.g. ``bench.concurrency=[32,64]``),
    finishes, on a worker thread like the server's loop): output tokens per second, and each prompt's
    text, the reference.
 2. **Server**: ``inferhal serve`` with the same config in a child process; ``c`` streaming clients
-   (plain asyncio sockets, :mod:`.serve_client`) each send one prompt after another (both sides after ``bench.warmup`` short rounds). One client request in
-   ``DISCONNECT_EVERY`` hangs up after a random number of events. Output tokens per second (from
-   ``stream_options.include_usage``), TTFT and inter-token latency at p50/p95/p99.
+   (plain asyncio sockets, :mod:`.serve_client`) each send one prompt after another (both sides after
+   ``bench.warmup`` short rounds). One client request in ``DISCONNECT_EVERY`` hangs up after a random
+   number of events. Output tokens per second (every token the engine generated, from the server's
+   ``inferhal_generation_tokens_total``, hung-up requests' included), TTFT and inter-token latency of the
+   completed streams at p50/p95/p99.
 3. **Checks**: every completed stream equals the offline text of its prompt (no lost, duplicated or
    reordered tokens; the reference backend is batch-invariant, so batching does not change greedy tokens),
    ends with ``[DONE]``, and at the end the server reports 0 running and waiting requests and 0 KV blocks
@@ -178,13 +180,16 @@ def run(cfg) -> int:
         if int(b.warmup):
             asyncio.run(_load(port, model, texts[:max(levels)], 4, max(levels), seed=0))
         for c in levels:
+            gen0 = _metric(_get(base + "/metrics")[1], "inferhal_generation_tokens_total")
             wall, res = asyncio.run(_load(port, model, texts, max_tokens, c, seed=c))
+            time.sleep(0.5)  # the hung-up requests' aborts reach the engine loop and are counted
+            gen = _metric(_get(base + "/metrics")[1], "inferhal_generation_tokens_total") - gen0
             done = {i: r for i, r in res.items() if not r.disconnected}
             bad = [i for i, r in done.items() if r.status != 200 or not r.done or r.error or r.text != ref[i]]
             ttft = [r.first - r.start for r in done.values() if r.first]
             itl = [t1 - t0 for r in done.values() for t0, t1 in zip(r.times, r.times[1:])]
             toks = sum(r.completion_tokens for r in done.values())
-            tps = toks / wall
+            tps = gen / wall  # every token the engine generated, the hung-up requests' too (as offline counts)
             row = {"concurrency": c, "requests": len(res), "completed": len(done),
                    "disconnected": len(res) - len(done), "mismatched": len(bad), "server_tok_s": tps,
                    "offline_tok_s": offline_rows[c], "overhead": 1 - tps / offline_rows[c],
@@ -193,7 +198,8 @@ def run(cfg) -> int:
             if bad:
                 failures.append(f"c={c}: {len(bad)} streams differ from the offline text (first: prompt {bad[0]}: "
                                 f"{done[bad[0]].text!r} vs {ref[bad[0]]!r} {done[bad[0]].error})")
-            con.print(f"  server c={c}: {toks} tokens in {wall:.1f} s, {tps:.1f} tok/s; {len(done)} completed, "
+            con.print(f"  server c={c}: {gen:.0f} tokens ({toks} in completed streams) in {wall:.1f} s, {tps:.1f} tok/s; "
+                      f"{len(done)} completed, "
                       f"{len(res) - len(done)} hung up, {len(bad)} mismatched", highlight=False)
         time.sleep(1.0)  # the last aborts reach the engine loop
         _, metrics = _get(base + "/metrics")
