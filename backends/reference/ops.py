@@ -7,6 +7,8 @@ live in sibling modules (``attention.py``, ``moe.py``, ``mhc.py``) and are colle
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
@@ -28,14 +30,16 @@ def norm_scale(weight: torch.Tensor, unit_offset: bool) -> torch.Tensor:
     except RuntimeError:  # an inference-mode tensor keeps no version counter
         key = None
     hit = _NORM_SCALES.get(key) if key is not None else None
-    if hit is not None and hit[0] is weight:
+    if hit is not None and hit[0]() is weight:
         return hit[1]
     w = weight.float()
     scale = 1.0 + w if unit_offset else w
     if key is not None:
         if len(_NORM_SCALES) > 4096:
             _NORM_SCALES.clear()
-        _NORM_SCALES[key] = (weight, scale)
+        # a weak reference: a norm weight is often a view of a whole memory-mapped weight file, which a
+        # strong one kept mapped after its model was dropped (0.5 GB per Gemma 3 load in a test session)
+        _NORM_SCALES[key] = (weakref.ref(weight), scale)
     return scale
 
 
