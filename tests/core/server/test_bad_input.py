@@ -118,3 +118,21 @@ def test_health_version_metrics(server):
                  "inferhal_num_preemptions_total", "inferhal_spec_decode_num_draft_tokens_total",
                  "inferhal_spec_decode_num_accepted_tokens_total", "inferhal_request_success_total"):
         assert name in text, name
+
+
+def test_a_client_leaving_a_non_stream_request_aborts_it(server):
+    url, engine = server
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    body = {"model": MODEL, "prompt": "Count: 1, 2, 3,", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+    conn.request("POST", "/v1/completions", body=json.dumps(body).encode(), headers=AUTH)
+    deadline = time.monotonic() + 10
+    while not engine.engine.has_unfinished() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.engine.has_unfinished()  # it runs
+    conn.sock.close()  # the client goes away without reading the answer
+    conn.close()
+    deadline = time.monotonic() + 5  # far less than 400 tokens take (the server polls every 0.5 s)
+    while engine.engine.has_unfinished() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not engine.engine.has_unfinished() and engine.engine.kv_manager.usage() == 0.0
