@@ -108,6 +108,10 @@ def _stream_one(llm, prompt, params: SamplingParams, out: TextIO, echo: str = ""
                 first = time.perf_counter()
             n += len(o.new_token_ids)
             text = o.new_text if llm.tokenizer is not None else "".join(f" {t}" for t in o.new_token_ids)
+            if text and o.finished and o.finish_reason == "stop" and o.new_token_ids and \
+                    o.new_token_ids[-1] in llm.engine.eos_token_ids:  # the end-of-turn token is not shown
+                eos = llm.tokenizer.decode([o.new_token_ids[-1]])
+                text = text[:-len(eos)] if eos and text.endswith(eos) else text
             out.write(text)
             out.flush()
             line_open = line_open or bool(text)

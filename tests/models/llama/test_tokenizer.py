@@ -59,4 +59,5 @@ def test_chat_through_generate_cli(smollm, capsys):
                    "sampling.max_tokens=16", "sampling.temperature=0"], command="generate")
     llm = LLM.from_loaded(*smollm, max_model_len=512)
     assert generate(cfg, llm=llm) == 0
-    assert "Paris" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Paris" in out and "<|im_end|>" not in out and "finish: stop" in out  # the end-of-turn token is not shown
