@@ -98,6 +98,9 @@ def _specs() -> list[KernelSpec]:
                                   f"inferhal.kernels.moe_experts:{kern}", tun, ptrs, ("limit",), cx, mma=True))
     out.extend(_later_specs())
     out.extend(_kv_record_specs({k.name: k for k in out}))
+    out.append(KernelSpec("sample_mask", "sample.mask", "inferhal.kernels.sample_mask:sample_mask_kernel", "sample_mask",
+                          {"l_ptr": "*fp32", "m_ptr": "*i32", "row_ptr": "*i64"}, (),
+                          lambda cfg: {"BLOCK_V": cfg["BLOCK_V"]}))
     return out
 
 

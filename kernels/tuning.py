@@ -30,6 +30,7 @@ _DEFAULT: dict[str, dict[str, Any]] = {
     "mhc_pre": {"BLOCK_K": 256, "num_warps": 4},
     "mhc_post": {"BLOCK_D": 256, "num_warps": 4},
     "kv_write": {"num_warps": 4},
+    "sample_mask": {"BLOCK_V": 1024, "num_warps": 4},
     # BLOCK_R rows per program (1 for real vocabularies; more for small ones); BISECT_ITERS is unused by
     # kernels/sample.py (its bisections are exact: 32 steps on int32 keys), kept for the Ascend table
     "sample": {"BLOCK_V": 1024, "BLOCK_R": 1, "BISECT_ITERS": 40, "num_warps": 4},

@@ -26,6 +26,7 @@ KERNEL_OPS: dict[str, str] = {
     "attn.sparse_topk": "inferhal.kernels.sparse_attn:attn_sparse_topk",
     "attn.compress": "inferhal.kernels.compress:attn_compress",
     "sample": "inferhal.kernels.sample:sample",
+    "sample.mask": "inferhal.kernels.sample_mask:sample_mask",
 }
 
 #: op ID -> why its kernel is degraded on a target (shown in the op's note).

@@ -192,6 +192,22 @@ def kv_write(
         cache[blk, off] = v.to(cache.dtype)
 
 
+def sample_mask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
+    """``sample.mask``: -inf on the tokens whose bit is 0 in each constrained row's bitmask (in place)."""
+    if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.shape[0] != rows.numel():
+        raise ValueError(f"sample.mask: bitmask must be int32 [len(rows)={rows.numel()}, ceil(V/32)], got "
+                         f"{bitmask.dtype} {tuple(bitmask.shape)}")
+    v = logits.shape[1]
+    if bitmask.shape[1] * 32 < v:
+        raise ValueError(f"sample.mask: bitmask covers {bitmask.shape[1] * 32} tokens, logits have {v}")
+    if rows.numel() == 0:
+        return
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).reshape(rows.numel(), -1)[:, :v].bool()
+    r = rows.long()
+    logits[r] = logits[r].masked_fill(~allowed, float("-inf"))
+
+
 ARGMAX_CHUNK = 4096
 
 
@@ -265,6 +281,7 @@ def _ops() -> dict:
         "topk.select": topk_select,
         "kv.write": kv_write,
         "sample": sample,
+        "sample.mask": sample_mask,
     }
     for mod in (attention, moe, mhc, spec, deepseek, ep):
         table.update(mod.OPS)

@@ -168,6 +168,13 @@ OPS: dict[str, OpSpec] = {
             then a draw from the row's own torch.Generator (so a seeded row does not depend on the batch).""",
         ),
         _spec(
+            "sample.mask",
+            "(logits[B,V] fp32, bitmask[B',ceil(V/32)] int32, rows[B'] int64) -> None",
+            """Grammar-constrained decoding (structured outputs): in place, logits[rows[i], v] = -inf wherever
+            bit v % 32 of word v // 32 of bitmask[i] is 0 (xgrammar's token bitmask, little-endian bits);
+            other rows untouched. A backend may fuse it into sample.""",
+        ),
+        _spec(
             "spec.verify",
             "(draft_ids[B,S], draft_probs[B,S,V]|None, target_logits[B,S+1,V], p: SampleBatch) -> (accepted[B,S+1], n_accepted[B])",
             """Speculative rejection sampling (exact for temperature > 0, prefix match when greedy).""",

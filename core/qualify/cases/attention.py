@@ -127,4 +127,23 @@ def kv_write() -> list[OpCase]:
             label = f"T={t} NB={nb} BS={bs} slot={'x'.join(map(str, slot))}" + (" fp8" if quant == "fp8" else "")
             out.append(OpCase("kv.write", label, dtype, build, tol, level, output=_dequant_cache,
                               cost=lambda a, k: (0.0, 2 * nbytes(a[0]))))
+    # FP8 / FP4 KV records (cache.kv_dtype): the bytes are defined by the format (core/paging/formats.py), so
+    # any implementation writes exactly the reference's
+    from inferhal.core.paging import formats
+
+    for kv_dtype, dims, rope, role, level in [("fp8", 64, 16, "main", "quick"), ("fp4", 64, 16, "main", "quick"),
+                                              ("fp8", 128, 0, "index", "quick"), ("fp4", 128, 0, "index", "quick"),
+                                              ("fp8", 512, 64, "main", "full"), ("fp4", 512, 64, "main", "full")]:
+        fmt = formats.record(kv_dtype, dims, rope, role=role)
+        for dtype in ("float32", "bfloat16"):
+            def build(seed, fmt=fmt, dtype=dtype):
+                g = gen(seed)
+                vals = randn(g, 12, fmt.dims, dtype=DTYPES[dtype])
+                slots = torch.randperm(6 * 4, generator=g)[:12].long()
+                slots[torch.rand(12, generator=g) < 0.2] = -1
+                return (vals, torch.zeros(6, 4, fmt.nbytes, dtype=torch.uint8), slots, KVWriteParams(record=fmt)), {}
+
+            out.append(OpCase("kv.write", f"T=12 {fmt.name} {fmt.nbytes} B", dtype, build,
+                              Tolerance(exact=True, why=f"{fmt.name} records: the format defines every byte"), level,
+                              output=lambda r, a, k: a[1], cost=lambda a, k: (0.0, nbytes(a[0]) + nbytes(a[1]))))
     return out

@@ -68,6 +68,22 @@ def sample() -> list[OpCase]:
     return out
 
 
+@cases_for("sample.mask")
+def sample_mask() -> list[OpCase]:
+    out = []
+    for b, v, n, level in [(4, 1000, 2, "quick"), (8, 32003, 8, "quick"), (32, 262144, 5, "full")]:
+        def build(seed, b=b, v=v, n=n):
+            g = gen(seed)
+            words = torch.randint(-2 ** 31, 2 ** 31 - 1, (n, (v + 31) // 32), generator=g, dtype=torch.int64)
+            rows = torch.randperm(b, generator=g)[:n].long()
+            return (randn(g, b, v, scale=3.0), words.to(torch.int32), rows), {}
+
+        out.append(OpCase("sample.mask", f"B={b} V={v} rows={n}", "float32", build,
+                          Tolerance(exact=True, why="a masked store of -inf: bitwise equal"), level,
+                          output=lambda r, a, k: a[0], cost=lambda a, k: (0.0, 2 * nbytes(a[0]) + nbytes(a[1]))))
+    return out
+
+
 def _validate_verify(out, ref, args, kwargs) -> str:
     draft, _, _, p = args
     toks, n = out

@@ -306,3 +306,15 @@ def test_spec_verify_one_hot_drafts_keep_the_filtered_distribution(draft, top_k,
     freq = counts / counts.sum()
     assert torch.allclose(freq, want, atol=0.03), (freq, want)  # 3000 draws: 3 sigma <= 0.027
     assert all(freq[i] == 0 for i in range(4) if want[i] == 0)  # filtered tokens never appear, drafted or not
+
+
+def test_sample_mask_sets_minus_inf_where_the_bit_is_zero():
+    from inferhal.backends.reference.ops import sample_mask
+
+    logits = torch.arange(2 * 40, dtype=torch.float32).view(2, 40)
+    mask = torch.zeros(1, 2, dtype=torch.int32)
+    mask[0, 0] = (1 << 3) | -(1 << 31)  # tokens 3 and 31 (bit 31 is the int32 sign bit)
+    mask[0, 1] = 1 << 5  # token 37
+    sample_mask(logits, mask, torch.tensor([1]))
+    allowed = torch.isfinite(logits[1]).nonzero().flatten().tolist()
+    assert allowed == [3, 31, 37] and logits[1, 37] == 77 and torch.isfinite(logits[0]).all()
