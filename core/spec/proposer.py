@@ -13,7 +13,8 @@ After every executed step the engine drives the drafter with plain data, in this
    (``spec.disable_by_batch_size``), so a paged drafter's KV is cached and resumed like the target's.
 3. ``propose(wants, kv)``: up to ``min(num_speculative_tokens, limit)`` drafts per request that decodes
    in the next step. Any draft is safe: the target verifies each one (``spec.verify``).
-4. ``free(request_id)`` when a request finishes or is aborted.
+4. ``free(request_id)`` when a request finishes or is aborted (at once: a request that finishes in a step
+   is freed before that step's prefill, which leaves it out).
 
 Paged state: ``kv_groups()`` are extra KV groups that join the target's in the one
 :class:`~inferhal.core.paging.kv_manager.KVCacheManager` (so they are allocated, freed, prefix-cached
@@ -33,8 +34,8 @@ from inferhal.core.config.schema import SpecConfig
 from inferhal.core.errors import UserError
 from inferhal.core.paging.spec import KVGroupSpec
 
-#: spec.method → "module:class" of a proposer with ``from_config(cfg, ctx) -> Proposer``
-PROPOSERS: dict[str, str] = {
+#: spec.method → "module:class" (or the class) of a proposer with ``from_config(cfg, ctx) -> Proposer``
+PROPOSERS: dict[str, Any] = {
     "ngram": "inferhal.core.spec.ngram:NgramProposer",
     "mtp": "inferhal.core.spec.mtp:MtpProposer",
 }
@@ -103,8 +104,8 @@ class Proposer(Protocol):
 def check_spec_config(cfg: SpecConfig) -> None:
     """Raise :class:`UserError` naming the field when ``cfg`` cannot run with any model (model-specific
     checks, e.g. MTP weights, are the proposer's ``from_config``)."""
-    if cfg.method not in METHODS:
-        raise UserError(f"spec.method must be one of {METHODS}, got {cfg.method!r}")
+    if cfg.method != "none" and cfg.method not in PROPOSERS:
+        raise UserError(f"spec.method must be one of {('none', *PROPOSERS)}, got {cfg.method!r}")
     if cfg.method == "none":
         if cfg.num_speculative_tokens:
             raise UserError(f"spec.num_speculative_tokens={cfg.num_speculative_tokens} has no effect with "
@@ -122,6 +123,8 @@ def check_spec_config(cfg: SpecConfig) -> None:
 
 
 def _proposer_class(method: str) -> Any:
+    if not isinstance(PROPOSERS[method], str):
+        return PROPOSERS[method]
     mod, _, name = PROPOSERS[method].partition(":")
     return getattr(importlib.import_module(mod), name)
 
