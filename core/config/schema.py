@@ -154,6 +154,8 @@ class SamplingConfig:
     stop: List[str] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int = 0
+    # structured outputs: one of {json: SCHEMA}, {json_object: true}, {regex: ...}, {choice: [...]}, {grammar: EBNF}
+    structured: Optional[Any] = None
 
 
 @dataclass

@@ -86,6 +86,7 @@ class Engine:
         self.scheduler = Scheduler(scheduler, self.kv_manager, self.max_model_len)
         self.device = torch.device(getattr(backend.device, "torch_device", "cpu"))
         self.runner = ModelRunner(self.model, backend.ops, self.kv_storage, self.specs, bs, self.device)
+        self.runner.eos_token_ids = self.eos_token_ids
         if scheduler.async_scheduling and self.proposer is not None:
             raise UserError(f"scheduler.async_scheduling=true does not run with spec.method={spec.method} yet (drafts "
                             f"need the step's tokens on the host); use spec=none or scheduler.async_scheduling=false")
@@ -142,8 +143,20 @@ class Engine:
         rid = str(next(self._ids)) if request_id is None else str(request_id)
         req = Request(rid, ids, params, eos_token_ids=self.eos_token_ids, extra_keys=tuple(extra_keys))
         self.scheduler.check_request(req)
+        if params.structured is not None:  # compiled (cached per constraint) before the request is queued
+            req.grammar = self.grammars().matcher(params.structured)
         self._prompts[rid] = text
         return req
+
+    def grammars(self):
+        """The structured-output grammar compiler of this engine's tokenizer and vocabulary (built once)."""
+        if getattr(self, "_grammars", None) is None:
+            from inferhal.core.structured.grammar import GrammarCompiler
+
+            if self.tokenizer is None:
+                raise RequestError("structured outputs need the model's tokenizer; this model has none")
+            self._grammars = GrammarCompiler(self.tokenizer, int(self.model.vocab_size), self.eos_token_ids)
+        return self._grammars
 
     def add_request(self, prompt: Prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None,
                     extra_keys: tuple[Hashable, ...] = ()) -> str:
@@ -290,7 +303,9 @@ class Engine:
         toks = req.output_token_ids
         text = ""
         if self.tokenizer is not None and (req.is_finished or self.stream_text):
-            text = self.tokenizer.decode(toks)
+            # the end-of-sequence token that stopped the request is not text (as vLLM returns it)
+            eos_end = req.is_finished and bool(toks) and toks[-1] in req.eos_token_ids and not req.params.ignore_eos
+            text = self.tokenizer.decode(toks[:-1] if eos_end else toks)
             if req.finish_reason == "stop" and req.params.stop:
                 cut = min((text.find(s) for s in req.params.stop if s in text), default=-1)
                 if cut >= 0:

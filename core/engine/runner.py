@@ -14,6 +14,13 @@ With ``keep_hidden`` (a drafter that reads the target's hidden states, e.g. MTP)
 ``forward_and_hidden`` runs instead and :attr:`StepResult.hidden` holds the final hidden states of every
 token of the step, in the order of ``out.seqs``.
 
+Structured outputs: a request with a grammar (``Request.grammar``) gets its row of the token bitmask before
+sampling (and one row per draft position before verification, the matcher advanced through the drafts and
+rolled back), applied by the backend's ``sample.mask`` op; its matcher then accepts the tokens that stand.
+Such a step always computes logits (no ``forward_greedy``). A grammar that allows no token at all (a dead
+end) lets the end-of-sequence token through, so the request stops instead of sampling from nothing; the
+runner records it in :attr:`StepResult.grammar_dead_ends`.
+
 Asynchronous scheduling: a decode step scheduled while the previous step ran feeds
 :data:`~inferhal.core.scheduler.scheduler.PENDING` for the token that step samples; the runner, which
 executes steps in order, fills in the token it sampled for that request in its previous step.
@@ -44,6 +51,8 @@ class StepResult:
     model_s: float = 0.0
     sample_s: float = 0.0
     hidden: Any = None  # [T, ...] the model's final hidden states of the step's tokens (keep_hidden only)
+    grammar_dead_ends: list[str] = field(default_factory=list)  # requests whose grammar allowed no token
+    mask_s: float = 0.0  # filling and applying structured-output bitmasks
 
 
 class ModelRunner:
@@ -59,6 +68,7 @@ class ModelRunner:
                         and ("lm_head.argmax" not in fallbacks or "lm_head" in fallbacks))
         self.keep_hidden = False  # set by the engine when its drafter reads hidden states
         self._last: dict[str, int] = {}  # each request's last token sampled by the previous step (PENDING)
+        self.eos_token_ids: tuple[int, ...] = ()  # what a grammar dead end lets through (set by the engine)
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         """``[rows, V]`` fp32 for the model's logits, one buffer grown to the most rows seen and reused every
@@ -101,7 +111,8 @@ class ModelRunner:
                 rows.extend(range(first, first + n_draft + 1))
         # every row greedy, no logprobs, no drafts: the model's tokens straight from lm_head.argmax
         greedy = (self.greedy_head and bool(plain_reqs) and not spec
-                  and all(r.params.temperature <= 0.0 and not r.params.logprobs for r in plain_reqs))
+                  and all(r.params.temperature <= 0.0 and not r.params.logprobs and r.grammar is None
+                          for r in plain_reqs))
         batch = ForwardBatch(
             input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),  # [T]
             positions=positions,
@@ -149,10 +160,52 @@ class ModelRunner:
             min_p=tuple(float(p.min_p) for p in ps) if any(p.min_p for p in ps) else (),
         )
 
+    def _mask(self, logits: torch.Tensor, rows: Sequence[int], grammars: Sequence[Any],
+              drafts: Sequence[Sequence[int]] = (), res: StepResult | None = None, ids: Sequence[str] = ()) -> None:
+        """Apply each grammar's bitmask to its logits row(s) (``sample.mask``). With ``drafts``, row ``rows[i]``
+        starts ``len(drafts[i]) + 1`` consecutive rows: the matcher is advanced through the drafts to fill each
+        position's row, then rolled back (the verified tokens are accepted afterwards)."""
+        from inferhal.core.structured.grammar import allocate_bitmask
+
+        t0 = time.perf_counter()
+        span = [len(d) + 1 for d in drafts] if drafts else [1] * len(rows)
+        bitmask = allocate_bitmask(sum(span), logits.shape[-1])
+        at_rows, k = [], 0
+        for i, (row, g) in enumerate(zip(rows, grammars)):
+            advanced = 0
+            for j in range(span[i]):
+                at_rows.append(row + j)
+                if j == 0 or advanced == j:  # positions after a draft the grammar refuses are never reached
+                    g.fill(bitmask, k)
+                k += 1
+                if j < span[i] - 1 and advanced == j and g.accept(drafts[i][j]):
+                    advanced += 1
+            g.rollback(advanced)
+        bitmask = bitmask.to(logits.device)
+        dead = ~bitmask.ne(0).any(dim=1)
+        if bool(dead.any()):  # no token can continue: let the end-of-sequence token through
+            eos = self.eos_token_ids
+            for r in torch.nonzero(dead).flatten().tolist():
+                for e in eos:
+                    word = (int(bitmask[r, e // 32]) & 0xFFFFFFFF) | (1 << (e % 32))
+                    bitmask[r, e // 32] = word - (1 << 32) if word >= 1 << 31 else word
+                if res is not None:
+                    res.grammar_dead_ends.append(ids[next(i for i in range(len(span)) if r < sum(span[: i + 1]))])
+        self.ops["sample.mask"](logits.view(-1, logits.shape[-1]), bitmask,
+                                torch.tensor(at_rows, dtype=torch.long, device=logits.device))
+        if res is not None:
+            res.mask_s += time.perf_counter() - t0
+
     def _sample(self, logits: torch.Tensor, reqs: Sequence[Request], res: StepResult) -> None:
+        constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if constrained:
+            self._mask(logits, constrained, [reqs[i].grammar for i in constrained], res=res,
+                       ids=[reqs[i].request_id for i in constrained])
         toks = self.ops["sample"](logits, self._sample_batch(reqs)).tolist()  # [B']
         for i, r in enumerate(reqs):
             res.tokens[r.request_id] = int(toks[i])
+            if r.grammar is not None:
+                r.grammar.accept(int(toks[i]))
         want = [i for i, r in enumerate(reqs) if r.params.logprobs]
         if want:
             for i, d in zip(want, self._top_logprobs(logits[want], [[toks[i]] for i in want],
@@ -164,11 +217,19 @@ class ModelRunner:
         """logits [B, S+1, V]: each row's drafts checked by the backend's ``spec.verify``; → the accepted
         drafts plus one token per request (a list in ``res.tokens``)."""
         reqs = [requests[s.request_id] for s in seqs]
+        constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        if constrained:  # each draft position masked by the grammar state the drafts before it lead to
+            s1 = logits.shape[1]
+            self._mask(logits, [i * s1 for i in constrained], [reqs[i].grammar for i in constrained],
+                       [list(seqs[i].spec_token_ids) for i in constrained], res, [reqs[i].request_id for i in constrained])
         drafts = torch.tensor([list(s.spec_token_ids) for s in seqs], dtype=torch.long, device=self.device)  # [B, S]
         toks, n = self.ops["spec.verify"](drafts, None, logits, self._sample_batch(reqs))  # [B, S+1], [B]
         emitted = [t[:k] for t, k in zip(toks.tolist(), n.tolist())]
         for r, e in zip(reqs, emitted):
             res.tokens[r.request_id] = [int(t) for t in e]
+            if r.grammar is not None:
+                for t in e:
+                    r.grammar.accept(int(t))
         want = [i for i, r in enumerate(reqs) if r.params.logprobs]
         if want:
             per = self._top_logprobs(torch.cat([logits[i, : len(emitted[i])] for i in want]),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from inferhal.core.errors import UserError
 
@@ -24,7 +24,10 @@ class SamplingParams:
     request its own generator (output independent of the batch); without one a seeded request still
     gets its own generator, seeded from the engine seed and the request's arrival order.
     ``logprobs = k`` returns the top-k log-probabilities of every generated position.
-    ``priority``: lower runs first under ``scheduler.policy=priority``."""
+    ``priority``: lower runs first under ``scheduler.policy=priority``. ``structured``: a constraint on the
+    output (:class:`~inferhal.core.structured.params.StructuredOutputs`, or a mapping such as
+    ``{"json": schema}``, ``{"regex": ...}``, ``{"choice": [...]}``, ``{"grammar": ebnf}``,
+    ``{"json_object": True}``): every sampled token keeps the output inside the grammar (xgrammar)."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -37,8 +40,12 @@ class SamplingParams:
     logprobs: int = 0
     ignore_eos: bool = False
     priority: int = 0
+    structured: Optional[Any] = None
 
     def __post_init__(self) -> None:
+        from inferhal.core.structured.params import StructuredOutputs
+
+        self.structured = StructuredOutputs.coerce(self.structured)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
@@ -58,9 +65,13 @@ class SamplingParams:
     @classmethod
     def from_config(cls, cfg) -> "SamplingParams":
         """From a ``sampling`` config node (:class:`~inferhal.core.config.schema.SamplingConfig`)."""
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+
         names = {f.name for f in dataclasses.fields(cls)}
+        plain = {k: OmegaConf.to_container(v) if isinstance(v, (DictConfig, ListConfig)) else v
+                 for k, v in dict(cfg).items()}
         return cls(**{k: (list(v) if isinstance(v, Sequence) and not isinstance(v, str) else v)
-                      for k, v in dict(cfg).items() if k in names})
+                      for k, v in plain.items() if k in names})
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))

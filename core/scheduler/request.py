@@ -42,6 +42,7 @@ class Request:
     num_pending: int = 0  # tokens sampled by a step in flight, not folded in yet (asynchronous scheduling)
     num_draft_tokens: int = 0  # drafts verified for this request so far
     num_accepted_tokens: int = 0  # of which accepted
+    grammar: Any = None  # structured outputs: the request's matcher (core/structured/grammar.py), owned by the runner
 
     def __post_init__(self) -> None:
         if not self.all_token_ids:
