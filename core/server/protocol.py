@@ -5,9 +5,12 @@ answers it as ``{"error": {"message", "type", "param", "code"}}``. Supported: ``
 string or one list of token ids) or ``messages`` (roles system | user | assistant; content a string or
 text parts), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``, ``top_k``,
 ``min_p``, ``seed``, ``stop`` (up to 4 strings), ``n``, ``logprobs`` / ``top_logprobs`` (at most 20),
-``stream``, ``stream_options.include_usage``, ``ignore_eos``. A field that would change the output but
-is not implemented (penalties, ``logit_bias``, ``response_format``, ``tools``, ``echo``, ``suffix``,
-``best_of``) is a 400 rather than silently ignored; other unknown fields are ignored, as OpenAI does.
+``stream``, ``stream_options.include_usage``, ``ignore_eos``, and structured outputs: ``response_format``
+(``text``, ``json_object``, ``json_schema`` with ``json_schema.schema``) or vLLM's ``structured_outputs``
+(one of ``json``, ``json_object``, ``regex``, ``choice``, ``grammar``); an invalid schema or regex is a 400.
+A field that would change the output but is not implemented (penalties, ``logit_bias``, ``tools``,
+``echo``, ``suffix``, ``best_of``) is a 400 rather than silently ignored; other unknown fields are ignored,
+as OpenAI does.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ ROLES = ("system", "user", "assistant")
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error", 503: "service_unavailable"}
 #: fields whose non-default value is refused: field → the value that means "off"
-_UNSUPPORTED = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "response_format": None,
+_UNSUPPORTED = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None,
                 "tools": None, "tool_choice": None, "functions": None, "echo": False, "suffix": None, "best_of": 1}
 
 
@@ -88,6 +91,34 @@ def _content(m: dict, i: int) -> str:
     raise _bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
 
 
+def _structured(body: dict) -> Optional[Any]:
+    """``response_format`` / ``structured_outputs`` → a StructuredOutputs (None for none or plain text)."""
+    from inferhal.core.structured.params import StructuredOutputs, StructuredOutputsError
+
+    rf, so = body.get("response_format"), body.get("structured_outputs")
+    if rf is not None and so is not None:
+        raise _bad("set 'response_format' or 'structured_outputs', not both", "response_format")
+    try:
+        if so is not None:
+            return StructuredOutputs.coerce(so)
+        if rf is None:
+            return None
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return StructuredOutputs(json_object=True)
+        if kind == "json_schema":
+            js = rf.get("json_schema")
+            if not isinstance(js, dict) or not isinstance(js.get("schema"), dict):
+                raise _bad("'response_format.json_schema.schema' is required: a JSON schema object",
+                           "response_format")
+            return StructuredOutputs(json=js["schema"])
+    except StructuredOutputsError as exc:
+        raise _bad(str(exc), "structured_outputs" if so is not None else "response_format") from None
+    raise _bad("'response_format.type' must be one of text, json_object, json_schema", "response_format")
+
+
 def parse(body: Any, chat: bool) -> Job:
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object", None)
@@ -141,6 +172,9 @@ def parse(body: Any, chat: bool) -> Job:
         if not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop) or len(stop) > MAX_STOP:
             raise _bad(f"'stop' must be a non-empty string or a list of up to {MAX_STOP} of them", "stop")
         s["stop"] = list(stop)
+    structured = _structured(body)
+    if structured is not None:
+        s["structured"] = structured
     job.n = _int(body, "n", 1, MAX_N) or 1
     if chat:
         lp = body.get("logprobs")

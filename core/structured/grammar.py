@@ -101,8 +101,8 @@ class GrammarCompiler:
         try:
             if kind == "json":
                 return self._compiler.compile_json_schema(json.dumps(spec.json), any_whitespace=False)
-            if kind == "json_object":
-                return self._compiler.compile_builtin_json_grammar()
+            if kind == "json_object":  # any JSON object (OpenAI's json_object), not any JSON value
+                return self._compiler.compile_json_schema('{"type": "object"}', any_whitespace=False)
             if kind == "regex":
                 return self._compiler.compile_regex(spec.regex)
             if kind == "choice":

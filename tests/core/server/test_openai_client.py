@@ -123,3 +123,31 @@ def test_models_and_bad_model(client):
     with pytest.raises(openai.NotFoundError) as err:
         client.chat.completions.create(model="gpt-4", messages=CHAT, max_tokens=2)
     assert err.value.body["code"] == "model_not_found"
+
+
+def test_structured_outputs_through_response_format(client):
+    """response_format json_schema / json_object and vLLM's structured_outputs (extra_body) constrain the answer;
+    an invalid schema or regex is a 400 naming the field, and the server keeps serving."""
+    import json
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                               "country": {"type": "string", "maxLength": 16}},
+              "required": ["city", "country"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Name a capital city and its country as JSON."}],
+        max_tokens=48, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "place", "schema": schema}})
+    got = json.loads(r.choices[0].message.content)
+    assert set(got) == {"city", "country"} and r.choices[0].finish_reason == "stop"
+    obj = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=48, temperature=0,
+                                         response_format={"type": "json_object"})
+    assert obj.choices[0].finish_reason == "length" or isinstance(json.loads(obj.choices[0].message.content), dict)
+    pick = client.completions.create(model=MODEL, prompt="Is the sky blue? Answer:", max_tokens=4, temperature=0,
+                                     extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    assert pick.choices[0].text in ("yes", "no")
+    for bad, param in [({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+                       ({"structured_outputs": {"regex": "([a-"}}, None)]:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model=MODEL, prompt="x", max_tokens=2, extra_body=bad)
+        assert param is None or err.value.body["param"] == param
+    assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices[0].text is not None
