@@ -173,6 +173,10 @@ class ModelRunner:
         at_rows, k = [], 0
         for i, (row, g) in enumerate(zip(rows, grammars)):
             advanced = 0
+            if g.terminated:  # finished by its stop token in the step before (asynchronous scheduling ran this
+                at_rows.extend(range(row, row + span[i]))  # one ahead): its token is dropped, any row will do
+                k += span[i]
+                continue
             for j in range(span[i]):
                 at_rows.append(row + j)
                 if j == 0 or advanced == j:  # positions after a draft the grammar refuses are never reached
@@ -204,7 +208,7 @@ class ModelRunner:
         toks = self.ops["sample"](logits, self._sample_batch(reqs)).tolist()  # [B']
         for i, r in enumerate(reqs):
             res.tokens[r.request_id] = int(toks[i])
-            if r.grammar is not None:
+            if r.grammar is not None and not r.grammar.terminated:
                 r.grammar.accept(int(toks[i]))
         want = [i for i, r in enumerate(reqs) if r.params.logprobs]
         if want:
@@ -227,7 +231,7 @@ class ModelRunner:
         emitted = [t[:k] for t, k in zip(toks.tolist(), n.tolist())]
         for r, e in zip(reqs, emitted):
             res.tokens[r.request_id] = [int(t) for t in e]
-            if r.grammar is not None:
+            if r.grammar is not None and not r.grammar.terminated:
                 for t in e:
                     r.grammar.accept(int(t))
         want = [i for i, r in enumerate(reqs) if r.params.logprobs]

@@ -83,3 +83,16 @@ def test_an_invalid_constraint_fails_that_request_only(llm):
     assert not llm.engine.has_unfinished()
     out = llm.generate(["Hello"], SamplingParams(max_tokens=2, temperature=0.0))
     assert len(out[0].outputs[0].token_ids) == 2
+
+
+def test_asynchronous_scheduling_gives_the_same_tokens(llm):
+    """With async scheduling a request that accepted its stop token may already sit in the next step (its token
+    is dropped): its grammar is terminated then and masks nothing; outputs equal the synchronous engine's."""
+    overlapped = LLM(loaded_model=llm.engine.loaded, active_backend=llm.engine.backend,
+                     overrides=["scheduler.async_scheduling=true"])
+    params = [SamplingParams(max_tokens=48, temperature=0.0, structured={"json": s}) for s in SCHEMAS[:4]]
+    params += [SamplingParams(max_tokens=4, temperature=0.0, structured={"choice": ["yes", "no"]}),
+               SamplingParams(max_tokens=12, temperature=0.0)]
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(len(params))]
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert [o.outputs[0].token_ids for o in overlapped.generate(prompts, params)] == want
