@@ -13,7 +13,7 @@ import pytest
 from inferhal import LLM, SamplingParams
 from inferhal.core.structured.grammar import GrammarError
 
-from tests.core.structured.schemas import PROMPTS, SCHEMAS
+from inferhal.core.bench.structured_schemas import PROMPTS, SCHEMAS
 
 jsonschema = pytest.importorskip("jsonschema")
 MAX = 96
