@@ -2,11 +2,11 @@
 something to accept (a random MTP head accepts almost nothing).
 
     python -m inferhal.core.models.deepseek_v4.fit_mtp OUT.safetensors [--model deepseek_v4_tiny]
-        [--seqs 160] [--len 64] [--steps 400] [--lr 3e-3] [--seed 0]
+        [--seqs 768] [--len 64] [--steps 500] [--lr 5e-3] [--seed 0]
 
 Random prompts are continued greedily by the main model (weights frozen); the MTP layer learns, at every
 position ``p``, the token at ``p + 2`` from the main model's final streams at ``p`` and the token at
-``p + 1`` (cross-entropy, Adam), plus the same one position on from its own output streams (how a
+``p + 1`` (cross-entropy against the main model's greedy token, AdamW), plus the same one position on from its own output streams (how a
 chained draft uses it, k > 1). Products run through ``F.linear`` (``INFERHAL_PORTABLE_CPU=1``: oneDNN's
 packed products have no autograd). Writes the ``mtp.*`` tensors with the held-out top-1 accuracy of the
 first and chained draft in the file's metadata; ``model.mtp_weights`` lays them over the model
@@ -39,7 +39,8 @@ def _slices(eng, seqs, rid0):
 
 
 def hidden_of(eng, seqs, chunk: int = 32):
-    """The main model's final streams of every position, per sequence (no grad)."""
+    """The main model's final streams of every position and its greedy token after each, per sequence
+    (no grad): ``[(streams [L, N, D], greedy [L])]``."""
     if len(seqs) > chunk:
         return [h for i in range(0, len(seqs), chunk) for h in hidden_of(eng, seqs[i:i + chunk], chunk)]
     from inferhal.core.models.base import ForwardBatch
@@ -51,15 +52,19 @@ def hidden_of(eng, seqs, chunk: int = 32):
         pos, qsl, attn = build_attn_batches(eng.specs, eng.kv_manager.block_size, sl)
         ids = torch.tensor([t for s in seqs for t in s])
         with torch.no_grad():
-            _, hid = eng.model.forward_and_hidden(ForwardBatch(ids, pos, qsl, attn, qsl[1:].long() - 1), eng.kv_storage)
-        return list(hid.split([len(s) for s in seqs]))
+            every = torch.arange(len(ids))
+            top, hid = eng.model.forward_and_hidden(ForwardBatch(ids, pos, qsl, attn, every), eng.kv_storage, greedy=True)
+        lens = [len(s) for s in seqs]
+        return list(zip(hid.split(lens), top.split(lens)))
     finally:
         for rid, _ in tabs:
             eng.kv_manager.free(rid)
 
 
 def mtp_losses(eng, seqs, hidden):
-    """(loss of the first draft, loss of a chained draft, their top-1 hits and counts) over ``seqs``."""
+    """(loss of the first draft, loss of a chained draft, their top-1 hits and counts) over ``seqs``. The
+    target at position ``p`` is the main model's greedy token after ``p + 1`` (what verification keeps),
+    also inside the prompt, where the next prompt token is noise to a drafter."""
     from inferhal.core.paging.batch import SeqSlice
 
     from inferhal.core.paging import planning
@@ -73,8 +78,8 @@ def mtp_losses(eng, seqs, hidden):
         n = [len(s) - 2 for s in seqs]  # positions p with a token at p + 2
         sl = [SeqSlice(0, k, {"mtp": b["mtp"]}) for k, (_, b) in zip(n, tabs)]
         nxt = [t for s in seqs for t in s[1:-1]]
-        tgt = torch.tensor([t for s in seqs for t in s[2:]])
-        streams = prop._run(sl, nxt, torch.cat([h[:k] for h, k in zip(hidden, n)]), 0, kv)
+        tgt = torch.cat([g[1:-1] for _, g in hidden])
+        streams = prop._run(sl, nxt, torch.cat([h[:k] for (h, _), k in zip(hidden, n)]), 0, kv)
         logits = model.mtp_head(streams, 0, greedy=False)
         first = torch.nn.functional.cross_entropy(logits, tgt)
         # chained: position p + 1 from the MTP's own streams at p and the (true) token at p + 2 -> p + 3
@@ -82,7 +87,7 @@ def mtp_losses(eng, seqs, hidden):
         own = torch.cat([x[:k] for x, k in zip(streams.split(n), m)])
         sl2 = [SeqSlice(1, k, {"mtp": b["mtp"]}) for k, (_, b) in zip(m, tabs)]
         nxt2 = [t for s in seqs for t in s[2:-1]]
-        tgt2 = torch.tensor([t for s in seqs for t in s[3:]])
+        tgt2 = torch.cat([g[2:-1] for _, g in hidden])
         layer = min(1, prop.num_mtp_layers - 1)
         logits2 = model.mtp_head(prop._run(sl2, nxt2, own, layer, kv), layer, greedy=False)
         chained = torch.nn.functional.cross_entropy(logits2, tgt2)
@@ -101,12 +106,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--model", default="deepseek_v4_tiny")
-    ap.add_argument("--seqs", type=int, default=160)
+    ap.add_argument("--seqs", type=int, default=768)
     ap.add_argument("--len", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--batch", type=int, default=24)
+    ap.add_argument("--lr", type=float, default=5e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save-every", type=int, default=0, help="also write the tensors every N steps")
     a = ap.parse_args(argv)
     from safetensors.torch import save_file
 
@@ -114,9 +120,11 @@ def main(argv=None) -> int:
     from inferhal.core.engine.llm import compose_config
 
     torch.manual_seed(a.seed)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     t0 = time.time()
     plain = LLM.from_config(compose_config(a.model, "reference", overrides=[
-        "cache.num_blocks=1024", "scheduler.max_num_seqs=64"]))  # the continuations, without drafting
+        f"cache.num_blocks={8 * a.seqs}", f"scheduler.max_num_seqs={a.seqs}",
+        f"scheduler.max_num_batched_tokens={8 * a.seqs}"]))  # the continuations, in one batch, without drafting
     vocab = plain.engine.model.vocab_size
     prompts = [torch.randint(3, vocab, (8,)).tolist() for _ in range(a.seqs)]
     outs = plain.generate(prompts, SamplingParams(max_tokens=a.len - 8, temperature=0.0, ignore_eos=True))
@@ -133,7 +141,7 @@ def main(argv=None) -> int:
     params = {k: v.detach().clone().requires_grad_(v.is_floating_point())
               for k, v in model.weights.items() if k.startswith("mtp.")}
     model.load_mtp_weights(params)
-    opt = torch.optim.Adam([p for p in params.values() if p.requires_grad], lr=a.lr)
+    opt = torch.optim.AdamW([p for p in params.values() if p.requires_grad], lr=a.lr, weight_decay=0.01)
 
     def evaluate():
         with torch.no_grad():
@@ -149,6 +157,8 @@ def main(argv=None) -> int:
         loss.backward()
         opt.step()
         model.load_mtp_weights(params)  # the derived per-layer weights follow the updated ones
+        if a.save_every and step and step % a.save_every == 0:
+            save_file({k: v.detach().contiguous() for k, v in params.items()}, a.out)  # progress, no metadata
         if step % 50 == 0 or step == a.steps - 1:
             _say(f"fit_mtp: step {step}: loss {first.item():.3f} (first) {chained.item():.3f} (chained), "
                   f"{time.time() - t0:.0f} s")
@@ -156,7 +166,6 @@ def main(argv=None) -> int:
     meta = {"model": a.model, "seed": str(a.seed), "steps": str(a.steps), "seqs": str(a.seqs), "len": str(a.len),
             "held_out_top1": json.dumps({"first": round(after[0], 4), "chained": round(after[1], 4),
                                          "first_before": round(before[0], 4), "chained_before": round(before[1], 4)})}
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     save_file({k: v.detach().contiguous() for k, v in params.items()}, a.out, metadata=meta)
     _say(f"fit_mtp: held-out top-1: first draft {before[0]:.1%} -> {after[0]:.1%}, chained {before[1]:.1%} -> "
           f"{after[1]:.1%}; wrote {a.out} ({time.time() - t0:.0f} s)")
