@@ -20,24 +20,14 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from inferhal.core.errors import UserError
+from inferhal.core.models.messages import check_messages
 
 ROLES = ("system", "user", "assistant", "model")
 
 
 def _check(messages: Sequence[Mapping[str, str]]) -> list[tuple[str, str]]:
-    if not messages:
-        raise UserError("messages is empty: give at least one {role: user, content: ...}")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-            raise UserError(f"messages[{i}] must be a mapping with 'role' and 'content', got {m!r}")
-        role, content = str(m["role"]), m["content"]
-        if role not in ROLES:
-            raise UserError(f"messages[{i}].role is {role!r}; expected one of {', '.join(ROLES)}")
-        if not isinstance(content, str):
-            raise UserError(f"messages[{i}].content must be a string, got {type(content).__name__}")
-        out.append(("model" if role == "assistant" else role, content))
-    return out
+    """``(role, content)`` pairs in Gemma's roles (assistant → model), or a UserError naming the bad message."""
+    return [("model" if m["role"] == "assistant" else m["role"], m["content"]) for m in check_messages(messages, ROLES)]
 
 
 def render_turns(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,

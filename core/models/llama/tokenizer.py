@@ -19,6 +19,7 @@ import numpy as np
 
 from inferhal.core.errors import UserError
 from inferhal.core.models.gemma3.gguf_file import GGUFFile
+from inferhal.core.models.messages import check_messages as _check_messages
 
 CONTROL, USER_DEFINED = 3, 4
 #: pre-tokenizer types (``tokenizer.ggml.pre``) that split digits one by one before the GPT-2 regex
@@ -95,19 +96,8 @@ class ByteBPETokenizer:
 
 
 def check_messages(messages: Sequence[Mapping[str, str]], roles: Sequence[str] = ROLES) -> list[dict]:
-    """``messages`` as plain dicts, or a UserError naming the first bad one."""
-    if not messages:
-        raise UserError("messages is empty: give at least one {role: user, content: ...}")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-            raise UserError(f"messages[{i}] must be a mapping with 'role' and 'content', got {m!r}")
-        if m["role"] not in roles:
-            raise UserError(f"messages[{i}].role is {m['role']!r}; expected one of {', '.join(roles)}")
-        if not isinstance(m["content"], str):
-            raise UserError(f"messages[{i}].content must be a string, got {type(m['content']).__name__}")
-        out.append({"role": str(m["role"]), "content": m["content"]})
-    return out
+    """``messages`` as plain dicts, or a UserError naming the first bad one (roles: system, user, assistant)."""
+    return _check_messages(messages, roles)
 
 
 def render(messages: Sequence[Mapping[str, str]], template: str | None, add_generation_prompt: bool = True,
