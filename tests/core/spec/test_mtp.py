@@ -185,3 +185,22 @@ def test_the_fitted_mtp_head_is_accepted_often_and_changes_nothing():
     first = st["accepted_at"][0] / st["drafted_at"][0]
     assert first > 0.2, f"first-position acceptance {first:.0%}"
     assert (st["accepted_tokens"] + st["drafted_at"][0]) / st["drafted_at"][0] > 1.25  # tokens per verify step
+
+
+def test_two_ep_ranks_draft_alike_and_print_the_single_process_tokens():
+    """parallel=ep2 (two processes, gloo) with MTP drafts at k=3: the tokens of one process without drafts."""
+    import subprocess
+    import sys
+
+    args = ["model=deepseek_v4_tiny_mtp", "prompt_ids=[7,150,33,9,81,2,64,11]", "sampling.max_tokens=16",
+            "sampling.temperature=0"]
+
+    def tokens(*more):
+        r = subprocess.run([sys.executable, "-m", "inferhal.core.cli.main", "generate", *args, *more],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r.stdout.splitlines()[0].split(), r.stdout
+
+    want, _ = tokens()
+    got, out = tokens("parallel=ep2", "spec=mtp", "spec.num_speculative_tokens=3")
+    assert got == want and "mtp drafts accepted" in out
