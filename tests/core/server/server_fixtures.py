@@ -37,6 +37,21 @@ def run_server(app):
     finally:
         server.should_exit = True
         thread.join(10)
+        _forget_endpoints()
+
+
+def _forget_endpoints() -> None:
+    """FastAPI memoises facts about each endpoint function in module-level LRU caches
+    (``fastapi.dependencies.models``), keeping every served app's closures, and with them its engine (1.4 GB
+    each here), alive for the rest of the test session; a stopped test server releases them."""
+    try:
+        from fastapi.dependencies import models
+    except ImportError:
+        return
+    for name in dir(models):
+        fn = getattr(models, name)
+        if name.startswith("_is_") and callable(getattr(fn, "cache_clear", None)):
+            fn.cache_clear()
 
 
 @pytest.fixture(scope="session")
