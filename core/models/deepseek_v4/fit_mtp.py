@@ -143,10 +143,13 @@ def main(argv=None) -> int:
     model.load_mtp_weights(params)
     opt = torch.optim.AdamW([p for p in params.values() if p.requires_grad], lr=a.lr, weight_decay=0.01)
 
-    def evaluate():
+    def evaluate(chunk=128):
+        tot = [0, 0, 0, 0]
         with torch.no_grad():
-            _, _, (h1, n1, h2, n2) = mtp_losses(eng, held, hid_held)
-        return h1 / n1, h2 / n2
+            for i in range(0, len(held), chunk):
+                _, _, hits = mtp_losses(eng, held[i:i + chunk], hid_held[i:i + chunk])
+                tot = [a + b for a, b in zip(tot, hits)]
+        return tot[0] / tot[1], tot[2] / tot[3]
 
     before = evaluate()
     for step in range(a.steps):
