@@ -113,11 +113,6 @@ def record_args(fmt) -> dict:
             "CODED": fmt.coded, "RAW_AT": fmt.raw_at, "SCALES_AT": fmt.scales_at}
 
 
-def check_record_cache(cache: torch.Tensor, fmt, what: str) -> None:
-    """A cache of ``fmt`` records: uint8 ``[NB, BS, nbytes]``, each record contiguous."""
-    _check(fmt, cache, what)
-
-
 @triton.jit
 def kv_record_write_kernel(v_ptr, c_ptr, slot_ptr, BS, stride_v, stride_cb, stride_co,
                            CODE: tl.constexpr, SCALE: tl.constexpr, BLOCK: tl.constexpr, CODED: tl.constexpr,
@@ -180,51 +175,18 @@ def kv_record_write_kernel(v_ptr, c_ptr, slot_ptr, BS, stride_v, stride_cb, stri
 
 
 @triton.jit
-def kv_record_decode_kernel(c_ptr, row_ptr, o_ptr, BS, stride_cb, stride_co, stride_o,
-                            CODE: tl.constexpr, SCALE: tl.constexpr, BLOCK: tl.constexpr, CODED: tl.constexpr,
-                            NS_P2: tl.constexpr, RAW: tl.constexpr, RAW_P2: tl.constexpr, RAW_AT: tl.constexpr,
-                            SCALES_AT: tl.constexpr):
+def kv_record_decode_kernel(c_ptr, row_ptr, o_ptr, D, BS, stride_cb, stride_co, stride_o,
+                            CODE: tl.constexpr, SCALE: tl.constexpr, RBLOCK: tl.constexpr, CODED: tl.constexpr,
+                            RAW_AT: tl.constexpr, SCALES_AT: tl.constexpr, BLOCK_D: tl.constexpr):
+    """One record per program, through :func:`load_records` (the attention kernels' tile decoder)."""
     r = tl.program_id(0).to(tl.int64)
-    flat = tl.load(row_ptr + r)
-    dst = o_ptr + r * stride_o
-    s = tl.arange(0, NS_P2)[:, None]
-    j = tl.arange(0, BLOCK // 2)[None, :]
-    ch = s * BLOCK + 2 * j
-    ok = ch < CODED
-    i = tl.arange(0, RAW_P2)
-    if flat < 0:  # no entry: zeros, as a zero record decodes
-        tl.store(dst + ch, tl.zeros(ch.shape, tl.float32), mask=ok)
-        tl.store(dst + ch + 1, tl.zeros(ch.shape, tl.float32), mask=ok & (ch + 1 < CODED))
-        if RAW > 0:
-            tl.store(dst + CODED + i, tl.zeros((RAW_P2,), tl.float32), mask=i < RAW)
-    else:
-        src = c_ptr + (flat // BS) * stride_cb + (flat % BS) * stride_co
-        srow = tl.arange(0, NS_P2)
-        sok = srow * BLOCK < CODED
-        if SCALE == 0:
-            b = tl.load(src + SCALES_AT + srow, mask=sok, other=0).to(tl.int32)
-            scale = tl.where(b == 0, 0.0, (b << 23).to(tl.float32, bitcast=True))
-        elif SCALE == 1:
-            sb = tl.zeros((NS_P2,), tl.int32)
-            for k in tl.static_range(4):
-                sb = sb | (tl.load(src + SCALES_AT + 4 * srow + k, mask=sok, other=0).to(tl.int32) << (8 * k))
-            scale = sb.to(tl.float32, bitcast=True)
-        else:
-            scale = _e4m3_value(tl.load(src + SCALES_AT + srow, mask=sok, other=0).to(tl.int32))
-        if CODE == 0:
-            ve = _e4m3_value(tl.load(src + ch, mask=ok, other=0).to(tl.int32))
-            vo = _e4m3_value(tl.load(src + ch + 1, mask=ok & (ch + 1 < CODED), other=0).to(tl.int32))
-        else:
-            byte = tl.load(src + ch // 2, mask=ok, other=0).to(tl.int32)
-            ve = _e2m1_value(byte & 15)
-            vo = _e2m1_value(byte >> 4)
-        tl.store(dst + ch, ve * scale[:, None], mask=ok)
-        tl.store(dst + ch + 1, vo * scale[:, None], mask=ok & (ch + 1 < CODED))
-        if RAW > 0:
-            rk = i < RAW
-            lo = tl.load(src + RAW_AT + 2 * i, mask=rk, other=0).to(tl.int32)
-            hi = tl.load(src + RAW_AT + 2 * i + 1, mask=rk, other=0).to(tl.int32)
-            tl.store(dst + CODED + i, ((lo | (hi << 8)) << 16).to(tl.float32, bitcast=True), mask=rk)
+    flat = tl.load(row_ptr + r + tl.zeros((1,), tl.int64))  # [1]
+    ok = flat >= 0  # no entry: zeros, as a zero record decodes
+    safe = tl.maximum(flat, 0)
+    d = tl.arange(0, BLOCK_D)
+    v = load_records(c_ptr, (safe // BS) * stride_cb + (safe % BS) * stride_co, ok, d, D, CODE, SCALE, RBLOCK,
+                     CODED, RAW_AT, SCALES_AT)  # [1, BLOCK_D]
+    tl.store(o_ptr + r * stride_o + d[None, :], v, mask=(d < D)[None, :])
 
 
 def _constexprs(fmt) -> dict:
@@ -234,7 +196,14 @@ def _constexprs(fmt) -> dict:
             "RAW_AT": fmt.raw_at, "SCALES_AT": fmt.scales_at}
 
 
-def _check(fmt, cache: torch.Tensor, what: str) -> None:
+def decode_constexprs(fmt) -> dict:
+    """The constexprs of :func:`kv_record_decode_kernel` for records of ``fmt``."""
+    args = {k: v for k, v in record_args(fmt).items() if k != "RECORD"}
+    return {**args, "BLOCK_D": next_pow2(fmt.dims)}
+
+
+def check_record_cache(cache: torch.Tensor, fmt, what: str) -> None:
+    """A cache of ``fmt`` records: uint8 ``[NB, BS, nbytes]``, each record contiguous (even blocks and widths)."""
     if fmt.block % 2 or fmt.coded % 2:
         raise ValueError(f"{what} {fmt.name}: the kernels take an even block and coded width, got {fmt.block}, {fmt.coded}")
     if cache.dtype != torch.uint8 or cache.dim() != 3 or cache.shape[2] != fmt.nbytes or cache.stride(2) != 1:
@@ -246,7 +215,7 @@ def kv_write_record(values: torch.Tensor, cache: torch.Tensor, slot_mapping: tor
                     target: str | None = None) -> None:
     """``kv.write`` with ``KVWriteParams.record = fmt``: values ``[T, dims]`` (any float dtype) as records into
     ``cache uint8 [NB, BS, nbytes]`` at ``slot_mapping [T]`` (-1 skips)."""
-    _check(fmt, cache, "kv.write")
+    check_record_cache(cache, fmt, "kv.write")
     t = values.shape[0]
     if not t:
         return
@@ -264,12 +233,12 @@ def kv_write_record(values: torch.Tensor, cache: torch.Tensor, slot_mapping: tor
 def decode_rows(cache: torch.Tensor, flat: torch.Tensor, fmt, *, target: str | None = None) -> torch.Tensor:
     """fp32 ``[N, dims]``: the records at flat slots ``flat [N]`` (block * BS + offset; -1 → zeros) of
     ``cache uint8 [NB, BS, nbytes]``, decoded."""
-    _check(fmt, cache, "kv records")
+    check_record_cache(cache, fmt, "kv records")
     n = flat.numel()
     out = torch.empty(n, fmt.dims, dtype=torch.float32, device=cache.device)
     if n:
         cfg = config("kv_write", target)
-        kv_record_decode_kernel[(n,)](cache, flat.reshape(-1).to(torch.int64).contiguous(), out, cache.shape[1],
-                                      cache.stride(0), cache.stride(1), out.stride(0), **_constexprs(fmt),
-                                      num_warps=cfg["num_warps"])
+        kv_record_decode_kernel[(n,)](cache, flat.reshape(-1).to(torch.int64).contiguous(), out, fmt.dims,
+                                      cache.shape[1], cache.stride(0), cache.stride(1), out.stride(0),
+                                      **decode_constexprs(fmt), num_warps=cfg["num_warps"])
     return out

@@ -110,13 +110,12 @@ def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:
 
     def cx(fmt, write: bool):
         def make(cfg):
-            from inferhal.kernels.kv_records import _constexprs
+            from inferhal.kernels.kv_records import _constexprs, decode_constexprs
 
-            extra = {}
-            if write:
-                used = fmt.scales_at + fmt.num_scales * (4 if fmt.scale == "fp32" else 1)
-                extra = {"PAD_AT": used, "PAD": fmt.nbytes - used, "INTERP": False}
-            return {**_constexprs(fmt), **extra}
+            if not write:
+                return decode_constexprs(fmt)
+            used = fmt.scales_at + fmt.num_scales * (4 if fmt.scale == "fp32" else 1)
+            return {**_constexprs(fmt), "PAD_AT": used, "PAD": fmt.nbytes - used, "INTERP": False}
         return make
 
     out = []

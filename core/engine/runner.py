@@ -171,6 +171,7 @@ class ModelRunner:
         span = [len(d) + 1 for d in drafts] if drafts else [1] * len(rows)
         bitmask = allocate_bitmask(sum(span), logits.shape[-1])
         at_rows, k = [], 0
+        owner = [i for i, n in enumerate(span) for _ in range(n)]  # the request of each bitmask row
         for i, (row, g) in enumerate(zip(rows, grammars)):
             advanced = 0
             if g.terminated:  # finished by its stop token in the step before (asynchronous scheduling ran this
@@ -194,7 +195,7 @@ class ModelRunner:
                     word = (int(bitmask[r, e // 32]) & 0xFFFFFFFF) | (1 << (e % 32))
                     bitmask[r, e // 32] = word - (1 << 32) if word >= 1 << 31 else word
                 if res is not None:
-                    res.grammar_dead_ends.append(ids[next(i for i in range(len(span)) if r < sum(span[: i + 1]))])
+                    res.grammar_dead_ends.append(ids[owner[r]])
         self.ops["sample.mask"](logits.view(-1, logits.shape[-1]), bitmask,
                                 torch.tensor(at_rows, dtype=torch.long, device=logits.device))
         if res is not None:
