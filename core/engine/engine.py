@@ -212,6 +212,8 @@ class Engine:
                 continue  # finished before this step was folded in (asynchronous scheduling)
             (self._logprobs[rid].extend if isinstance(lp, list) else self._logprobs[rid].append)(lp)
         stopped = self._check_stop_strings(changed, before)
+        if res.grammar_dead_ends:
+            self._end_dead_grammars(set(res.grammar_dead_ends), changed)
         for r in changed:  # a stop among accepted drafts drops the tokens after it, and their logprobs
             lps = self._logprobs[r.request_id]
             del lps[r.num_output_tokens:]
@@ -277,6 +279,24 @@ class Engine:
             wants.append(DraftWant(r.request_id, r.all_token_ids, left - 1, self.kv_manager.block_ids(r.request_id)))
         for rid, drafts in prop.propose(wants, self.kv_storage).items():
             reqs[rid].spec_token_ids = list(drafts)
+
+    def _end_dead_grammars(self, dead: set[str], changed: Sequence[Request]) -> None:
+        """Finish the requests whose grammar allowed no token this step with the reason ``grammar_dead_end``
+        (the end-of-sequence token they were let through ends them as ``stop`` otherwise, or not at all with
+        ``ignore_eos``): the output is as far as the constraint could go, which a user must be told."""
+        live = []
+        for r in changed:
+            if r.request_id not in dead:
+                continue
+            if not r.is_finished:
+                live.append(r.request_id)
+            elif r.finish_reason == "stop":
+                r.finish_reason = "grammar_dead_end"
+        if live:
+            self.scheduler.finish(live, "grammar_dead_end")
+            if self.proposer is not None:
+                for rid in live:
+                    self.proposer.free(rid)
 
     def _check_stop_strings(self, changed: Sequence[Request], before: dict[str, int]) -> int:
         """Finish the requests whose text now holds a stop string, cutting this step's tokens (accepted

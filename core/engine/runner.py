@@ -19,7 +19,8 @@ sampling (and one row per draft position before verification, the matcher advanc
 rolled back), applied by the backend's ``sample.mask`` op; its matcher then accepts the tokens that stand.
 Such a step always computes logits (no ``forward_greedy``). A grammar that allows no token at all (a dead
 end) lets the end-of-sequence token through, so the request stops instead of sampling from nothing; the
-runner records it in :attr:`StepResult.grammar_dead_ends`.
+runner records it in :attr:`StepResult.grammar_dead_ends` (for a draft position, only where verification
+reached it), and the engine finishes the request with the reason ``grammar_dead_end``.
 
 Asynchronous scheduling: a decode step scheduled while the previous step ran feeds
 :data:`~inferhal.core.scheduler.scheduler.PENDING` for the token that step samples; the runner, which
@@ -161,17 +162,18 @@ class ModelRunner:
         )
 
     def _mask(self, logits: torch.Tensor, rows: Sequence[int], grammars: Sequence[Any],
-              drafts: Sequence[Sequence[int]] = (), res: StepResult | None = None, ids: Sequence[str] = ()) -> None:
+              drafts: Sequence[Sequence[int]] = (), res: StepResult | None = None) -> list[tuple[int, int]]:
         """Apply each grammar's bitmask to its logits row(s) (``sample.mask``). With ``drafts``, row ``rows[i]``
         starts ``len(drafts[i]) + 1`` consecutive rows: the matcher is advanced through the drafts to fill each
-        position's row, then rolled back (the verified tokens are accepted afterwards)."""
+        position's row, then rolled back (the verified tokens are accepted afterwards). → the dead ends
+        ``(i, position)``: rows where the grammar allowed no token (the end-of-sequence token let through)."""
         from inferhal.core.structured.grammar import allocate_bitmask
 
         t0 = time.perf_counter()
         span = [len(d) + 1 for d in drafts] if drafts else [1] * len(rows)
         bitmask = allocate_bitmask(sum(span), logits.shape[-1])
         at_rows, k = [], 0
-        owner = [i for i, n in enumerate(span) for _ in range(n)]  # the request of each bitmask row
+        owner = [(i, j) for i, n in enumerate(span) for j in range(n)]  # (request, position) of each bitmask row
         for i, (row, g) in enumerate(zip(rows, grammars)):
             advanced = 0
             if g.terminated:  # finished by its stop token in the step before (asynchronous scheduling ran this
@@ -180,7 +182,8 @@ class ModelRunner:
                 continue
             for j in range(span[i]):
                 at_rows.append(row + j)
-                if j == 0 or advanced == j:  # positions after a draft the grammar refuses are never reached
+                # positions after a draft the grammar refuses, or after its stop token, are never reached
+                if advanced == j and not g.terminated:
                     g.fill(bitmask, k)
                 k += 1
                 if j < span[i] - 1 and advanced == j and g.accept(drafts[i][j]):
@@ -188,24 +191,24 @@ class ModelRunner:
             g.rollback(advanced)
         bitmask = bitmask.to(logits.device)
         dead = ~bitmask.ne(0).any(dim=1)
+        ends = []
         if bool(dead.any()):  # no token can continue: let the end-of-sequence token through
-            eos = self.eos_token_ids
             for r in torch.nonzero(dead).flatten().tolist():
-                for e in eos:
+                for e in self.eos_token_ids:
                     word = (int(bitmask[r, e // 32]) & 0xFFFFFFFF) | (1 << (e % 32))
                     bitmask[r, e // 32] = word - (1 << 32) if word >= 1 << 31 else word
-                if res is not None:
-                    res.grammar_dead_ends.append(ids[owner[r]])
+                ends.append(owner[r])
         self.ops["sample.mask"](logits.view(-1, logits.shape[-1]), bitmask,
                                 torch.tensor(at_rows, dtype=torch.long, device=logits.device))
         if res is not None:
             res.mask_s += time.perf_counter() - t0
+        return ends
 
     def _sample(self, logits: torch.Tensor, reqs: Sequence[Request], res: StepResult) -> None:
         constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
         if constrained:
-            self._mask(logits, constrained, [reqs[i].grammar for i in constrained], res=res,
-                       ids=[reqs[i].request_id for i in constrained])
+            ends = self._mask(logits, constrained, [reqs[i].grammar for i in constrained], res=res)
+            res.grammar_dead_ends.extend(reqs[constrained[i]].request_id for i, _ in ends)
         toks = self.ops["sample"](logits, self._sample_batch(reqs)).tolist()  # [B']
         for i, r in enumerate(reqs):
             res.tokens[r.request_id] = int(toks[i])
@@ -225,11 +228,14 @@ class ModelRunner:
         constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
         if constrained:  # each draft position masked by the grammar state the drafts before it lead to
             s1 = logits.shape[1]
-            self._mask(logits, [i * s1 for i in constrained], [reqs[i].grammar for i in constrained],
-                       [list(seqs[i].spec_token_ids) for i in constrained], res, [reqs[i].request_id for i in constrained])
+            ends = self._mask(logits, [i * s1 for i in constrained], [reqs[i].grammar for i in constrained],
+                              [list(seqs[i].spec_token_ids) for i in constrained], res)
         drafts = torch.tensor([list(s.spec_token_ids) for s in seqs], dtype=torch.long, device=self.device)  # [B, S]
         toks, n = self.ops["spec.verify"](drafts, None, logits, self._sample_batch(reqs))  # [B, S+1], [B]
         emitted = [t[:k] for t, k in zip(toks.tolist(), n.tolist())]
+        if constrained:  # a dead end among the drafts counts only where verification reached it
+            res.grammar_dead_ends.extend(reqs[constrained[i]].request_id for i, j in ends
+                                         if len(emitted[constrained[i]]) > j)
         for r, e in zip(reqs, emitted):
             res.tokens[r.request_id] = [int(t) for t in e]
             if r.grammar is not None and not r.grammar.terminated:

@@ -20,7 +20,8 @@ class Status(enum.Enum):
 class Request:
     """``all_token_ids`` = prompt + output. ``num_computed_tokens`` have KV in the cache (or are being
     replayed). ``finish_reason`` is ``stop`` (EOS, a stop token or a stop string), ``length``
-    (``max_tokens`` or ``max_model_len``) or ``abort``."""
+    (``max_tokens`` or ``max_model_len``), ``grammar_dead_end`` (a structured-output grammar allowed no token) or
+    ``abort``."""
 
     request_id: str
     prompt_token_ids: list[int]

@@ -3,6 +3,8 @@ steps without logprobs take their tokens from ``forward_greedy`` (``lm_head.argm
 
 from __future__ import annotations
 
+import pytest
+
 from inferhal import LLM, SamplingParams
 from inferhal.core.engine.llm import compose_config
 
@@ -34,3 +36,56 @@ def test_greedy_steps_skip_the_logits_and_give_the_same_tokens():
     logged = llm.generate(PROMPTS, SamplingParams(max_tokens=6, temperature=0.0, logprobs=1, ignore_eos=True))
     assert len(calls) == n  # logprobs need the logits
     assert [o.outputs[0].token_ids for o in greedy] == [o.outputs[0].token_ids for o in logged]
+
+
+class DeadAfter:
+    """A fake grammar: any token for ``n`` tokens, then none (a dead end); records what it was asked."""
+
+    terminated = False
+
+    def __init__(self, n: int) -> None:
+        self.n, self.accepted = n, []
+
+    def fill(self, bitmask, row: int) -> None:
+        if len(self.accepted) >= self.n:
+            bitmask[row] = 0
+
+    def accept(self, token: int) -> bool:
+        if len(self.accepted) >= self.n:
+            return False
+        self.accepted.append(token)
+        return True
+
+    def rollback(self, k: int) -> None:
+        del self.accepted[len(self.accepted) - k:]
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "ngram"])
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_a_grammar_dead_end_ends_the_request_with_its_own_reason(mode, ignore_eos):
+    """The dead end lets only the end-of-sequence token through and the request finishes at once with
+    ``grammar_dead_end`` (also with ``ignore_eos``, which would otherwise run to ``max_tokens``); its batch
+    neighbour runs on untouched."""
+    over = {"sync": [], "async": ["scheduler.async_scheduling=true"], "ngram": ["spec=ngram"]}[mode]
+    llm = LLM.from_config(compose_config("deepseek_v4_tiny", "reference", overrides=["cache.num_blocks=64", *over]))
+    eng, eos = llm.engine, 191
+    eng.runner.eos_token_ids = (eos,)
+    sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=ignore_eos)
+    alone = llm.generate([PROMPTS[1]], sp)[0].outputs[0].token_ids
+    req = eng.make_request([5, 6, 5, 6, 5, 6, 5, 6], sp)  # a repeating prompt: n-gram drafts to verify
+    req.eos_token_ids, req.grammar = (eos,), DeadAfter(2)
+    rid = eng.add(req)
+    other = eng.add_request(PROMPTS[1], sp)
+    outs = {}
+    while eng.has_unfinished() or eng.executor.in_flight:
+        for o in eng.step():
+            if o.finished:
+                outs[o.request_id] = o
+    got = outs[rid].outputs[0]
+    assert got.finish_reason == "grammar_dead_end"
+    assert got.token_ids[:2] == req.grammar.accepted and got.token_ids[2:] == [eos]
+    if mode == "ngram":  # the dead end sat at a draft position that verification reached
+        assert outs[rid].num_draft_tokens >= 1
+    other = outs[other].outputs[0]
+    assert other.token_ids == alone and other.finish_reason == "length"
+    assert eng.kv_manager.reqs == {}
