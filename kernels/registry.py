@@ -97,6 +97,7 @@ def _specs() -> list[KernelSpec]:
             out.append(KernelSpec(f"moe_{'down' if down else 'gate_up_swiglu'}_{label}", "moe.experts",
                                   f"inferhal.kernels.moe_experts:{kern}", tun, ptrs, ("limit",), cx, mma=True))
     out.extend(_later_specs())
+    out.extend(_gemm_specs())
     out.extend(_kv_record_specs({k.name: k for k in out}))
     out.append(KernelSpec("sample_mask", "sample.mask", "inferhal.kernels.sample_mask:sample_mask_kernel", "sample_mask",
                           {"l_ptr": "*fp32", "m_ptr": "*i32", "row_ptr": "*i64"}, (),
@@ -147,6 +148,53 @@ def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:
                               {**base.ptrs, "k_ptr": "*u8"}, base.floats, reading(index, "indexer_scores"),
                               mma=True))
     return out
+
+
+def _gemm_specs() -> list[KernelSpec]:
+    """Dense GEMMs (kernels/linear.py) at V4-Flash shapes: bf16, FP8 128x128 blocks (dequantised in registers,
+    and FP8 x FP8 with quantised activations), FP4 e2m1 with ue8m0 groups (dot_scaled), GGUF integer blocks;
+    lm_head into fp32 logits and the fused argmax over V4's 129,280-token vocabulary."""
+    from inferhal.kernels.linear import ARGMAX, INT_BLOCK, LINEAR, LOGITS
+    from inferhal.kernels.moe_experts import FP4_SCALED, FP8_BLOCK, PLAIN
+
+    def cx(fmt: int, mode: int, bias: bool = False, offset: bool = False):
+        def make(cfg):
+            return {"W_FMT": fmt, "MODE": mode, "HAS_BIAS": bias, "HAS_OFFSET": offset, "DTYPE": _tl().bfloat16,
+                    "PREC": "tf32", "LHS_FMT": "bf16", "INTERP": False, "SCALE_ROW": fmt == FP8_BLOCK, **_blocks(cfg)}
+        return make
+
+    def ptrs(wtype: str, stype: str, out: str):
+        return {"x_ptr": "*bf16", "w_ptr": wtype, "ws_ptr": stype, "wo_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": out,
+                "pv_ptr": "*fp32", "pi_ptr": "*i32"}
+
+    fn = "inferhal.kernels.linear:linear_kernel"
+    return [
+        KernelSpec("linear_bf16", "linear", fn, "gemm", ptrs("*bf16", "*fp32", "*bf16"), (), cx(PLAIN, LINEAR, True),
+                   mma=True),
+        KernelSpec("linear_fp8_block", "linear", fn, "gemm", ptrs("*fp8e4nv", "*fp32", "*bf16"), (),
+                   cx(FP8_BLOCK, LINEAR), mma=True),
+        KernelSpec("linear_fp4_dot_scaled", "linear", fn, "gemm_fp4", ptrs("*u8", "*u8", "*bf16"), (),
+                   cx(FP4_SCALED, LINEAR), mma=True),
+        KernelSpec("linear_int_block", "linear", fn, "gemm_int", ptrs("*i8", "*fp32", "*bf16"), (),
+                   cx(INT_BLOCK, LINEAR, offset=True), mma=True),
+        KernelSpec("linear_fp8_w8a8", "linear", "inferhal.kernels.linear:linear_w8a8_kernel", "gemm_fp8",
+                   {"xq_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "y_ptr": "*bf16"},
+                   (), lambda cfg: {"DTYPE": _tl().bfloat16, "INTERP": False, **_blocks(cfg)}, mma=True),
+        KernelSpec("act_quant_fp8", "linear", "inferhal.kernels.linear:act_quant_kernel", "gemm_fp8",
+                   {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}, (),
+                   lambda cfg: {"BLOCK": cfg["BLOCK_K"], "INTERP": False}),
+        KernelSpec("lm_head_bf16", "lm_head", fn, "gemm", ptrs("*bf16", "*fp32", "*fp32"), (), cx(PLAIN, LOGITS),
+                   mma=True),
+        KernelSpec("lm_head_fp8_block", "lm_head", fn, "gemm", ptrs("*fp8e4nv", "*fp32", "*fp32"), (),
+                   cx(FP8_BLOCK, LOGITS), mma=True),
+        KernelSpec("lm_head_argmax_bf16", "lm_head.argmax", fn, "gemm", ptrs("*bf16", "*fp32", "*fp32"), (),
+                   cx(PLAIN, ARGMAX), mma=True),
+        KernelSpec("lm_head_argmax_fp8_block", "lm_head.argmax", fn, "gemm", ptrs("*fp8e4nv", "*fp32", "*fp32"), (),
+                   cx(FP8_BLOCK, ARGMAX), mma=True),
+        # the partials' reduction: 129,280 / 128 = 1010 tiles per row
+        KernelSpec("lm_head_argmax_reduce", "lm_head.argmax", "inferhal.kernels.linear:argmax_reduce_kernel", "gemm",
+                   {"pv_ptr": "*fp32", "pi_ptr": "*i32", "out_ptr": "*i64"}, (), lambda cfg: {"BLOCK_T": 1024}),
+    ]
 
 
 def _later_specs() -> list[KernelSpec]:

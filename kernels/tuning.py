@@ -27,6 +27,12 @@ _DEFAULT: dict[str, dict[str, Any]] = {
     "moe_route": {"BLOCK_T": 4, "num_warps": 4},
     "moe_gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
     "moe_gemm_fp4": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
+    # dense GEMMs (linear, lm_head, lm_head.argmax): bf16 / dequantised weights, ue8m0 FP4 (dot_scaled),
+    # FP8 x FP8 (BLOCK_K is the 128-wide scale block of the weight and of the activations)
+    "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
+    "gemm_fp4": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
+    "gemm_fp8": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3},
+    "gemm_int": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
     "mhc_pre": {"BLOCK_K": 256, "num_warps": 4},
     "mhc_post": {"BLOCK_D": 256, "num_warps": 4},
     "kv_write": {"num_warps": 4},
@@ -48,6 +54,12 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         # tcgen05 wants 128-row tiles; 64-wide K keeps a 3-stage bf16 pipeline within ~100 KB of smem
         "moe_gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
         "moe_gemm_fp4": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
+        "gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
+        # dot_scaled decomposes e2m1 to bf16 in registers: a 64-wide K tile keeps it unspilled
+        "gemm_fp4": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
+        "gemm_fp8": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
+        # GGUF blocks gather a scale (and offset) per element: 64-wide N tiles keep them unspilled in ~106 KB
+        "gemm_int": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
         "attn_paged": {"BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 8, "num_stages": 2},
         # tcgen05 M = 128 entries per tile against the 64 indexer heads
         "indexer_scores": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
@@ -58,6 +70,8 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
     "cuda_sm90": {
         "moe_gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
         "moe_gemm_fp4": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2},
+        "gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
+        "gemm_fp8": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
         "attn_paged": {"BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 4, "num_stages": 2},
     },
     "ascend950": {},  # the Ascend backend fills this (or register_target) with triton-ascend tiles
@@ -66,6 +80,10 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
     "interpreter": {
         "moe_gemm": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1},
         "moe_gemm_fp4": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
+        "gemm": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1},
+        "gemm_fp4": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
+        "gemm_fp8": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1},
+        "gemm_int": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1},
         "attn_paged": {"BLOCK_N": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 1},
         "moe_route": {"BLOCK_T": 16, "num_warps": 4},
         "sample": {"BLOCK_V": 256, "BLOCK_R": 64, "BISECT_ITERS": 40, "num_warps": 4},

@@ -27,6 +27,9 @@ KERNEL_OPS: dict[str, str] = {
     "attn.compress": "inferhal.kernels.compress:attn_compress",
     "sample": "inferhal.kernels.sample:sample",
     "sample.mask": "inferhal.kernels.sample_mask:sample_mask",
+    "linear": "inferhal.kernels.linear:linear",
+    "lm_head": "inferhal.kernels.linear:lm_head",
+    "lm_head.argmax": "inferhal.kernels.linear:lm_head_argmax",
 }
 
 #: op ID -> why its kernel is degraded on a target (shown in the op's note).
