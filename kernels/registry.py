@@ -98,6 +98,7 @@ def _specs() -> list[KernelSpec]:
                                   f"inferhal.kernels.moe_experts:{kern}", tun, ptrs, ("limit",), cx, mma=True))
     out.extend(_later_specs())
     out.extend(_gemm_specs())
+    out.extend(_dense_specs())
     out.extend(_kv_record_specs({k.name: k for k in out}))
     out.append(KernelSpec("sample_mask", "sample.mask", "inferhal.kernels.sample_mask:sample_mask_kernel", "sample_mask",
                           {"l_ptr": "*fp32", "m_ptr": "*i32", "row_ptr": "*i64"}, (),
@@ -148,6 +149,27 @@ def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:
                               {**base.ptrs, "k_ptr": "*u8"}, base.floats, reading(index, "indexer_scores"),
                               mma=True))
     return out
+
+
+def _dense_specs() -> list[KernelSpec]:
+    """embed, act.gated, mhc.head at V4-Flash / Gemma 3 widths (elementwise / row kernels: no tensor cores)."""
+    bf16 = lambda: _tl().bfloat16  # noqa: E731
+    return [
+        KernelSpec("embed", "embed", "inferhal.kernels.embed:embed_kernel", "embed",
+                   {"id_ptr": "*i64", "tab_ptr": "*bf16", "y_ptr": "*bf16"}, ("scale",),
+                   lambda cfg: {"HAS_SCALE": True, "DTYPE": bf16(), "BLOCK_D": cfg["BLOCK_D"], "INTERP": False}),
+        KernelSpec("act_gated_silu", "act.gated", "inferhal.kernels.act_gated:act_gated_kernel", "act_gated",
+                   {"g_ptr": "*bf16", "u_ptr": "*bf16", "y_ptr": "*bf16"}, (),
+                   lambda cfg: {"KIND": 0, "DTYPE": bf16(), "BLOCK_I": cfg["BLOCK_I"], "INTERP": False}),
+        KernelSpec("act_gated_gelu_tanh", "act.gated", "inferhal.kernels.act_gated:act_gated_kernel", "act_gated",
+                   {"g_ptr": "*bf16", "u_ptr": "*bf16", "y_ptr": "*bf16"}, (),
+                   lambda cfg: {"KIND": 1, "DTYPE": bf16(), "BLOCK_I": cfg["BLOCK_I"], "INTERP": False}),
+        # 4 streams x 4096
+        KernelSpec("mhc_head", "mhc.head", "inferhal.kernels.mhc_head:mhc_head_kernel", "mhc_head",
+                   {"s_ptr": "*bf16", "fn_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "x_ptr": "*bf16"},
+                   ("eps", "norm_eps"),
+                   lambda cfg: {"BLOCK_N": 4, "BLOCK_K": cfg["BLOCK_K"], "DTYPE": bf16(), "INTERP": False}),
+    ]
 
 
 def _gemm_specs() -> list[KernelSpec]:

@@ -30,6 +30,9 @@ KERNEL_OPS: dict[str, str] = {
     "linear": "inferhal.kernels.linear:linear",
     "lm_head": "inferhal.kernels.linear:lm_head",
     "lm_head.argmax": "inferhal.kernels.linear:lm_head_argmax",
+    "embed": "inferhal.kernels.embed:embed",
+    "act.gated": "inferhal.kernels.act_gated:act_gated",
+    "mhc.head": "inferhal.kernels.mhc_head:mhc_head",
 }
 
 #: op ID -> why its kernel is degraded on a target (shown in the op's note).
