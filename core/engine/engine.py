@@ -106,7 +106,8 @@ class Engine:
         self._sent: dict[str, int] = {}  # tokens already reported (streaming deltas)
         self._text: dict[str, str] = {}
         self.stats = {"steps": 0, "schedule_s": 0.0, "prepare_s": 0.0, "model_s": 0.0, "sample_s": 0.0,
-                      "mask_s": 0.0,  # structured-output bitmasks, part of sample_s
+                      "mask_s": 0.0,  # structured-output bitmasks: the part the step waited out, in sample_s
+                      "fill_s": 0.0,  # structured-output bitmasks filled on the side while the model ran
                       "update_s": 0.0, "tokens": 0, "draft_tokens": 0, "accepted_tokens": 0,
                       "drafted_at": [], "accepted_at": [],  # [i]: steps that verified / accepted draft i
                       "device_busy_s": 0.0, "device_gap_s": 0.0}  # the runner's steps, the host time between them
@@ -228,6 +229,7 @@ class Engine:
         s["model_s"] += res.model_s
         s["sample_s"] += res.sample_s
         s["mask_s"] += res.mask_s
+        s["fill_s"] += res.fill_s
         s["update_s"] += t3 - t2
         s["tokens"] += out.num_scheduled_tokens
         s["draft_tokens"], s["accepted_tokens"] = self.scheduler.num_draft_tokens, self.scheduler.num_accepted_tokens

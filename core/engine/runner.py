@@ -17,6 +17,8 @@ token of the step, in the order of ``out.seqs``.
 Structured outputs: a request with a grammar (``Request.grammar``) gets its row of the token bitmask before
 sampling (and one row per draft position before verification, the matcher advanced through the drafts and
 rolled back), applied by the backend's ``sample.mask`` op; its matcher then accepts the tokens that stand.
+The bitmask depends on the grammars' states and the drafts only, so it is filled on a side thread while the
+model's forward runs (the step waits only for what the forward did not hide: ``StepResult.mask_s``).
 Such a step always computes logits (no ``forward_greedy``). A grammar that allows no token at all (a dead
 end) lets the end-of-sequence token through, so the request stops instead of sampling from nothing; the
 runner records it in :attr:`StepResult.grammar_dead_ends` (for a draft position, only where verification
@@ -30,6 +32,7 @@ executes steps in order, fills in the token it sampled for that request in its p
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -53,7 +56,8 @@ class StepResult:
     sample_s: float = 0.0
     hidden: Any = None  # [T, ...] the model's final hidden states of the step's tokens (keep_hidden only)
     grammar_dead_ends: list[str] = field(default_factory=list)  # requests whose grammar allowed no token
-    mask_s: float = 0.0  # filling and applying structured-output bitmasks
+    mask_s: float = 0.0  # structured outputs: the bitmask's cost the step waited out (fill not hidden + apply)
+    fill_s: float = 0.0  # structured outputs: filling the bitmask, on a side thread while the model ran
 
 
 class ModelRunner:
@@ -70,6 +74,7 @@ class ModelRunner:
         self.keep_hidden = False  # set by the engine when its drafter reads hidden states
         self._last: dict[str, int] = {}  # each request's last token sampled by the previous step (PENDING)
         self.eos_token_ids: tuple[int, ...] = ()  # what a grammar dead end lets through (set by the engine)
+        self._fill_pool: ThreadPoolExecutor | None = None  # fills structured-output bitmasks during the forward
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         """``[rows, V]`` fp32 for the model's logits, one buffer grown to the most rows seen and reused every
@@ -122,6 +127,19 @@ class ModelRunner:
             logits_indices=torch.tensor(rows, dtype=torch.long, device=self.device),  # [B']
             logits_out=None if greedy else self._logits_buffer(len(rows)),
         )
+        # structured outputs: the bitmask depends only on each grammar's state and the drafts, not on this step's
+        # logits, so it is filled on a side thread while the model runs and applied before sampling
+        jobs, at = [], len(plain_rows)
+        for i, r in enumerate(plain_reqs):
+            if r.grammar is not None:
+                jobs.append((i, r.grammar, (), r.request_id))
+        for n_draft, group in spec.items():
+            for k, (_, s) in enumerate(group):
+                g = requests[s.request_id].grammar
+                if g is not None:
+                    jobs.append((at + k * (n_draft + 1), g, list(s.spec_token_ids), s.request_id))
+            at += len(group) * (n_draft + 1)
+        filling = self._filler().submit(self._fill, jobs) if jobs else None
         t1 = time.perf_counter()
         if greedy:
             if self.keep_hidden:
@@ -139,6 +157,14 @@ class ModelRunner:
             logits = self.model.forward(batch, self.kv)  # [B', V] fp32
         t2 = time.perf_counter()
         res.prepare_s, res.model_s = t1 - t0, t2 - t1
+        dead: dict[str, int] = {}  # request -> the first position (0 = its plain row) where its grammar allowed nothing
+        if filling is not None:
+            bitmask, at_rows, ends, res.fill_s = filling.result()
+            self.ops["sample.mask"](logits, bitmask.to(logits.device),
+                                    torch.tensor(at_rows, dtype=torch.long, device=logits.device))
+            res.mask_s = time.perf_counter() - t2  # the wait for the fill (if the model was quicker) + applying
+            for rid, j in ends:
+                dead[rid] = min(j, dead.get(rid, j))
         if plain_reqs:
             self._sample(logits[: len(plain_rows)], plain_reqs, res)
         at = len(plain_rows)
@@ -147,8 +173,17 @@ class ModelRunner:
             self._verify(logits[at : at + span].view(len(group), n_draft + 1, -1),
                          [s for _, s in group], requests, res)
             at += span
+        for rid, j in dead.items():  # a dead end counts where the emitted tokens reached it (drafts: maybe not)
+            got = res.tokens.get(rid)
+            if (len(got) if isinstance(got, list) else 1) > j:
+                res.grammar_dead_ends.append(rid)
         res.sample_s = time.perf_counter() - t2
         return res
+
+    def _filler(self) -> ThreadPoolExecutor:
+        if self._fill_pool is None:
+            self._fill_pool = ThreadPoolExecutor(1, thread_name_prefix="inferhal-bitmask")
+        return self._fill_pool
 
     @staticmethod
     def _sample_batch(reqs: Sequence[Request]) -> SampleBatch:
@@ -161,54 +196,45 @@ class ModelRunner:
             min_p=tuple(float(p.min_p) for p in ps) if any(p.min_p for p in ps) else (),
         )
 
-    def _mask(self, logits: torch.Tensor, rows: Sequence[int], grammars: Sequence[Any],
-              drafts: Sequence[Sequence[int]] = (), res: StepResult | None = None) -> list[tuple[int, int]]:
-        """Apply each grammar's bitmask to its logits row(s) (``sample.mask``). With ``drafts``, row ``rows[i]``
-        starts ``len(drafts[i]) + 1`` consecutive rows: the matcher is advanced through the drafts to fill each
-        position's row, then rolled back (the verified tokens are accepted afterwards). → the dead ends
-        ``(i, position)``: rows where the grammar allowed no token (the end-of-sequence token let through)."""
+    def _fill(self, jobs: Sequence[tuple[int, Any, Sequence[int], str]]) -> tuple[torch.Tensor, list[int], list, float]:
+        """The structured-output bitmask of a step: per job ``(first logits row, grammar, drafts, request id)``, the rows of
+        the last known token and of each draft position, the matcher advanced through the drafts to fill each
+        position's row, then rolled back (the verified tokens are accepted after sampling). → ``(bitmask,
+        logits row of each bitmask row, dead ends (request id, position), seconds)``. A dead end (no token
+        allowed) lets the end-of-sequence token through, so the request stops instead of sampling from
+        nothing."""
         from inferhal.core.structured.grammar import allocate_bitmask
 
         t0 = time.perf_counter()
-        span = [len(d) + 1 for d in drafts] if drafts else [1] * len(rows)
-        bitmask = allocate_bitmask(sum(span), logits.shape[-1])
-        at_rows, k = [], 0
-        owner = [(i, j) for i, n in enumerate(span) for j in range(n)]  # (request, position) of each bitmask row
-        for i, (row, g) in enumerate(zip(rows, grammars)):
-            advanced = 0
+        span = [len(d) + 1 for _, _, d, _ in jobs]
+        bitmask = allocate_bitmask(sum(span), self.model.vocab_size)
+        at_rows, owner, k = [], [], 0
+        for (row, g, drafts, rid), n in zip(jobs, span):
+            at_rows.extend(range(row, row + n))
+            owner.extend((rid, j) for j in range(n))
             if g.terminated:  # finished by its stop token in the step before (asynchronous scheduling ran this
-                at_rows.extend(range(row, row + span[i]))  # one ahead): its token is dropped, any row will do
-                k += span[i]
+                k += n  # one ahead): its token is dropped, any row will do
                 continue
-            for j in range(span[i]):
-                at_rows.append(row + j)
+            advanced = 0
+            for j in range(n):
                 # positions after a draft the grammar refuses, or after its stop token, are never reached
                 if advanced == j and not g.terminated:
                     g.fill(bitmask, k)
                 k += 1
-                if j < span[i] - 1 and advanced == j and g.accept(drafts[i][j]):
+                if j < n - 1 and advanced == j and g.accept(drafts[j]):
                     advanced += 1
             g.rollback(advanced)
-        bitmask = bitmask.to(logits.device)
         dead = ~bitmask.ne(0).any(dim=1)
         ends = []
-        if bool(dead.any()):  # no token can continue: let the end-of-sequence token through
+        if bool(dead.any()):
             for r in torch.nonzero(dead).flatten().tolist():
                 for e in self.eos_token_ids:
                     word = (int(bitmask[r, e // 32]) & 0xFFFFFFFF) | (1 << (e % 32))
                     bitmask[r, e // 32] = word - (1 << 32) if word >= 1 << 31 else word
                 ends.append(owner[r])
-        self.ops["sample.mask"](logits.view(-1, logits.shape[-1]), bitmask,
-                                torch.tensor(at_rows, dtype=torch.long, device=logits.device))
-        if res is not None:
-            res.mask_s += time.perf_counter() - t0
-        return ends
+        return bitmask, at_rows, ends, time.perf_counter() - t0
 
     def _sample(self, logits: torch.Tensor, reqs: Sequence[Request], res: StepResult) -> None:
-        constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
-        if constrained:
-            ends = self._mask(logits, constrained, [reqs[i].grammar for i in constrained], res=res)
-            res.grammar_dead_ends.extend(reqs[constrained[i]].request_id for i, _ in ends)
         toks = self.ops["sample"](logits, self._sample_batch(reqs)).tolist()  # [B']
         for i, r in enumerate(reqs):
             res.tokens[r.request_id] = int(toks[i])
@@ -225,17 +251,9 @@ class ModelRunner:
         """logits [B, S+1, V]: each row's drafts checked by the backend's ``spec.verify``; → the accepted
         drafts plus one token per request (a list in ``res.tokens``)."""
         reqs = [requests[s.request_id] for s in seqs]
-        constrained = [i for i, r in enumerate(reqs) if r.grammar is not None]
-        if constrained:  # each draft position masked by the grammar state the drafts before it lead to
-            s1 = logits.shape[1]
-            ends = self._mask(logits, [i * s1 for i in constrained], [reqs[i].grammar for i in constrained],
-                              [list(seqs[i].spec_token_ids) for i in constrained], res)
         drafts = torch.tensor([list(s.spec_token_ids) for s in seqs], dtype=torch.long, device=self.device)  # [B, S]
         toks, n = self.ops["spec.verify"](drafts, None, logits, self._sample_batch(reqs))  # [B, S+1], [B]
         emitted = [t[:k] for t, k in zip(toks.tolist(), n.tolist())]
-        if constrained:  # a dead end among the drafts counts only where verification reached it
-            res.grammar_dead_ends.extend(reqs[constrained[i]].request_id for i, j in ends
-                                         if len(emitted[constrained[i]]) > j)
         for r, e in zip(reqs, emitted):
             res.tokens[r.request_id] = [int(t) for t in e]
             if r.grammar is not None and not r.grammar.terminated:

@@ -89,3 +89,41 @@ def test_a_grammar_dead_end_ends_the_request_with_its_own_reason(mode, ignore_eo
     other = outs[other].outputs[0]
     assert other.token_ids == alone and other.finish_reason == "length"
     assert eng.kv_manager.reqs == {}
+
+
+def test_the_bitmask_is_filled_beside_the_forward_not_after_it():
+    """The fill (xgrammar's, here a fake's) starts on its own thread before the forward returns; the step's
+    tokens are those of the masked logits all the same."""
+    import threading
+    import time
+
+    llm = LLM.from_config(compose_config("deepseek_v4_tiny", "reference", overrides=["cache.num_blocks=64"]))
+    eng, model, log = llm.engine, llm.engine.loaded.model, []
+    real = model.forward
+
+    def forward(*a):
+        log.append(("forward", threading.get_ident(), time.perf_counter()))
+        time.sleep(0.05)
+        out = real(*a)
+        log.append(("forward done", threading.get_ident(), time.perf_counter()))
+        return out
+
+    class Only(DeadAfter):  # allows token 7 only
+        def fill(self, bitmask, row):
+            log.append(("fill", threading.get_ident(), time.perf_counter()))
+            bitmask[row] = 0
+            bitmask[row, 0] = 1 << 7
+
+    model.forward = forward
+    req = eng.make_request([5, 6, 7], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    req.grammar = Only(99)
+    eng.add(req)
+    outs = [o for _ in range(3) for o in eng.step()]
+    assert outs[-1].outputs[0].token_ids == [7, 7, 7]
+    fills = [e for e in log if e[0] == "fill"]
+    assert len(fills) == 3 and all(f[1] != threading.get_ident() for f in fills)
+    for f in fills:  # each fill began before its step's forward was done
+        done = min(e[2] for e in log if e[0] == "forward done" and e[2] > f[2])
+        start = max(e[2] for e in log if e[0] == "forward" and e[2] <= done)
+        assert f[2] < done and f[2] - start < 0.05
+    assert eng.stats["fill_s"] > 0
