@@ -1,8 +1,12 @@
 """The torch_npu operators the ascend950 backend calls, their documented signatures, and a call recorder.
 
-:data:`SCHEMAS` holds the signature of every operator the backend may call, as torch_npu 2.13.0 declares
-it (``torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml`` in the ``torch-npu==2.13.0`` wheel;
-argument meanings from ``torch_npu/_op_plugin_docs.py`` in the same wheel). Unused trailing optional
+:data:`SCHEMAS` holds the signature of every operator the backend may call, and :data:`CITATIONS` where
+each one comes from: torch_npu's own operators as torch_npu 2.13.0 declares them
+(``torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml`` in the ``torch-npu==2.13.0`` wheel; argument
+meanings from ``torch_npu/_op_plugin_docs.py``); DeepSeek-V4's sparse attention, mHC and hash routing as
+vllm-ascend's custom-op library defines them (``csrc/torch_binding.cpp`` and each operator's README, at the
+commit named in the citation); aten operators as PyTorch's ``native_functions.yaml`` does.
+:data:`NAMESPACES` says where each is found at run time (see ``operators.py``). Unused trailing optional
 arguments of very long schemas are kept, so a misspelt keyword is caught.
 
 :class:`RecordingNpu` wraps a ``torch_npu``-like object (the real module on an NPU host, a fake in the
@@ -118,6 +122,104 @@ SCHEMAS: dict[str, str] = {
         "int shared_expert_rank_num=0, int global_bs=0, int out_dtype=0, int comm_quant_mode=0, "
         "int group_list_type=0) -> Tensor"
     ),
+    # ---- DeepSeek-V4 operators of vllm-ascend's custom-op library (torch.ops._C_ascend, CITATIONS below)
+    "npu_lightning_indexer": (
+        "npu_lightning_indexer(Tensor query, Tensor key, Tensor weights, *, Tensor? actual_seq_lengths_query=None, "
+        "Tensor? actual_seq_lengths_key=None, Tensor? block_table=None, str layout_query=\"BSND\", "
+        "str layout_key=\"BSND\", int sparse_count=2048, int sparse_mode=3, int pre_tokens=9223372036854775807, "
+        "int next_tokens=9223372036854775807, bool return_value=False) -> (Tensor sparse_indices, Tensor sparse_values)"
+    ),
+    "npu_sparse_attn_sharedkv": (
+        "npu_sparse_attn_sharedkv(Tensor q, *, Tensor? ori_kv=None, Tensor? cmp_kv=None, "
+        "Tensor? ori_sparse_indices=None, Tensor? cmp_sparse_indices=None, Tensor? ori_block_table=None, "
+        "Tensor? cmp_block_table=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, "
+        "Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, Tensor? seqused_kv=None, Tensor? sinks=None, "
+        "Tensor? metadata=None, float softmax_scale=0, int cmp_ratio=0, int ori_mask_mode=4, int cmp_mask_mode=3, "
+        "int ori_win_left=128, int ori_win_right=0, str layout_q=\"BSND\", str layout_kv=\"PA_ND\", "
+        "bool return_softmax_lse=False) -> (Tensor out, Tensor softmax_lse)"
+    ),
+    "npu_sparse_attn_sharedkv_metadata": (
+        "npu_sparse_attn_sharedkv_metadata(int num_heads_q, int num_heads_kv, int head_dim, "
+        "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, Tensor? cu_seqlens_cmp_kv=None, "
+        "Tensor? seqused_q=None, Tensor? seqused_kv=None, int batch_size=0, int max_seqlen_q=0, "
+        "int max_seqlen_kv=0, int ori_topk=0, int cmp_topk=0, int cmp_ratio=4, int ori_mask_mode=4, "
+        "int cmp_mask_mode=3, int ori_win_left=128, int ori_win_right=0, str layout_q=\"BSND\", "
+        "str layout_kv=\"PA_ND\", bool has_ori_kv=True, bool has_cmp_kv=True, str device=\"npu\") -> (Tensor metadata)"
+    ),
+    "npu_kv_quant_sparse_attn_sharedkv": (
+        "npu_kv_quant_sparse_attn_sharedkv(Tensor q, int kv_quant_mode, Tensor? ori_kv=None, Tensor? cmp_kv=None, "
+        "Tensor? ori_sparse_indices=None, Tensor? cmp_sparse_indices=None, Tensor? ori_block_table=None, "
+        "Tensor? cmp_block_table=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, "
+        "Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, Tensor? seqused_kv=None, Tensor? sinks=None, "
+        "Tensor? metadata=None, int tile_size=0, int rope_head_dim=0, float softmax_scale=0.0, int cmp_ratio=0, "
+        "int ori_mask_mode=4, int cmp_mask_mode=3, int ori_win_left=127, int ori_win_right=0, "
+        "str layout_q='BSND', str layout_kv='PA_ND', bool return_softmax_lse=False) -> (Tensor out, Tensor softmax_lse)"
+    ),
+    "npu_hc_pre_v2": (
+        "npu_hc_pre_v2(Tensor x, Tensor hc_fn, Tensor hc_scale, Tensor hc_base, int hc_mult, int hc_sinkhorn_iters, "
+        "float norm_eps, float hc_eps) -> (Tensor out0, Tensor out1, Tensor out2)"
+    ),
+    "npu_hc_post": "npu_hc_post(Tensor x, Tensor residual, Tensor post, Tensor comb) -> (Tensor out)",
+    "moe_gating_top_k_hash": (
+        "moe_gating_top_k_hash(Tensor x, int k, Tensor? bias=None, Tensor? input_ids=None, Tensor? tid2eid=None, "
+        "int k_group=1, int group_count=1, float routed_scaling_factor=1.0, float eps=1e-20, "
+        "int group_select_mode=0, int renorm=0, int norm_type=0, bool out_flag=False) "
+        "-> (Tensor y, Tensor expert_idx, Tensor out)"
+    ),
+    # ---- aten operators the backend runs on the npu device (torch_npu's op-plugin registers their NPU
+    # kernels); the key is ``aten_<name>[_<overload>]``, the schema text is PyTorch's own
+    "aten_linear": "linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor",
+    "aten_embedding": ("embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, "
+                       "bool sparse=False) -> Tensor"),
+    "aten_argmax": "argmax(Tensor self, int? dim=None, bool keepdim=False) -> Tensor",
+    "aten_sort_stable": ("sort.stable(Tensor self, *, bool? stable, int dim=-1, bool descending=False) "
+                         "-> (Tensor values, Tensor indices)"),
+    "aten_multinomial": ("multinomial(Tensor self, SymInt num_samples, bool replacement=False, *, "
+                         "Generator? generator=None) -> Tensor"),
+}
+
+_VLLM_ASCEND = "vllm-project/vllm-ascend@182b75ea84"
+_BINDING = f"{_VLLM_ASCEND} csrc/torch_binding.cpp (ops.def schema)"
+_ATEN = "PyTorch 2.13 aten/src/ATen/native/native_functions.yaml (schema); NPU kernel from torch_npu's op-plugin"
+
+#: where each operator is found at run time: ``torch_npu`` (the module), ``_C_ascend`` (vllm-ascend's
+#: custom-op library, ``torch.ops._C_ascend``, loaded by importing ``vllm_ascend.vllm_ascend_C``) or ``aten``
+#: (``torch.ops.aten`` on npu tensors). Operators absent here live in ``torch_npu``.
+NAMESPACES: dict[str, str] = {
+    **{op: "_C_ascend" for op in ("npu_sparse_attn_sharedkv", "npu_sparse_attn_sharedkv_metadata",
+                                  "npu_kv_quant_sparse_attn_sharedkv", "npu_hc_pre_v2", "npu_hc_post",
+                                  "moe_gating_top_k_hash")},
+    **{op: "aten" for op in SCHEMAS if op.startswith("aten_")},
+}
+
+#: where each operator's recorded signature (and the semantics its fake implements) comes from;
+#: operators absent here are from :data:`SOURCE`
+CITATIONS: dict[str, str] = {
+    "npu_lightning_indexer": (
+        f"{_BINDING} for the argument list (the _C_ascend twin of torch_npu's operator); keyword use as in "
+        f"{_VLLM_ASCEND} vllm_ascend/device/device_op.py indexer_select_post_process (torch_npu.npu_lightning_indexer); "
+        f"semantics and limits: csrc/attention/lightning_indexer/README.md (N2=1, D=128, 950: N1 in 8/16/24/32/64, "
+        f"weights not fp32; return_value only with layout_key != PA_BSND; sparse_count 1..2048)"),
+    "npu_sparse_attn_sharedkv": (
+        f"{_BINDING}; semantics and limits: csrc/attention/sparse_attn_sharedkv/README.md (A2/A3 only, not 950; "
+        f"N1=64, KV_N=1, K2=512, ori_win_left 127, metadata required); called through device_op.py get_dsa_sparse_attn_op"),
+    "npu_sparse_attn_sharedkv_metadata": f"{_BINDING}; csrc/attention/sparse_attn_sharedkv/README.md (metadata [1024] int32)",
+    "npu_kv_quant_sparse_attn_sharedkv": (
+        f"{_BINDING}; csrc/attention/kv_quant_sparse_attn_sharedkv/README.md (950PR/DT only; kv_quant_mode 1, "
+        f"tile_size 64, rope_head_dim 64, 640-byte records: bf16 rope | e4m3 nope 448 | e8m0 scales 7 | pad). "
+        f"Recorded, not called: core/paging/formats.py has no such record"),
+    "npu_hc_pre_v2": (
+        f"{_BINDING}; limits from its shape check in torch_binding.cpp (hc_mult 4, d 4096 or 7168, x bf16, "
+        f"hc_fn fp32 [24, 4d], hc_scale [3], hc_base [24]; outputs y bf16, post fp32, comb fp32); called as in "
+        f"vllm_ascend/models/deepseek_v4/model.py hc_pre"),
+    "npu_hc_post": (
+        f"{_BINDING}; shapes from its check in torch_binding.cpp (x [b,s,d], residual [b,s,hc,d], post [b,s,hc], "
+        f"comb [b,s,hc,hc]); called as in vllm_ascend/models/deepseek_v4/model.py hc_post (comb from npu_hc_pre_v2)"),
+    "moe_gating_top_k_hash": (
+        f"{_BINDING}; norm_type 2 = sqrt(softplus), renorm 0 only, group_count 1 with norm_type 2: "
+        f"csrc/moe/moe_gating_top_k_hash/op_host/moe_gating_top_k_hash_tiling.cpp; called as in "
+        f"vllm_ascend/ops/fused_moe/router/fused_topk_router.py (sqrtsoftplus, input_ids int64, tid2eid int32)"),
+    **{op: _ATEN for op in SCHEMAS if op.startswith("aten_")},
 }
 
 
@@ -178,6 +280,11 @@ def _split_args(s: str) -> list[str]:
 PARSED: dict[str, list[Param]] = {k: parse_schema(v)[1] for k, v in SCHEMAS.items()}
 
 
+def citation(op: str) -> str:
+    """Where ``op``'s recorded signature comes from."""
+    return CITATIONS.get(op, SOURCE)
+
+
 def bind(op: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Bind a call to its schema like Python would; raise :class:`ContractError` on any mismatch."""
     if op not in PARSED:
@@ -217,6 +324,8 @@ def _check_kind(op: str, p: Param, v: Any) -> None:
         "str": lambda x: isinstance(x, str),
         "int[]": lambda x: isinstance(x, (list, tuple)) and all(isinstance(i, int) for i in x),
         "SymInt[]": lambda x: isinstance(x, (list, tuple)) and all(isinstance(i, int) for i in x),
+        "SymInt": lambda x: isinstance(x, int) and not isinstance(x, bool),
+        "Generator": lambda x: isinstance(x, torch.Generator),
     }[p.kind]
     if not ok(v):
         raise ContractError(f"torch_npu.{op}: {p.name} must be {p.kind}, got {type(v).__name__}")

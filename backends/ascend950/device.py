@@ -171,6 +171,8 @@ def profile_for(soc_name: str, device_index: int = 0, memory_bytes: int | None =
     if gen.mxfp4:
         features |= {"mxfp4", "fp4_grouped_gemm"}
         dtypes |= {"fp4_e2m1"}
+    if not gen.name.startswith("950"):  # bf16 sparse attention over shared KV: A2/A3 (its README: not 950)
+        features.add("sparse_attn_sharedkv")
     return DeviceProfile(
         backend="ascend950",
         device_name=f"{soc_name} ({gen.name})",

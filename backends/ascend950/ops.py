@@ -36,15 +36,16 @@ moe.experts        npu_moe_init_routing_v2 → npu_grouped_matmul    init: exper
                                                                    counts (group_list_type 1), weight [E, K, N];
                                                                    clipped_swiglu alpha 1, bias 0, interleaved False;
                                                                    finalize scales [T,K], k=K
-(EP MC2)           npu_moe_distribute_dispatch / _combine          see comm.Mc2Dispatcher (an extra: the vocabulary's
-                                                                   moe.dispatch/combine have no reference yet)
 (W8A8, extra)      npu_dynamic_quant, npu_grouped_matmul_swiglu_   see :meth:`NpuOps.experts_w8a8`; int8 weights in the
                    quant                                           FRACTAL_NZ layout vllm-ascend's w8a8 checkpoints use
 =================  =============================================  ==================================================
 
-Everything else (linear, attn.sparse_topk, indexer.scores, topk.select, mhc.*, sample, spec.verify,
-embed) comes from triton-ascend builds of the shared Triton kernels where they exist
-(:data:`TRITON_OPS`), otherwise from the reference, visibly.
+DeepSeek-V4's own ops (indexer.scores, attn.sparse_topk, mhc.*, sqrtsoftplus / hash moe.route) are in
+:mod:`.v4`, MC2 moe.dispatch / moe.combine in :mod:`.ep`, the dense and sampling ops (linear, lm_head,
+embed, act.gated, topk.select, sample, spec.verify) in :mod:`.dense`. Every operator's signature and its
+source are in :mod:`.contract`. attn.compress and sample.mask fall back to the reference: vllm-ascend's
+``compressor`` operator fuses the kv/gate projections and the state write, which the vocabulary's
+attn.compress receives already done.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ from typing import Any, Callable
 import torch
 
 from inferhal.backends.ascend950 import preconditions  # noqa: F401  (registers the call checks)
+from inferhal.backends.ascend950.dense import DenseOps
+from inferhal.backends.ascend950.ep import EpOps
+from inferhal.backends.ascend950.v4 import V4Ops
 from inferhal.backends.ascend950.preconditions import HALF
 from inferhal.backends.reference import ops as ref
 from inferhal.backends.reference import attention as ref_attn
@@ -68,31 +72,64 @@ log = logging.getLogger("inferhal.ascend950")
 NPU_OPS: dict[str, tuple[str, ...]] = {
     "norm.rms": ("npu_rms_norm", "npu_add_rms_norm"),
     "rope.apply": ("npu_rotary_mul",),
+    "linear": ("aten_linear",),
+    "lm_head": ("aten_linear",),
+    "lm_head.argmax": ("aten_linear", "aten_argmax"),
     "attn.paged": ("npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2"),
+    "attn.sparse_topk": ("npu_sparse_attn_sharedkv_metadata", "npu_sparse_attn_sharedkv"),
+    "indexer.scores": ("npu_lightning_indexer",),
+    "topk.select": ("aten_sort_stable",),
     "kv.write": ("npu_scatter_pa_kv_cache", "npu_scatter_nd_update_"),
-    "moe.route": ("npu_moe_gating_top_k",),
+    "moe.route": ("npu_moe_gating_top_k", "moe_gating_top_k_hash"),
     "moe.experts": ("npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_swiglu", "npu_clipped_swiglu",
                     "npu_moe_finalize_routing"),
+    "moe.dispatch": ("npu_moe_distribute_dispatch",),
+    "moe.combine": ("npu_moe_distribute_combine",),
+    "mhc.pre": ("npu_hc_pre_v2",),
+    "mhc.head": ("npu_hc_pre_v2",),
+    "mhc.post": ("npu_hc_post",),
+    "sample": ("aten_argmax", "aten_multinomial"),
+    "spec.verify": ("aten_argmax",),
+    "act.gated": ("npu_swiglu",),
+    "embed": ("aten_embedding",),
 }
 
 #: op ID → shared Triton kernel that triton-ascend would build (none is wired: triton-ascend needs CANN
 #: to compile, and no kernel here has been compiled or run for Ascend; see kernels/tuning_ascend950.py)
 TRITON_OPS: dict[str, str] = {}
 
+#: every feature a wrapper asks about (a profile without one makes that wrapper fall back)
+ALL_FEATURES = frozenset({"sparse_attn_sharedkv"})
+
 CAUSAL_MASK_SIZE = 2048  # sparse_mode 2/3/4 take an optimised (2048, 2048) mask
 
 
-class NpuOps:
-    """The wrappers, bound to one torch_npu-like module. ``events`` lists every fallback taken."""
+class NpuOps(V4Ops, DenseOps, EpOps):
+    """The wrappers, bound to one operator namespace (:class:`~.operators.AscendOperators` on a host, a fake
+    in the tests). ``features`` are the device profile's (generation differences as data; None = all).
+    ``events`` lists every fallback taken."""
 
-    def __init__(self, npu: Any) -> None:
+    def __init__(self, npu: Any, features: Any = None, group_name: Callable[[Any], str | None] | None = None) -> None:
         self.npu = npu
+        self.features = ALL_FEATURES if features is None else frozenset(features)
+        if group_name is not None:
+            self.group_name = group_name
         self.events: list[tuple[str, str]] = []
         self._masks: dict[tuple[str, str], torch.Tensor] = {}
 
     def table(self) -> dict[str, Callable[..., Any]]:
-        return {"norm.rms": self.norm_rms, "rope.apply": self.rope_apply, "attn.paged": self.attn_paged,
-                "kv.write": self.kv_write, "moe.route": self.moe_route, "moe.experts": self.moe_experts}
+        names = {"norm.rms": "norm_rms", "rope.apply": "rope_apply", "attn.paged": "attn_paged",
+                 "kv.write": "kv_write", "moe.route": "moe_route", "moe.experts": "moe_experts",
+                 "lm_head.argmax": "lm_head_argmax"}
+        return {op: getattr(self, names.get(op, op.replace(".", "_"))) for op in NPU_OPS}
+
+    def _has(self, op: str) -> bool:
+        """Whether this host can call ``op`` (vllm-ascend's custom ops may be absent)."""
+        try:
+            getattr(self.npu, op)
+        except AttributeError:
+            return False
+        return True
 
     def _fallback(self, op_id: str, reason: str) -> None:
         self.events.append((op_id, reason))
@@ -272,12 +309,12 @@ class NpuOps:
     def moe_route(self, logits: torch.Tensor, p: RouteParams, bias: torch.Tensor | None = None,
                   hash_ids: torch.Tensor | None = None):
         # logits: [T, E] -> weights [T, K] fp32, ids [T, K] int64
+        if p.scoring == "sqrtsoftplus" or hash_ids is not None:  # V4: the hash-capable gating op (norm_type 2)
+            return self._route_hash(logits, p, bias, hash_ids)
         norm_type = {"softmax": 0, "sigmoid": 1}.get(p.scoring)
         why = ""
         if norm_type is None:
             why = f"scoring {p.scoring!r}: npu_moe_gating_top_k has softmax (0) and sigmoid (1) only"
-        elif hash_ids is not None:
-            why = "hash routing: the op wants input_ids + tid2eid, the vocabulary passes looked-up ids"
         elif not p.renormalize:
             why = "renormalize=False: npu_moe_gating_top_k always renormalises the chosen weights"
         elif logits.shape[-1] > 2048 or logits.shape[-1] <= 2:
@@ -350,11 +387,11 @@ def declared() -> dict[str, str]:
     return {op: "wired-unrun" for op in NPU_OPS}
 
 
-def provide(npu: Any) -> dict[str, Any]:
+def provide(npu: Any, features: Any = None) -> dict[str, Any]:
     """The op table for ``inferhal_provide_ops``, each op tagged ``wired-unrun`` with its operators."""
     from inferhal.core.ops.table import OpImpl
     from inferhal.core.profile import ExecLevel
 
-    ops = NpuOps(npu)
+    ops = NpuOps(npu, features)
     return {op: OpImpl(fn, ExecLevel.WIRED_UNRUN, "torch_npu." + " / ".join(NPU_OPS[op]))
             for op, fn in ops.table().items()}

@@ -6,9 +6,12 @@ from inferhal.core.hookspecs import API_VERSION, hookimpl
 
 
 def _torch_npu():
+    """The operator namespace on this host: torch_npu, vllm-ascend's custom ops when loadable, aten."""
     import importlib
 
-    return importlib.import_module("torch_npu")
+    from inferhal.backends.ascend950.operators import AscendOperators, load_custom_ops
+
+    return AscendOperators(importlib.import_module("torch_npu"), load_custom_ops())
 
 
 @hookimpl
@@ -45,14 +48,14 @@ def inferhal_device(profile):
 
 
 @hookimpl
-def inferhal_provide_ops(config):
+def inferhal_provide_ops(profile, config):
     from inferhal.backends.ascend950 import ops
     from inferhal.backends.ascend950.contract import RecordingNpu
 
     npu = _torch_npu()
     if config.options.get("record_npu_calls", False):  # validate + log every call against the contract
         npu = RecordingNpu(npu)
-    return ops.provide(npu)
+    return ops.provide(npu, profile.features)
 
 
 @hookimpl

@@ -171,6 +171,162 @@ def _check_gmm_swiglu_quant(b: dict) -> None:
     require(b["x_scale"].dim() == 1 and b["x_scale"].shape[0] == b["x"].shape[0], op, "x_scale [M] fp32")
 
 
+# ---------------------------------------------------------------- DeepSeek-V4 operators (contract.CITATIONS)
+
+
+def _check_lightning_indexer(b: dict) -> None:
+    op = "npu_lightning_indexer"
+    q, k, w = b["query"], b["key"], b["weights"]
+    for name in ("query", "key", "weights"):
+        require(b[name].is_contiguous(), op, f"{name} must be contiguous")
+    require(q.dtype in HALF and k.dtype == q.dtype, op, "query and key: one dtype, fp16/bf16")
+    require(w.dtype == q.dtype, op, "weights in the query's dtype (the 950 takes no fp32 weights)")
+    lq, lk = b.get("layout_query", "BSND"), b.get("layout_key", "BSND")
+    require(lq in ("BSND", "TND") and lk in ("BSND", "TND", "PA_BSND"), op, f"layouts {lq}/{lk}")
+    require(q.shape[-1] == 128 and k.shape[-1] == 128, op, "head dim 128")
+    require(k.shape[-2] == 1, op, "key heads N2 = 1")
+    require(q.shape[-2] in (8, 16, 24, 32, 64), op, "query heads 8/16/24/32/64 (the 950's list; A3: <= 64)")
+    if lq == "TND":
+        require(q.dim() == 3 and w.dim() == 2 and w.shape == q.shape[:2], op, "TND query [T, N1, D], weights [T, N1]")
+        require(b.get("actual_seq_lengths_query") is not None, op, "TND query needs actual_seq_lengths_query")
+    if lk in ("TND", "PA_BSND"):
+        require(b.get("actual_seq_lengths_key") is not None, op, f"{lk} key needs actual_seq_lengths_key")
+    if lk == "PA_BSND":
+        require(b.get("block_table") is not None and k.shape[1] % 16 == 0 and k.shape[1] <= 1024, op,
+                "paged key: block_table, block_size a multiple of 16 up to 1024")
+    require(not (b.get("return_value") and lk == "PA_BSND"), op, "return_value needs layout_key != PA_BSND")
+    n = b.get("sparse_count", 2048)
+    require(1 <= n <= 2048 or n in (3072, 4096, 5120, 6144, 7168, 8192), op, f"sparse_count {n}")
+    require(b.get("sparse_mode", 3) in (0, 3), op, "sparse_mode 0 | 3")
+
+
+def _check_sparse_attn(b: dict) -> None:
+    op = "npu_sparse_attn_sharedkv"
+    q = b["q"]
+    require(q.dtype in HALF and q.is_contiguous(), op, "q fp16/bf16, contiguous")
+    lq = b.get("layout_q", "BSND")
+    require(lq in ("TND", "BSND") and b.get("layout_kv", "PA_ND") == "PA_ND", op, "layout_q TND|BSND, layout_kv PA_ND")
+    require(q.shape[-2] == 64, op, "N1 = 64 query heads")
+    if lq == "TND":
+        require(q.dim() == 3 and b.get("cu_seqlens_q") is not None, op, "TND q [T, N1, D] with cu_seqlens_q")
+    require(b.get("metadata") is not None and tuple(b["metadata"].shape) == (1024,), op, "metadata [1024] is required")
+    require(b.get("ori_win_left", 128) == 127 and b.get("ori_win_right", 0) == 0, op, "ori_win_left 127, ori_win_right 0")
+    require(b.get("ori_mask_mode", 4) == 4 and b.get("cmp_mask_mode", 3) == 3, op, "mask modes 4 (band) / 3 (causal)")
+    require(not b.get("return_softmax_lse", False), op, "return_softmax_lse False")
+    s = b.get("sinks")
+    require(s is None or (s.dtype == torch.float32 and tuple(s.shape) == (q.shape[-2],)), op, "sinks fp32 [N1]")
+    for kv, table in (("ori_kv", "ori_block_table"), ("cmp_kv", "cmp_block_table")):
+        c = b.get(kv)
+        if c is None:
+            continue
+        require(c.dim() == 4 and c.shape[2] == 1 and c.shape[3] == q.shape[-1], op, f"{kv} [NB, BS, 1, D]")
+        require(c.dtype == q.dtype and c.is_contiguous(), op, f"{kv} contiguous in q's dtype")
+        require(c.shape[1] % 16 == 0 and c.shape[1] <= 1024, op, f"{kv} block size a multiple of 16 up to 1024")
+        t = b.get(table)
+        require(t is not None and t.dtype == torch.int32 and t.dim() == 2, op, f"{table} int32 [B, M]")
+    if b.get("cmp_kv") is not None:
+        require(b.get("cmp_ratio") in (4, 128), op, "cmp_ratio 4 or 128")
+    idx = b.get("cmp_sparse_indices")
+    if idx is not None:
+        require(idx.dtype == torch.int32 and idx.dim() == 3 and idx.shape[1:] == (1, 512), op,
+                "cmp_sparse_indices int32 [T, 1, 512]")
+
+
+def _check_sparse_meta(b: dict) -> None:
+    op = "npu_sparse_attn_sharedkv_metadata"
+    require(b["num_heads_q"] == 64 and b["num_heads_kv"] == 1, op, "64 query heads over 1 KV head")
+
+
+def _check_hc_pre(b: dict) -> None:
+    op = "npu_hc_pre_v2"
+    x, fn, sc, base = b["x"], b["hc_fn"], b["hc_scale"], b["hc_base"]
+    require(x.dim() in (3, 4) and x.dtype == torch.bfloat16, op, "x bf16 [T, hc, d] or [B, S, hc, d]")
+    hc, d = x.shape[-2], x.shape[-1]
+    require(b["hc_mult"] == 4 and hc == 4, op, "hc_mult 4")
+    require(d in (4096, 7168), op, f"d {d}: 4096 or 7168")
+    require(fn.dtype == sc.dtype == base.dtype == torch.float32, op, "hc_fn, hc_scale, hc_base fp32")
+    require(tuple(fn.shape) == (24, hc * d) and tuple(sc.shape) == (3,) and tuple(base.shape) == (24,), op,
+            "hc_fn [24, hc*d], hc_scale [3], hc_base [24]")
+
+
+def _check_hc_post(b: dict) -> None:
+    op = "npu_hc_post"
+    x, r, post, comb = b["x"], b["residual"], b["post"], b["comb"]
+    require(x.dim() == 3 and r.dim() == 4 and post.dim() == 3 and comb.dim() == 4, op,
+            "x [b,s,d], residual [b,s,hc,d], post [b,s,hc], comb [b,s,hc,hc]")
+    hc = r.shape[2]
+    require(r.shape[:2] == x.shape[:2] and r.shape[3] == x.shape[2] and post.shape == (*x.shape[:2], hc)
+            and comb.shape == (*x.shape[:2], hc, hc), op, "shapes agree on b, s, hc, d")
+    require(min(x.shape) > 0, op, "no empty tensor")
+    require(x.dtype in HALF + (torch.float32,) and r.dtype == x.dtype, op, "x, residual: one dtype fp16/bf16/fp32")
+    require(post.dtype in HALF + (torch.float32,) and comb.dtype == post.dtype, op, "post, comb: one dtype")
+
+
+def _check_gating_hash(b: dict) -> None:
+    op = "moe_gating_top_k_hash"
+    x, k = b["x"], b["k"]
+    require(x.dim() == 2 and 0 < k <= x.shape[-1], op, "x [T, E], 0 < k <= E")
+    nt = b.get("norm_type", 0)
+    require(nt in (0, 1, 2) and b.get("renorm", 0) == 0, op, "norm_type 0|1|2, renorm 0")
+    require(nt != 2 or b.get("group_count", 1) == 1, op, "norm_type 2 (softplus) needs group_count 1")
+    ids, table = b.get("input_ids"), b.get("tid2eid")
+    require((ids is None) == (table is None), op, "input_ids and tid2eid come together")
+    if ids is not None:
+        require(ids.dtype == torch.int64 and ids.dim() == 1 and ids.shape[0] == x.shape[0], op, "input_ids int64 [T]")
+        require(table.dtype == torch.int32 and table.dim() == 2 and table.shape[1] == k, op, "tid2eid int32 [V, k]")
+    if b.get("bias") is not None:
+        require(tuple(b["bias"].shape) == (x.shape[-1],), op, "bias [E]")
+
+
+def _check_mc2_dispatch(b: dict) -> None:
+    op = "npu_moe_distribute_dispatch"
+    x, ids = b["x"], b["expert_ids"]
+    require(x.dim() == 2 and x.dtype in HALF, op, "x [BS, H] fp16/bf16")
+    require(x.shape[1] % 32 == 0 and x.shape[1] <= 7168, op, "H a multiple of 32 up to 7168")
+    require(0 < x.shape[0] <= 512, op, "0 < BS <= 512 (A3; A2: 256)")
+    require(ids.dtype == torch.int32 and ids.dim() == 2 and ids.shape[0] == x.shape[0] and 0 < ids.shape[1] <= 8, op,
+            "expert_ids int32 [BS, K], 0 < K <= 8")
+    n, ws = b["moe_expert_num"], b["ep_world_size"]
+    require(n % ws == 0 and 0 <= b["ep_rank_id"] < ws, op, "moe_expert_num divisible by ep_world_size; rank in range")
+    require(int(ids.min()) >= 0 and int(ids.max()) < n, op, "expert ids in [0, moe_expert_num)")
+
+
+def _check_mc2_combine(b: dict) -> None:
+    op = "npu_moe_distribute_combine"
+    ids, sc = b["expert_ids"], b["expert_scales"]
+    require(b["expand_x"].dim() == 2 and ids.dtype == torch.int32, op, "expand_x [A, H], expert_ids int32")
+    require(sc.dtype == torch.float32 and sc.shape == ids.shape, op, "expert_scales fp32 [BS, K]")
+
+
+def _check_aten_linear(b: dict) -> None:
+    x, w, bias = b["input"], b["weight"], b.get("bias")
+    require(w.dim() == 2 and x.shape[-1] == w.shape[1] and w.dtype == x.dtype, "aten_linear", "weight [N, K] in x's dtype")
+    require(bias is None or (bias.shape == w.shape[:1] and bias.dtype == x.dtype), "aten_linear", "bias [N] in x's dtype")
+
+
+def _check_aten_embedding(b: dict) -> None:
+    require(b["indices"].dtype in (torch.int32, torch.int64) and b["weight"].dim() == 2, "aten_embedding",
+            "int indices into a 2-D table")
+
+
+def _check_aten_sort(b: dict) -> None:
+    require(b.get("stable") is True, "aten_sort_stable", "stable=True (ties by lower index)")
+
+
+def _check_aten_multinomial(b: dict) -> None:
+    require(b["self"].dtype == torch.float32 and b["self"].dim() in (1, 2), "aten_multinomial", "fp32 probabilities")
+
+
+CHECKS.update({
+    "npu_lightning_indexer": [_check_lightning_indexer], "npu_sparse_attn_sharedkv": [_check_sparse_attn],
+    "npu_sparse_attn_sharedkv_metadata": [_check_sparse_meta], "npu_hc_pre_v2": [_check_hc_pre],
+    "npu_hc_post": [_check_hc_post], "moe_gating_top_k_hash": [_check_gating_hash],
+    "npu_moe_distribute_dispatch": [_check_mc2_dispatch], "npu_moe_distribute_combine": [_check_mc2_combine],
+    "aten_linear": [_check_aten_linear], "aten_embedding": [_check_aten_embedding],
+    "aten_sort_stable": [_check_aten_sort], "aten_multinomial": [_check_aten_multinomial],
+})
+
+
 CHECKS.update({
     "npu_rms_norm": [_check_rms], "npu_add_rms_norm": [_check_rms], "npu_rotary_mul": [_check_rotary],
     "npu_fused_infer_attention_score": [_check_fia], "npu_fused_infer_attention_score_v2": [_check_fia],

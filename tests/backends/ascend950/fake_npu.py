@@ -172,16 +172,140 @@ class FakeNpu:
 
     # ------------------------------------------------------------------ MC2 (single EP rank)
     def npu_moe_distribute_dispatch(self, x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_expert_num, *,
-                                    expert_scales=None, quant_mode=0, **unused):
+                                    expert_scales=None, x_active_mask=None, quant_mode=0, **unused):
+        # tokens grouped by expert (expert_token_nums_type 1: counts); rows left out by x_active_mask are not
+        # sent: the fake gives them an expert past the last and drops them, so expand_x holds the A sent rows
         assert ep_world_size == 1, "the fake emulates one EP rank"
         k = expert_ids.shape[1]
-        order, src_to_dst, counts = self._route(expert_ids, moe_expert_num)
-        n = order.numel()
-        return (x[order // k], None, src_to_dst, counts, torch.tensor([n]), torch.tensor([n]),
+        ids = expert_ids.long()
+        if x_active_mask is not None:
+            ids = torch.where(x_active_mask[:, None], ids, moe_expert_num)
+        order, src_to_dst, counts = self._route(ids, moe_expert_num + 1)
+        n = int(counts[:moe_expert_num].sum())
+        return (x[order[:n] // k], None, src_to_dst, counts[:moe_expert_num], torch.tensor([n]), torch.tensor([n]),
                 torch.zeros(n, dtype=torch.float32))
 
     def npu_moe_distribute_combine(self, expand_x, expert_ids, expand_idx, ep_send_counts, expert_scales, group_ep,
-                                   ep_world_size, ep_rank_id, moe_expert_num, **unused):
+                                   ep_world_size, ep_rank_id, moe_expert_num, *, x_active_mask=None, **unused):
         k = expert_ids.shape[1]
-        return self.npu_moe_finalize_routing(expand_x, None, None, None, expert_scales.to(expand_x.dtype),
-                                             expand_idx, None, 0, k)
+        t = expert_ids.shape[0]
+        rows = torch.cat((expand_x, expand_x.new_zeros(t * k - expand_x.shape[0], expand_x.shape[1])))
+        scales = expert_scales if x_active_mask is None else expert_scales * x_active_mask[:, None]
+        return self.npu_moe_finalize_routing(rows, None, None, None, scales.to(expand_x.dtype), expand_idx, None, 0, k)
+
+    # ------------------------------------------------------------------ DeepSeek-V4 (contract.CITATIONS)
+    def npu_lightning_indexer(self, query, key, weights, *, actual_seq_lengths_query=None, actual_seq_lengths_key=None,
+                              block_table=None, layout_query="BSND", layout_key="BSND", sparse_count=2048,
+                              sparse_mode=3, pre_tokens=None, next_tokens=None, return_value=False):
+        # README formula: score[s] = sum_g w[g] * relu(q[g] . k[s]); top-sparse_count indices (and values) per
+        # query token, -1 / -inf past the key's length. Emulated for TND query and TND key (prefix-sum lengths).
+        # Not stated there: the order of equal scores (lower index first here) and the values' dtype (fp32 here).
+        assert layout_query == "TND" and layout_key == "TND"
+        cu_q = [0] + [int(v) for v in actual_seq_lengths_query.tolist()]
+        cu_k = [0] + [int(v) for v in actual_seq_lengths_key.tolist()]
+        t = query.shape[0]
+        idx = torch.full((t, 1, sparse_count), -1, dtype=torch.int32)
+        val = torch.full((t, 1, sparse_count), float("-inf"))
+        for b in range(len(cu_q) - 1):
+            q, k = query[cu_q[b]:cu_q[b + 1]].float(), key[cu_k[b]:cu_k[b + 1], 0].float()
+            nq, nk = q.shape[0], k.shape[0]
+            sc = (F.relu(torch.einsum("tgd,sd->tgs", q, k)) * weights[cu_q[b]:cu_q[b + 1]].float()[..., None]).sum(1)
+            if sparse_mode == 3:  # rightDownCausal: query i sees keys s <= nk - nq + i
+                sc = sc.masked_fill(torch.arange(nk)[None, :] > (nk - nq + torch.arange(nq))[:, None], float("-inf"))
+            n = min(sparse_count, nk)
+            v, i = torch.sort(sc, dim=-1, descending=True, stable=True)
+            v, i = v[:, :n], i[:, :n]
+            i = torch.where(torch.isinf(v), torch.full_like(i, -1), i)
+            idx[cu_q[b]:cu_q[b + 1], 0, :n] = i.to(torch.int32)
+            val[cu_q[b]:cu_q[b + 1], 0, :n] = v
+        return idx, (val if return_value else torch.zeros(0))
+
+    def npu_sparse_attn_sharedkv_metadata(self, num_heads_q, num_heads_kv, head_dim, **unused):
+        return torch.zeros(1024, dtype=torch.int32)  # the split plan: opaque, only its shape is documented
+
+    def npu_sparse_attn_sharedkv(self, q, *, ori_kv=None, cmp_kv=None, cmp_sparse_indices=None, ori_block_table=None,
+                                 cmp_block_table=None, cu_seqlens_q=None, seqused_kv=None, sinks=None, metadata=None,
+                                 softmax_scale=0.0, cmp_ratio=0, ori_win_left=128, layout_q="BSND", **unused):
+        # README: O = softmax(Q K~^T * scale) V~ with K~ = V~ = the query's band of ori_kv (its own token and
+        # ori_win_left before it) plus its causally closed cmp_kv entries (entry e with (e+1)*cmp_ratio <= pos+1),
+        # the listed ones when cmp_sparse_indices is given; the sink joins each head's softmax denominator.
+        # Queries are the last tokens of their sequence (seqused_kv tokens in all). Emulated for TND.
+        assert layout_q == "TND"
+        cu = cu_seqlens_q.long().tolist()
+        used = seqused_kv.long().tolist()
+        t, n, d = q.shape
+        out = torch.zeros(t, n, d)
+        for b in range(len(cu) - 1):
+            for r in range(cu[b], cu[b + 1]):
+                pos = used[b] - (cu[b + 1] - cu[b]) + (r - cu[b])
+                kp = torch.arange(max(0, pos - ori_win_left), pos + 1)
+                bs = ori_kv.shape[1]
+                keys = [ori_kv[ori_block_table[b, kp // bs].long(), kp % bs, 0].float()]
+                if cmp_kv is not None:
+                    closed = (pos + 1) // cmp_ratio
+                    e = cmp_sparse_indices[r, 0].long() if cmp_sparse_indices is not None else torch.arange(closed)
+                    e = e[(e >= 0) & (e < closed)]
+                    cbs = cmp_kv.shape[1]
+                    keys.append(cmp_kv[cmp_block_table[b, e // cbs].long(), e % cbs, 0].float())
+                kv = torch.cat(keys)  # [S, D]
+                logits = q[r].float() @ kv.T * softmax_scale  # [N, S]
+                if sinks is not None:
+                    logits = torch.cat((logits, sinks.float()[:, None]), -1)
+                p = torch.softmax(logits, -1)
+                out[r] = (p[:, : kv.shape[0]] if sinks is not None else p) @ kv
+        return out.to(q.dtype), torch.zeros(1)
+
+    def npu_hc_pre_v2(self, x, hc_fn, hc_scale, hc_base, hc_mult, hc_sinkhorn_iters, norm_eps, hc_eps):
+        # mHC entry as transformers' DeepSeek-V4 computes it: RMS-normalised flat streams times hc_fn, then
+        # pre = sigmoid + eps, post = 2 sigmoid, comb = softmax + eps, Sinkhorn (columns first); y = sum pre*x
+        t, n, d = x.shape
+        flat = x.reshape(t, n * d).float()
+        flat = flat * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + norm_eps)
+        mixed = flat @ hc_fn.float().T
+        pw, qw, cw = mixed.split([n, n, n * n], -1)
+        pb, qb, cb = hc_base.float().split([n, n, n * n])
+        pre = torch.sigmoid(pw * hc_scale[0] + pb) + hc_eps
+        post = 2 * torch.sigmoid(qw * hc_scale[1] + qb)
+        comb = torch.softmax(cw.view(t, n, n) * hc_scale[2] + cb.view(n, n), -1) + hc_eps
+        comb = comb / (comb.sum(-2, keepdim=True) + hc_eps)
+        for _ in range(hc_sinkhorn_iters - 1):
+            comb = comb / (comb.sum(-1, keepdim=True) + hc_eps)
+            comb = comb / (comb.sum(-2, keepdim=True) + hc_eps)
+        y = (pre[..., None] * x.float()).sum(1)
+        return y.to(torch.bfloat16), post, comb
+
+    def npu_hc_post(self, x, residual, post, comb):
+        # out[j] = post[j] * x + sum_i comb[i, j] * residual[i]  (comb as npu_hc_pre_v2 returns it)
+        mixed = torch.einsum("bsij,bsid->bsjd", comb.float(), residual.float())
+        return (post.float()[..., None] * x.float()[:, :, None] + mixed).to(residual.dtype)
+
+    def moe_gating_top_k_hash(self, x, k, bias=None, input_ids=None, tid2eid=None, k_group=1, group_count=1,
+                              routed_scaling_factor=1.0, eps=1e-20, group_select_mode=0, renorm=0, norm_type=0,
+                              out_flag=False):
+        # norm_type 0 softmax, 1 sigmoid, 2 sqrt(softplus); ids = tid2eid[input_ids] with a table, else the
+        # top-k of norm (+ bias); y = norm[ids] / (sum + eps) * routed_scaling_factor (renorm 0)
+        xf = x.float()
+        norm = {0: lambda v: torch.softmax(v, -1), 1: torch.sigmoid, 2: lambda v: F.softplus(v).sqrt()}[norm_type](xf)
+        if tid2eid is not None:
+            idx = tid2eid[input_ids.long()].long()
+        else:
+            idx = torch.topk(norm if bias is None else norm + bias.float(), k, dim=-1).indices
+        y = norm.gather(1, idx)
+        y = y / (y.sum(-1, keepdim=True) + eps) * routed_scaling_factor
+        return y.to(x.dtype), idx.to(torch.int32), norm
+
+    # ------------------------------------------------------------------ aten operators (PyTorch's own semantics)
+    def aten_linear(self, input, weight, bias=None):
+        return F.linear(input, weight, bias)
+
+    def aten_embedding(self, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+        return F.embedding(indices, weight)
+
+    def aten_argmax(self, self_, dim=None, keepdim=False):
+        return torch.argmax(self_, dim=dim, keepdim=keepdim)
+
+    def aten_sort_stable(self, self_, *, stable, dim=-1, descending=False):
+        return torch.sort(self_, stable=stable, dim=dim, descending=descending)
+
+    def aten_multinomial(self, self_, num_samples, replacement=False, *, generator=None):
+        return torch.multinomial(self_, num_samples, replacement, generator=generator)

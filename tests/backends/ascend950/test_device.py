@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from inferhal.backends.ascend950 import device
 from inferhal.backends.ascend950.device import GENERATIONS, Host, generation_of, probe, profile_for
+from inferhal.backends.ascend950.ops import NPU_OPS
 from inferhal.core.config.schema import ParallelConfig
 from inferhal.core.registry import BackendRegistry
 
@@ -105,8 +106,9 @@ def test_coverage_reports_wired_unrun_never_device():
     reg = BackendRegistry.discover()
     row = reg.coverage()["ascend950"]
     assert set(row.values()) <= {"wired-unrun", "fallback", "absent"}
-    assert {op for op, lvl in row.items() if lvl == "wired-unrun"} == {
-        "norm.rms", "rope.apply", "attn.paged", "kv.write", "moe.route", "moe.experts"}
+    wired = {op for op, lvl in row.items() if lvl == "wired-unrun"}
+    assert wired == set(NPU_OPS) and len(wired) >= 20
+    assert {op for op, lvl in row.items() if lvl == "fallback"} == {"attn.compress", "sample.mask"}
     from inferhal.core.cli.cmd_backends import report
 
     data = report(reg)
@@ -121,7 +123,7 @@ def test_provided_ops_are_tagged_wired_unrun(recorder):
 
     table = OpTable("ascend950", provide(recorder), REF, device.ExecLevel.WIRED_UNRUN)
     prov = table.provenance()
-    assert prov["attn.paged"] == "wired-unrun" and prov["linear"] == "fallback"
+    assert prov["attn.paged"] == "wired-unrun" and prov["attn.compress"] == "fallback"
     assert "npu_fused_infer_attention_score" in table.entry("attn.paged").note
 
 
