@@ -204,3 +204,55 @@ def test_two_ep_ranks_draft_alike_and_print_the_single_process_tokens():
     want, _ = tokens()
     got, out = tokens("parallel=ep2", "spec=mtp", "spec.num_speculative_tokens=3")
     assert got == want and "mtp drafts accepted" in out
+
+
+class Alternating:
+    """A fake structured-output grammar with state: even and odd token ids alternate, starting even. A
+    rollback that left a rejected draft accepted would flip the parity of every later token."""
+
+    terminated = False
+
+    def __init__(self) -> None:
+        self.accepted: list[int] = []
+
+    def fill(self, bitmask, row: int) -> None:
+        bitmask[row] = 0x55555555 if len(self.accepted) % 2 == 0 else -0x55555556  # even / odd bits
+
+    def accept(self, token: int) -> bool:
+        if token % 2 != len(self.accepted) % 2:
+            return False
+        self.accepted.append(token)
+        return True
+
+    def rollback(self, k: int) -> None:
+        del self.accepted[len(self.accepted) - k:]
+
+
+def test_mtp_drafts_under_a_grammar_give_the_constrained_output_without_drafts():
+    """Drafts are masked per position by the grammar state the drafts before them lead to, and the grammar
+    rolls back the rejected ones: greedy output with MTP drafts (steered, so some are accepted and some
+    rejected) equals the constrained output without drafts, and every token obeys the grammar."""
+
+    def run(eng, truth=None):
+        if truth is not None:
+            steer(eng, truth)
+        reqs = []
+        for p in PROMPTS[:3]:
+            r = eng.engine.make_request(p, greedy(12))
+            r.grammar = Alternating()
+            reqs.append(eng.engine.add(r))
+        outs = {}
+        while eng.engine.has_unfinished():
+            for o in eng.engine.step():
+                if o.finished:
+                    outs[o.request_id] = o
+        return [outs[r] for r in reqs]
+
+    want = run(llm())
+    for o in want:
+        assert [t % 2 for t in o.outputs[0].token_ids] == [i % 2 for i in range(12)]
+    eng = llm("spec=mtp", "spec.num_speculative_tokens=3")
+    got = run(eng, {o.request_id: o.prompt_token_ids + o.outputs[0].token_ids for o in want})
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    st = eng.engine.stats
+    assert 0 < st["accepted_tokens"] < st["draft_tokens"]
