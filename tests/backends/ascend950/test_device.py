@@ -148,6 +148,25 @@ def test_parallel_layouts_match_vllm_ascend(name):
     assert cfg.ep == dp * tp == 16  # one A3 node: 16 dies, experts over all of them
 
 
+def ascend_layouts():
+    return sorted(p.name[:-5] for p in (res.files("inferhal.conf") / "parallel").iterdir()
+                  if p.name.startswith("ascend_") and p.name.endswith(".yaml"))
+
+
+@pytest.mark.parametrize("name", ascend_layouts())
+def test_every_ascend_layout_runs_or_is_refused_before_a_process_starts(name):
+    from inferhal.core.errors import UserError
+    from inferhal.core.parallel.launch import check_layout
+
+    text = (res.files("inferhal.conf") / "parallel" / f"{name}.yaml").read_text()
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ParallelConfig), OmegaConf.create(text)))
+    if name in LAYOUTS:  # vllm-ascend's DP x TP layouts: refused by the config check alone (no spawn, no env)
+        with pytest.raises(UserError, match="parallel.tp|parallel.role"):
+            check_layout(cfg, env={})
+    else:  # the EP layout this engine runs: 16 ranks, every one an expert shard
+        assert check_layout(cfg, env={}) == 16 and cfg.ep == 16 and cfg.tp == cfg.dp == 1
+
+
 @pytest.mark.ascend
 def test_on_hardware_probe_and_one_op():
     """Runs only on an Ascend host with CANN and torch_npu."""
