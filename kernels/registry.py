@@ -164,6 +164,11 @@ def _dense_specs() -> list[KernelSpec]:
         KernelSpec("act_gated_gelu_tanh", "act.gated", "inferhal.kernels.act_gated:act_gated_kernel", "act_gated",
                    {"g_ptr": "*bf16", "u_ptr": "*bf16", "y_ptr": "*bf16"}, (),
                    lambda cfg: {"KIND": 1, "DTYPE": bf16(), "BLOCK_I": cfg["BLOCK_I"], "INTERP": False}),
+        # 3 MTP drafts against V4's 129,280-token vocabulary, with draft probabilities (MTP / DSpark)
+        KernelSpec("spec_verify", "spec.verify", "inferhal.kernels.spec_verify:spec_verify_kernel", "spec_verify",
+                   {"d_ptr": "*i64", "q_ptr": "*fp32", "l_ptr": "*fp32", "t_ptr": "*fp32", "k_ptr": "*i32", "p_ptr": "*fp32",
+                    "mp_ptr": "*fp32", "seed_ptr": "*i64", "step_ptr": "*i64", "out_ptr": "*i64", "n_ptr": "*i64"}, (),
+                   lambda cfg: {"HAS_Q": True, "BLOCK_V": cfg["BLOCK_V"]}),
         # 4 streams x 4096
         KernelSpec("mhc_head", "mhc.head", "inferhal.kernels.mhc_head:mhc_head_kernel", "mhc_head",
                    {"s_ptr": "*bf16", "fn_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "x_ptr": "*bf16"},

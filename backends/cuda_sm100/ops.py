@@ -33,6 +33,7 @@ KERNEL_OPS: dict[str, str] = {
     "embed": "inferhal.kernels.embed:embed",
     "act.gated": "inferhal.kernels.act_gated:act_gated",
     "mhc.head": "inferhal.kernels.mhc_head:mhc_head",
+    "spec.verify": "inferhal.kernels.spec_verify:spec_verify",
 }
 
 #: op ID -> why its kernel is degraded on a target (shown in the op's note).
