@@ -109,9 +109,11 @@ class NpuOps(V4Ops, DenseOps, EpOps):
     in the tests). ``features`` are the device profile's (generation differences as data; None = all).
     ``events`` lists every fallback taken."""
 
-    def __init__(self, npu: Any, features: Any = None, group_name: Callable[[Any], str | None] | None = None) -> None:
+    def __init__(self, npu: Any, features: Any = None, group_name: Callable[[Any], str | None] | None = None,
+                 strict: bool = False) -> None:
         self.npu = npu
         self.features = ALL_FEATURES if features is None else frozenset(features)
+        self.strict = strict
         if group_name is not None:
             self.group_name = group_name
         self.events: list[tuple[str, str]] = []
@@ -132,6 +134,13 @@ class NpuOps(V4Ops, DenseOps, EpOps):
         return True
 
     def _fallback(self, op_id: str, reason: str) -> None:
+        """Record a per-call fallback; under ``backend.strict=true`` refuse it instead, so that no result the
+        reference computed can be reported under this backend's level."""
+        if self.strict:
+            from inferhal.core.ops.table import StrictFallbackError
+
+            raise StrictFallbackError(f"ascend950 {op_id}: this call needs the reference ({reason}), and "
+                                      f"backend.strict=true forbids it")
         self.events.append((op_id, reason))
         log.warning("ascend950: %s falls back to the reference for this call: %s", op_id, reason)
 
@@ -387,11 +396,15 @@ def declared() -> dict[str, str]:
     return {op: "wired-unrun" for op in NPU_OPS}
 
 
-def provide(npu: Any, features: Any = None) -> dict[str, Any]:
-    """The op table for ``inferhal_provide_ops``, each op tagged ``wired-unrun`` with its operators."""
+def provide(npu: Any, features: Any = None, level: Any = None, strict: bool = False) -> dict[str, Any]:
+    """The op table for ``inferhal_provide_ops``, each op tagged with ``level`` and its operators.
+
+    ``level`` defaults to ``wired-unrun`` (a fake or recorder stands in for the device); the plugin passes
+    ``device`` only when the operators are torch_npu's on a probed NPU, where every call runs there. A call
+    a wrapper cannot map still falls back per call (``NpuOps.events``), or fails under ``strict``."""
     from inferhal.core.ops.table import OpImpl
     from inferhal.core.profile import ExecLevel
 
-    ops = NpuOps(npu, features)
-    return {op: OpImpl(fn, ExecLevel.WIRED_UNRUN, "torch_npu." + " / ".join(NPU_OPS[op]))
-            for op, fn in ops.table().items()}
+    ops = NpuOps(npu, features, strict=strict)
+    lvl = ExecLevel.WIRED_UNRUN if level is None else ExecLevel(level)
+    return {op: OpImpl(fn, lvl, " / ".join(NPU_OPS[op])) for op, fn in ops.table().items()}

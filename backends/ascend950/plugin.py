@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from inferhal.core.hookspecs import API_VERSION, hookimpl
+from inferhal.core.profile import ExecLevel
 
 
 def _torch_npu():
@@ -55,7 +56,11 @@ def inferhal_provide_ops(profile, config):
     npu = _torch_npu()
     if config.options.get("record_npu_calls", False):  # validate + log every call against the contract
         npu = RecordingNpu(npu)
-    return ops.provide(npu, profile.features)
+    # inferhal_provide_ops runs only for a selected backend, i.e. after the probe found an NPU with CANN and
+    # torch_npu: every operator call below runs on that device, so the ops report level "device" (qualify
+    # then runs and checks them); backend.strict=true makes a per-call fallback an error instead of a
+    # reference result under that level
+    return ops.provide(npu, profile.features, ExecLevel.DEVICE, strict=bool(config.strict))
 
 
 @hookimpl

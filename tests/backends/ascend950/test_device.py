@@ -183,3 +183,26 @@ def test_on_hardware_probe_and_one_op():
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     y = NpuOps(torch_npu).norm_rms(x.npu(), torch.ones(64).npu(), RmsNormParams())
     assert (y.cpu().float() - ref.norm_rms(x, torch.ones(64), RmsNormParams()).float()).abs().max() < 0.05
+
+
+def test_on_a_probed_host_the_plugin_tags_ops_device_and_strict_refuses_per_call_fallbacks(monkeypatch, recorder):
+    """The plugin's op table (built only after a successful probe) runs its operators on the NPU: level
+    "device", so qualify runs them there; with backend.strict=true a call outside an operator's documented
+    limits raises instead of reporting a reference result under that level. (Here the fake stands in for
+    torch_npu; the level claim is the plugin's, for a real host.)"""
+    import torch
+
+    from inferhal.backends.ascend950 import plugin
+    from inferhal.core.config.schema import BackendConfig
+    from inferhal.core.ops.params import ActParams
+    from inferhal.core.ops.table import StrictFallbackError
+
+    monkeypatch.setattr(plugin, "_torch_npu", lambda: recorder)
+    prof = profile_for("Ascend950PR_9589")
+    table = plugin.inferhal_provide_ops(prof, BackendConfig(name="ascend950"))
+    assert {impl.level.value for impl in table.values()} == {"device"} and set(table) == set(NPU_OPS)
+    x = torch.randn(2, 8)
+    table["act.gated"](x, x, ActParams(kind="gelu_tanh"))  # not strict: falls back for this call
+    strict = plugin.inferhal_provide_ops(prof, BackendConfig(name="ascend950", strict=True))
+    with pytest.raises(StrictFallbackError, match="act.gated"):
+        strict["act.gated"](x, x, ActParams(kind="gelu_tanh"))
