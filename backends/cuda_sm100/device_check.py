@@ -203,6 +203,57 @@ def v4_cases(torch, dev):
     ap = P.AttnParams(scale=512**-0.5, num_kv_heads=1, window=128, shared_kv=True)
     yield ("attn.paged [latent decode H64 D512 window128 sinks]", lambda: attn_paged.attn_paged(qa, cache, batch, ap, sinks),
            lambda: ra.attn_paged(qa, cache, batch, ap, sinks), 2 * 2**-7, 2 * 2**-7 * float(cache.float().abs().max()))
+    yield from v4_dense_cases(torch, dev, g)
+
+
+def v4_dense_cases(torch, dev, g):
+    """The dense GEMMs and the remaining row ops at V4-Flash sizes (hidden 4096, q_lora 1024, a 32,768-row
+    slice of the 129,280-token vocabulary, 4 hyper-connection streams, 3 MTP drafts)."""
+    from inferhal.backends.reference import mhc as rm, ops as ro, spec as rs
+    from inferhal.backends.reference.quant import dequantize, quantize_fp4_group, quantize_fp8_block
+    from inferhal.core.ops import params as P
+    from inferhal.core.ops.quant import QuantWeight
+    from inferhal.kernels import act_gated, embed, linear, mhc_head, spec_verify
+
+    rnd = lambda *s: torch.randn(*s, generator=g).to(dev)  # noqa: E731
+    bf = torch.bfloat16
+    x = rnd(64, 4096).to(bf)
+    w = rnd(1024, 4096) / 64
+    w8 = quantize_fp8_block(w)
+    q4 = quantize_fp4_group(w)
+    q4 = QuantWeight(q4.data, torch.exp2(torch.round(torch.log2(q4.scale))).to(torch.float8_e8m0fnu), q4.format,
+                     q4.shape, q4.block)
+    for label, wt in (("bf16", w.to(bf)), ("fp8_block", w8), ("fp4 e2m1 ue8m0 dot_scaled", q4)):
+        yield (f"linear [{label} T64 4096->1024]", (lambda wt=wt: linear.linear(x, wt)), (lambda wt=wt: ro.linear(x, wt)),
+               2 * 2**-7, 0.05)
+    xq, xs = linear.act_quant(x)
+    xd = (xq.float().view(64, 32, 128) * xs[..., None]).view(64, 4096)
+    yield ("linear [fp8 x fp8 w8a8 T64 4096->1024]", lambda: linear.linear_w8a8(x, w8),
+           lambda: (xd @ dequantize(w8).T).to(bf), 2 * 2**-7, 0.05)
+    head = rnd(32768, 4096).to(bf) / 64
+    xh = rnd(16, 4096).to(bf)
+    yield ("lm_head [B16 V32768 K4096 bf16]", lambda: linear.lm_head(xh, head), lambda: ro.lm_head(xh, head), 2**-7, 0.02)
+    yield ("lm_head.argmax [B16 V32768 K4096 bf16]", lambda: linear.lm_head_argmax(xh, head),
+           lambda: ro.argmax_rows(linear.lm_head(xh, head)), 0.0, 0.0)
+    ids = torch.randint(0, 32768, (64,), generator=g).to(dev)
+    yield ("embed [T64 from 32768x4096 bf16]", lambda: embed.embed(ids, head, 2.0), lambda: ro.embed(ids, head, 2.0), 0.0, 0.0)
+    gt, up = (rnd(64, 2048) * 3).to(bf), rnd(64, 2048).to(bf)
+    for kind in ("silu", "gelu_tanh"):
+        ak = P.ActParams(kind)
+        yield (f"act.gated [{kind} T64 I2048]", (lambda ak=ak: act_gated.act_gated(gt, up, ak)),
+               (lambda ak=ak: ro.act_gated(gt, up, ak)), 2 * 2**-7, 0.02)
+    st = rnd(16, 4, 4096).to(bf)
+    fn, base, sc = rnd(4, 4 * 4096) / 128, rnd(4) * 0.5, torch.ones(1, device=dev)
+    mp = P.MhcParams(hc_mult=4)
+    yield ("mhc.head [16x4x4096]", lambda: mhc_head.mhc_head(st, fn, base, sc, mp),
+           lambda: rm.mhc_head(st, fn, base, sc, mp), 2**-7, 2e-2)
+    b, s, v = 16, 3, 32768
+    lg = rnd(b, s + 1, v) * 3
+    drafts = lg[:, :s].argmax(-1)
+    drafts[::3, 1] = 0  # some rows reject their second draft
+    sp = P.SampleBatch((0.0,) * b, (0,) * b, (1.0,) * b)
+    yield ("spec.verify [greedy B16 S3 V32768]", lambda: torch.cat([t.view(b, -1) for t in spec_verify.spec_verify(drafts, None, lg, sp)], 1),
+           lambda: torch.cat([t.view(b, -1) for t in rs.spec_verify(drafts, None, lg, sp)], 1), 0.0, 0.0)
 
 
 def v4_rows(interpret: bool) -> list[dict]:

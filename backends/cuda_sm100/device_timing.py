@@ -170,6 +170,7 @@ def perf_rows(interpret: bool) -> list[dict]:
     try:
         decode_perf(torch, dev, tgt, bench, d, i, k, ep)
         sparse_decode_perf(torch, dev, tgt, bench)
+        gemm_perf(torch, dev, tgt, bench)
     except Exception as exc:  # a set-up error here must not lose the rows above
         rows.append({"section": "perf", "status": "fail", "name": "decode-sized benches",
                      "message": f"{type(exc).__name__}: {exc}"[:600], "execution_level": label})
@@ -201,6 +202,39 @@ def decode_perf(torch, dev, tgt, bench, d, i, k, ep) -> None:
           lambda: moe_experts.moe_experts(xe, we, ids, *w8, ep, target=tgt),
           touched * (2 * i * d + d * i) * (1 + 4 / 128**2) + xe.numel() * 4, flops, "float8_e4m3fn")
     del w8
+
+
+def gemm_perf(torch, dev, tgt, bench) -> None:
+    """Dense GEMMs (kernels/linear.py): a prefill-sized product and a decode-sized one (weight-bound) at
+    V4-Flash's hidden 4096, bf16 / FP8 blocks (bf16 activations) / FP8 x FP8; the LM head and its fused argmax
+    over the 129,280-token vocabulary at 32 rows."""
+    from inferhal.backends.reference.quant import quantize_fp8_block
+    from inferhal.kernels import linear
+
+    bf = torch.bfloat16
+    n, kd = 4096, 4096
+    w = torch.randn(n, kd, device=dev) * 0.02
+    wb, w8 = w.to(bf), quantize_fp8_block(w)
+    del w
+    for m in (4096, 32):
+        x = torch.randn(m, kd, device=dev, dtype=bf)
+        flops = 2 * m * n * kd
+        bench(f"linear bf16 M{m} N{n} K{kd}", lambda: linear.linear(x, wb, target=tgt), n * kd * 2 + m * (kd + n) * 2,
+              flops, "bfloat16")
+        bench(f"linear fp8_block (bf16 activations) M{m} N{n} K{kd}", lambda: linear.linear(x, w8, target=tgt),
+              n * kd + m * (kd + n) * 2, flops, "float8_e4m3fn")
+        bench(f"linear fp8 x fp8 (w8a8, act_quant included) M{m} N{n} K{kd}",
+              lambda: linear.linear_w8a8(x, w8, target=tgt), n * kd + m * (kd + n) * 2, flops, "float8_e4m3fn")
+    del wb, w8
+    v, b = 129280, 32
+    head = torch.randn(v, kd, device=dev, dtype=bf) * 0.02
+    x = torch.randn(b, kd, device=dev, dtype=bf)
+    out = torch.empty(b, v, device=dev)
+    bench(f"lm_head bf16 B{b} V{v} K{kd} (fp32 logits)", lambda: linear.lm_head(x, head, out, target=tgt),
+          v * kd * 2 + b * v * 4, 2 * b * v * kd, "bfloat16")
+    bench(f"lm_head.argmax bf16 B{b} V{v} K{kd} (no logits)", lambda: linear.lm_head_argmax(x, head, target=tgt),
+          v * kd * 2, 2 * b * v * kd, "bfloat16")
+    del head, out
 
 
 def sparse_decode_perf(torch, dev, tgt, bench, b=64, ctx=65536, pool=4096) -> None:
