@@ -34,6 +34,10 @@ TABLE: dict[str, dict[str, Any]] = {
     "mhc_pre": {"BLOCK_K": 512, "num_warps": 4},
     "mhc_post": {"BLOCK_D": 512, "num_warps": 4},
     "sample": {"BLOCK_V": 4096, "BISECT_ITERS": 40, "num_warps": 4},
+    # the compressor pools [BLOCK_M window tokens x BLOCK_C channels] tiles: HCA's 128-token windows with
+    # 16 channels keep its ~8 fp32 tiles at 64 KiB (32 channels would reach the UB/2 bound exactly)
+    "attn_compress": {"BLOCK_C": 16, "num_warps": 4},
+    "sample_mask": {"BLOCK_V": 4096, "num_warps": 4},
 }
 
 register_target(TARGET, TABLE)
@@ -42,7 +46,8 @@ register_target(TARGET, TABLE)
 def ub_bytes(kernel: str, cfg: Mapping[str, Any], **shape: int) -> int:
     """Vector-side on-chip bytes of one program (estimate). ``shape`` gives the sizes the kernel's tile
     depends on: ``D`` (norm_rms, rope), ``E`` (moe_route), ``D`` head dim for attn_paged, ``N`` streams
-    for mhc_*; ``elem`` the activation element size (default 2, bf16)."""
+    for mhc_*, ``M`` window and ``D`` entry width for attn_compress; ``elem`` the activation element size
+    (default 2, bf16)."""
     elem = shape.get("elem", 2)
     if kernel == "norm_rms":  # whole row in one block: x, r, h (fp32), w (fp32), y -> 5 fp32 rows
         return 5 * 4 * next_pow2(shape["D"])
@@ -67,6 +72,11 @@ def ub_bytes(kernel: str, cfg: Mapping[str, Any], **shape: int) -> int:
         return (2 * n + 1) * bd * 4
     if kernel == "sample":  # one vocab chunk of logits and probabilities (fp32)
         return 2 * cfg["BLOCK_V"] * 4
+    if kernel == "attn_compress":  # phase 1: kv, gate, bias, weights tiles (x2 with CSA's previous window);
+        bm, bc = next_pow2(max(2, shape["M"])), cfg["BLOCK_C"]  # phase 2: the row and the norm weight
+        return 8 * bm * bc * 4 + 2 * next_pow2(shape["D"]) * 4
+    if kernel == "sample_mask":  # one vocab chunk: words, bits, the -inf row (int32/fp32)
+        return 3 * cfg["BLOCK_V"] * 4
     raise KeyError(f"no UB estimate for kernel {kernel!r}")
 
 

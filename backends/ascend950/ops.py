@@ -43,9 +43,9 @@ moe.experts        npu_moe_init_routing_v2 → npu_grouped_matmul    init: exper
 DeepSeek-V4's own ops (indexer.scores, attn.sparse_topk, mhc.*, sqrtsoftplus / hash moe.route) are in
 :mod:`.v4`, MC2 moe.dispatch / moe.combine in :mod:`.ep`, the dense and sampling ops (linear, lm_head,
 embed, act.gated, topk.select, sample, spec.verify) in :mod:`.dense`. Every operator's signature and its
-source are in :mod:`.contract`. attn.compress and sample.mask fall back to the reference: vllm-ascend's
-``compressor`` operator fuses the kv/gate projections and the state write, which the vocabulary's
-attn.compress receives already done.
+source are in :mod:`.contract`. attn.compress and sample.mask run the shared Triton kernels through
+triton-ascend (:data:`TRITON_OPS`): vllm-ascend's ``compressor`` operator fuses the kv/gate projections and
+the state write, which the vocabulary's attn.compress receives already done, and torch_npu has no bitmask op.
 """
 
 from __future__ import annotations
@@ -94,9 +94,15 @@ NPU_OPS: dict[str, tuple[str, ...]] = {
     "embed": ("aten_embedding",),
 }
 
-#: op ID → shared Triton kernel that triton-ascend would build (none is wired: triton-ascend needs CANN
-#: to compile, and no kernel here has been compiled or run for Ascend; see kernels/tuning_ascend950.py)
-TRITON_OPS: dict[str, str] = {}
+#: op ID → the shared Triton kernel that triton-ascend builds for it, for what torch_npu and vllm-ascend lack
+#: (kernels/tuning_ascend950.py holds their Ascend tiles and Unified Buffer budget). Verified against the
+#: reference in Triton's CPU interpreter with the Ascend tuning (tests/backends/ascend950/test_triton_ascend.py);
+#: never compiled for Ascend here (triton-ascend's final step needs CANN's bishengir-compile)
+TRITON_OPS: dict[str, str] = {
+    "attn.compress": "inferhal.kernels.compress:attn_compress",  # vllm-ascend's compressor op fuses projections
+    "sample.mask": "inferhal.kernels.sample_mask:sample_mask",
+}
+TRITON_TARGET = "ascend950"
 
 #: every feature a wrapper asks about (a profile without one makes that wrapper fall back)
 ALL_FEATURES = frozenset({"sparse_attn_sharedkv"})
@@ -393,18 +399,37 @@ class NpuOps(V4Ops, DenseOps, EpOps):
 
 def declared() -> dict[str, str]:
     """op ID → execution level, without touching a device: every native op is wired, never run here."""
-    return {op: "wired-unrun" for op in NPU_OPS}
+    return {op: "wired-unrun" for op in (*NPU_OPS, *TRITON_OPS)}
 
 
-def provide(npu: Any, features: Any = None, level: Any = None, strict: bool = False) -> dict[str, Any]:
+def triton_op(path: str) -> Callable[..., Any]:
+    """The kernel wrapper at ``module:function`` with the Ascend tuning, imported at its first call (importing
+    a kernel module imports triton, which on an Ascend host must be triton-ascend)."""
+    import importlib
+
+    mod, name = path.split(":")
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(mod), name)(*args, target=TRITON_TARGET, **kwargs)
+
+    return run
+
+
+def provide(npu: Any, features: Any = None, level: Any = None, strict: bool = False,
+            triton: bool = True) -> dict[str, Any]:
     """The op table for ``inferhal_provide_ops``, each op tagged with ``level`` and its operators.
 
     ``level`` defaults to ``wired-unrun`` (a fake or recorder stands in for the device); the plugin passes
     ``device`` only when the operators are torch_npu's on a probed NPU, where every call runs there. A call
-    a wrapper cannot map still falls back per call (``NpuOps.events``), or fails under ``strict``."""
+    a wrapper cannot map still falls back per call (``NpuOps.events``), or fails under ``strict``. ``triton``
+    adds the :data:`TRITON_OPS` kernels (they need triton-ascend and npu tensors, or Triton's interpreter)."""
     from inferhal.core.ops.table import OpImpl
     from inferhal.core.profile import ExecLevel
 
     ops = NpuOps(npu, features, strict=strict)
     lvl = ExecLevel.WIRED_UNRUN if level is None else ExecLevel(level)
-    return {op: OpImpl(fn, lvl, " / ".join(NPU_OPS[op])) for op, fn in ops.table().items()}
+    table = {op: OpImpl(fn, lvl, " / ".join(NPU_OPS[op])) for op, fn in ops.table().items()}
+    if triton:
+        table.update({op: OpImpl(triton_op(path), lvl, f"triton-ascend: {path} (tuning: {TRITON_TARGET})")
+                      for op, path in TRITON_OPS.items()})
+    return table

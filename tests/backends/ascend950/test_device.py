@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from inferhal.backends.ascend950 import device
 from inferhal.backends.ascend950.device import GENERATIONS, Host, generation_of, probe, profile_for
-from inferhal.backends.ascend950.ops import NPU_OPS
+from inferhal.backends.ascend950.ops import NPU_OPS, TRITON_OPS
 from inferhal.core.config.schema import ParallelConfig
 from inferhal.core.registry import BackendRegistry
 
@@ -107,8 +107,8 @@ def test_coverage_reports_wired_unrun_never_device():
     row = reg.coverage()["ascend950"]
     assert set(row.values()) <= {"wired-unrun", "fallback", "absent"}
     wired = {op for op, lvl in row.items() if lvl == "wired-unrun"}
-    assert wired == set(NPU_OPS) and len(wired) >= 20
-    assert {op for op, lvl in row.items() if lvl == "fallback"} == {"attn.compress", "sample.mask"}
+    assert wired == set(NPU_OPS) | set(TRITON_OPS) and len(wired) >= 20
+    assert not set(NPU_OPS) & set(TRITON_OPS)
     from inferhal.core.cli.cmd_backends import report
 
     data = report(reg)
@@ -123,7 +123,8 @@ def test_provided_ops_are_tagged_wired_unrun(recorder):
 
     table = OpTable("ascend950", provide(recorder), REF, device.ExecLevel.WIRED_UNRUN)
     prov = table.provenance()
-    assert prov["attn.paged"] == "wired-unrun" and prov["attn.compress"] == "fallback"
+    assert prov["attn.paged"] == "wired-unrun" and prov["attn.compress"] == "wired-unrun"
+    assert "triton-ascend" in table.entry("attn.compress").note
     assert "npu_fused_infer_attention_score" in table.entry("attn.paged").note
 
 
@@ -200,7 +201,8 @@ def test_on_a_probed_host_the_plugin_tags_ops_device_and_strict_refuses_per_call
     monkeypatch.setattr(plugin, "_torch_npu", lambda: recorder)
     prof = profile_for("Ascend950PR_9589")
     table = plugin.inferhal_provide_ops(prof, BackendConfig(name="ascend950"))
-    assert {impl.level.value for impl in table.values()} == {"device"} and set(table) == set(NPU_OPS)
+    assert {impl.level.value for impl in table.values()} == {"device"}
+    assert set(table) == set(NPU_OPS) | set(TRITON_OPS)
     x = torch.randn(2, 8)
     table["act.gated"](x, x, ActParams(kind="gelu_tanh"))  # not strict: falls back for this call
     strict = plugin.inferhal_provide_ops(prof, BackendConfig(name="ascend950", strict=True))

@@ -30,7 +30,7 @@ SHAPE_FALLBACKS = {"mhc.pre": "hc_mult 2", "mhc.head": "hc_mult 2", "attn.sparse
 def fake_npu_llm(reference: LLM, rec, overrides):
     """An LLM whose op table is ascend950's over the recorded fake NPU ``rec`` (fallbacks: the reference's ops);
     KV storage and communication stay the reference backend's (CPU tensors)."""
-    native = provide(rec)
+    native = provide(rec, triton=False)  # the Triton ops need triton-ascend (or the interpreter), not the fake
     wrappers = next(iter(native.values())).fn.__self__
     table = OpTable("ascend950", native, REF, ExecLevel.WIRED_UNRUN)
     active = dataclasses.replace(reference.engine.backend, ops=table)

@@ -32,6 +32,7 @@ SHAPES = {
     "norm_rms": [{"D": 4096}], "rope": [{"D": 512}], "moe_route": [{"E": 256}, {"E": 384}],
     "moe_gemm": [{}], "moe_gemm_fp4": [{}], "attn_paged": [{"D": 512}], "mhc_pre": [{"N": 4}],
     "mhc_post": [{"N": 4}], "sample": [{}],
+    "attn_compress": [{"M": 4, "D": 512}, {"M": 128, "D": 512}], "sample_mask": [{}],  # CSA 4 / HCA 128, D 512
 }
 
 
@@ -92,3 +93,49 @@ def test_moe_route_kernel_covers_what_the_npu_gating_op_cannot():
     o, o_ref = ids.sort(-1), ids_ref.sort(-1)
     assert torch.equal(o.values, o_ref.values)
     assert (w.gather(1, o.indices) - w_ref.gather(1, o_ref.indices)).abs().max() < 1e-5
+
+
+# ------------------------------------------------------------------ TRITON_OPS: the ops ascend950 runs on triton-ascend
+
+
+def triton_table():
+    from inferhal.backends.ascend950.ops import TRITON_OPS, provide
+
+    table = provide(object(), triton=True)
+    assert set(TRITON_OPS) <= set(table)
+    return table
+
+
+@pytest.mark.parametrize("ratio,overlap,c,tokens", [(4, True, 32, 8), (16, False, 40, 32)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attn_compress_on_the_ascend_table_in_interpreter(ratio, overlap, c, tokens, dtype):
+    from inferhal.backends.reference.deepseek import attn_compress as ref_compress
+    from inferhal.core.ops.params import AttnBatch, CompressParams
+
+    g = torch.Generator().manual_seed(ratio + c)
+    nb, bs = 4, 16
+    state = torch.randn(nb, bs, 2, c, generator=g).to(dtype)
+    d = c // 2 if overlap else c
+    batch = AttnBatch(torch.tensor([0, tokens]), torch.tensor([tokens]), torch.arange(tokens),
+                      torch.tensor([[2, 0, 3, 1]]), torch.arange(tokens))
+    rows = torch.arange(ratio - 1, tokens, ratio)  # the tokens that close a window
+    bias, w = torch.randn(ratio, c, generator=g), (1 + 0.1 * torch.randn(d, generator=g)).to(dtype)
+    ang = torch.arange(64).float()[:, None] * torch.rand(4, generator=g)[None]
+    cs = torch.cat((ang.cos(), ang.sin()), -1)
+    p = CompressParams(ratio, overlap, RopeParams(8, "interleaved", "tail"), 1e-6)
+    op = triton_table()["attn.compress"]
+    assert op.level.value == "wired-unrun" and "kernels.compress" in op.note
+    got, want = op(state, batch, rows, bias, w, cs, p), ref_compress(state, batch, rows, bias, w, cs, p)
+    tol = 3 * 2 ** -8 if dtype == torch.bfloat16 else 1e-5
+    assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max()
+
+
+def test_sample_mask_on_the_ascend_table_in_interpreter():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 100, generator=g)
+    bitmask = torch.randint(-2 ** 31, 2 ** 31 - 1, (2, 4), generator=g, dtype=torch.int64).to(torch.int32)
+    rows = torch.tensor([0, 2])
+    want = logits.clone()
+    ref.sample_mask(want, bitmask, rows)
+    triton_table()["sample.mask"](logits, bitmask, rows)
+    assert torch.equal(logits, want)
