@@ -94,6 +94,7 @@ SCHEMAS: dict[str, str] = {
         "int? per_token_scale_dtype=None) -> Tensor[]"
     ),
     "npu_swiglu": "npu_swiglu(Tensor self, int dim=-1) -> Tensor",
+    "npu_gelu": "npu_gelu(Tensor input, str approximate='none') -> Tensor",
     "npu_clipped_swiglu": (
         "npu_clipped_swiglu(Tensor x, *, Tensor? group_index=None, int dim=-1, float alpha=1.702, "
         "float limit=7.0, float bias=1.0, bool interleaved=True) -> Tensor"
@@ -219,6 +220,9 @@ CITATIONS: dict[str, str] = {
         f"{_BINDING}; norm_type 2 = sqrt(softplus), renorm 0 only, group_count 1 with norm_type 2: "
         f"csrc/moe/moe_gating_top_k_hash/op_host/moe_gating_top_k_hash_tiling.cpp; called as in "
         f"vllm_ascend/ops/fused_moe/router/fused_topk_router.py (sqrtsoftplus, input_ids int64, tid2eid int32)"),
+    "npu_gelu": ("hiascend.com Pytorch 7.0.0 API reference, torch_npu.npu_gelu (ptaoplist_001234): approximate "
+                 "'none' (erf) | 'tanh'; fp16/bf16/fp32; it notes that torch's own gelu on the NPU ignores "
+                 "approximate and uses tanh, hence this operator"),
     **{op: _ATEN for op in SCHEMAS if op.startswith("aten_")},
 }
 

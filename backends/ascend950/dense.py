@@ -16,8 +16,8 @@ lm_head            aten linear                     as linear, widened to fp32 in
 lm_head.argmax     aten linear → aten argmax       argmax over the fp32 logits (first index on ties is torch's rule;
                                                    on NPU it is what qualification checks)
 embed              aten embedding                  table rows, times scale in the table's dtype
-act.gated          npu_swiglu                      silu only: swiglu(cat(gate, up)) = silu(gate) * up (gelu_tanh:
-                                                   reference, visibly)
+act.gated          npu_swiglu | npu_gelu           silu: swiglu(cat(gate, up)) = silu(gate) * up; gelu_tanh:
+                                                   npu_gelu(gate, approximate='tanh') * up
 topk.select        aten sort.stable                descending, stable: ties by lower index; -inf → -1
 sample             aten argmax / aten multinomial  greedy rows by argmax; others draw from the reference's filtered
                                                    distribution with the row's own generator
@@ -72,9 +72,8 @@ class DenseOps:
 
     def act_gated(self, gate: torch.Tensor, up: torch.Tensor, p) -> torch.Tensor:
         # gate, up: [T, I] -> [T, I]
-        if p.kind != "silu":
-            self._fallback("act.gated", f"{p.kind}: only silu (npu_swiglu) is wired")
-            return ref.act_gated(gate, up, p)
+        if p.kind == "gelu_tanh":  # npu_gelu, not aten gelu: on the NPU the latter ignores approximate
+            return self.npu.npu_gelu(gate, approximate="tanh") * up
         return self.npu.npu_swiglu(torch.cat((gate, up.to(gate.dtype)), dim=-1), dim=-1)
 
     def topk_select(self, scores: torch.Tensor, k: int, valid_len: torch.Tensor | None = None) -> torch.Tensor:

@@ -90,7 +90,7 @@ NPU_OPS: dict[str, tuple[str, ...]] = {
     "mhc.post": ("npu_hc_post",),
     "sample": ("aten_argmax", "aten_multinomial"),
     "spec.verify": ("aten_argmax",),
-    "act.gated": ("npu_swiglu",),
+    "act.gated": ("npu_swiglu", "npu_gelu"),
     "embed": ("aten_embedding",),
 }
 

@@ -44,6 +44,9 @@ class FakeNpu:
         a, b = x.float().chunk(2, dim=dim)
         return (F.silu(a) * b).to(x.dtype)
 
+    def npu_gelu(self, input, approximate="none"):
+        return F.gelu(input.float(), approximate=approximate).to(input.dtype)
+
     def npu_clipped_swiglu(self, x, *, group_index=None, dim=-1, alpha=1.702, limit=7.0, bias=1.0, interleaved=True):
         xf = x.float()
         a, b = (xf[..., 0::2], xf[..., 1::2]) if interleaved else xf.chunk(2, dim=-1)

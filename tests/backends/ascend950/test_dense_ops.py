@@ -43,8 +43,12 @@ def test_embed_and_act(npu_ops, recorder):
     gate, up = torch.randn(6, 16, generator=g), torch.randn(6, 16, generator=g)
     assert torch.allclose(npu_ops.act_gated(gate, up, ActParams()), ref.act_gated(gate, up, ActParams()), atol=1e-6)
     assert recorder.ops_called() == ["aten_embedding", "npu_swiglu"]
-    npu_ops.act_gated(gate, up, ActParams(kind="gelu_tanh"))
-    assert npu_ops.events[-1][0] == "act.gated"
+    p = ActParams(kind="gelu_tanh")
+    for dtype in (torch.float32, BF16):
+        got, want = npu_ops.act_gated(gate.to(dtype), up.to(dtype), p), ref.act_gated(gate.to(dtype), up.to(dtype), p)
+        assert (got.float() - want.float()).abs().max() <= (1e-6 if dtype == torch.float32 else 0.05)
+    assert recorder.calls[-1].op == "npu_gelu" and recorder.calls[-1].args["approximate"] == "tanh"
+    assert not npu_ops.events
 
 
 def test_topk_select_ties_and_padding(npu_ops, recorder):

@@ -195,7 +195,6 @@ def test_on_a_probed_host_the_plugin_tags_ops_device_and_strict_refuses_per_call
 
     from inferhal.backends.ascend950 import plugin
     from inferhal.core.config.schema import BackendConfig
-    from inferhal.core.ops.params import ActParams
     from inferhal.core.ops.table import StrictFallbackError
 
     monkeypatch.setattr(plugin, "_torch_npu", lambda: recorder)
@@ -203,8 +202,11 @@ def test_on_a_probed_host_the_plugin_tags_ops_device_and_strict_refuses_per_call
     table = plugin.inferhal_provide_ops(prof, BackendConfig(name="ascend950"))
     assert {impl.level.value for impl in table.values()} == {"device"}
     assert set(table) == set(NPU_OPS) | set(TRITON_OPS)
-    x = torch.randn(2, 8)
-    table["act.gated"](x, x, ActParams(kind="gelu_tanh"))  # not strict: falls back for this call
+    x = torch.randn(2, 8, 64)  # hc_mult 8: outside npu_hc_pre_v2's hc_mult 4
+    fn, base, scale = torch.zeros(80, 512), torch.zeros(80), torch.ones(3)
+    from inferhal.core.ops.params import MhcParams
+
+    table["mhc.pre"](x, fn, base, scale, MhcParams(hc_mult=8))  # not strict: falls back for this call
     strict = plugin.inferhal_provide_ops(prof, BackendConfig(name="ascend950", strict=True))
-    with pytest.raises(StrictFallbackError, match="act.gated"):
-        strict["act.gated"](x, x, ActParams(kind="gelu_tanh"))
+    with pytest.raises(StrictFallbackError, match="mhc.pre"):
+        strict["mhc.pre"](x, fn, base, scale, MhcParams(hc_mult=8))
