@@ -141,8 +141,9 @@ def generation_of(soc_name: str) -> Generation:
 
 
 # kv_dtype:fp8/fp4: FP8/FP4 KV records are written and read by the reference, visibly (a fallback event per
-# kv.write call; attn.sparse_topk and indexer.scores are reference ops here): torch_npu's quantised sparse
-# attention (npu_kv_quant_sparse_attn_sharedkv, kv_quant_mode=1) reads its own FP8 layout and is not wired
+# kv.write, attn.sparse_topk and indexer.scores call that meets records): vllm-ascend's quantised sparse
+# attention (npu_kv_quant_sparse_attn_sharedkv, kv_quant_mode=1) reads its own 640-byte FP8 record, which
+# core/paging/formats.py does not define, so it is recorded in the contract but not called
 FEATURES_ALL = frozenset({"paged_attention", "fused_moe_routing", "grouped_gemm", "mc2_dispatch_combine",
                           "hash_routing_table", "kv_dtype:fp8", "kv_dtype:fp4"})
 DTYPES = frozenset({"float16", "bfloat16", "float32", "int8"})
