@@ -18,7 +18,10 @@ Mapping (torch-npu 2.13.0 schema; limits from the torch_npu API page of npu_moe_
 
 The choice between MC2 and the reference all-to-all depends only on values every rank shares (dtype,
 hidden size, top-k, group), never on one rank's data; MC2's per-call token bound (BS <= 512 on A3) is a
-contract precondition, not a fallback reason, since shards differ by a row between ranks. The HCCL group name comes from the communicator's process
+contract precondition, not a fallback reason, since shards differ by a row between ranks. Open for the
+first multi-rank hardware run (the fake emulates one EP rank only): ``global_bs`` 0 is what the docs allow
+when every rank sends the same BS; ``core/parallel/ep_moe.py``'s last shard can be shorter, in which case the
+operator may want ``global_bs`` = max BS x ``ep_world_size``. The HCCL group name comes from the communicator's process
 group (``comm.hccl_group_name``); one process has no group, and falls back.
 """
 
