@@ -169,6 +169,15 @@ def _dense_specs() -> list[KernelSpec]:
                    {"d_ptr": "*i64", "q_ptr": "*fp32", "l_ptr": "*fp32", "t_ptr": "*fp32", "k_ptr": "*i32", "p_ptr": "*fp32",
                     "mp_ptr": "*fp32", "seed_ptr": "*i64", "step_ptr": "*i64", "out_ptr": "*i64", "n_ptr": "*i64"}, (),
                    lambda cfg: {"HAS_Q": True, "BLOCK_V": cfg["BLOCK_V"]}),
+        # EP bookkeeping: 64 tokens x top-6 over 8 ranks, rows of V4's hidden 4096
+        KernelSpec("ep_plan", "moe.dispatch", "inferhal.kernels.moe_ep:ep_plan_kernel", "moe_ep",
+                   {"id_ptr": "*i64", "src_ptr": "*i64", "loc_ptr": "*i64", "inv_ptr": "*i32", "cnt_ptr": "*i32"}, (),
+                   lambda cfg: {"BLOCK_P": cfg["BLOCK_P"], "BLOCK_R": 8}),
+        KernelSpec("ep_gather", "moe.dispatch", "inferhal.kernels.moe_ep:ep_gather_kernel", "moe_ep",
+                   {"x_ptr": "*bf16", "src_ptr": "*i64", "o_ptr": "*bf16"}, (), lambda cfg: {"BLOCK_D": cfg["BLOCK_D"]}),
+        KernelSpec("ep_combine", "moe.combine", "inferhal.kernels.moe_ep:ep_combine_kernel", "moe_ep",
+                   {"b_ptr": "*bf16", "inv_ptr": "*i32", "w_ptr": "*fp32", "y_ptr": "*bf16"}, (),
+                   lambda cfg: {"DTYPE": bf16(), "BLOCK_D": cfg["BLOCK_D"], "INTERP": False}),
         # 4 streams x 4096
         KernelSpec("mhc_head", "mhc.head", "inferhal.kernels.mhc_head:mhc_head_kernel", "mhc_head",
                    {"s_ptr": "*bf16", "fn_ptr": "*fp32", "base_ptr": "*fp32", "scale_ptr": "*fp32", "x_ptr": "*bf16"},

@@ -39,6 +39,7 @@ _DEFAULT: dict[str, dict[str, Any]] = {
     "embed": {"BLOCK_D": 1024, "num_warps": 4},
     "act_gated": {"BLOCK_I": 1024, "num_warps": 4},
     "spec_verify": {"BLOCK_V": 1024, "num_warps": 4},
+    "moe_ep": {"BLOCK_P": 1024, "BLOCK_D": 1024, "num_warps": 4},
     "kv_write": {"num_warps": 4},
     "sample_mask": {"BLOCK_V": 1024, "num_warps": 4},
     # BLOCK_R rows per program (1 for real vocabularies; more for small ones); BISECT_ITERS is unused by
@@ -99,6 +100,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "mhc_post": {"BLOCK_D": 64, "num_warps": 4},
         "mhc_head": {"BLOCK_K": 256, "num_warps": 4},
         "spec_verify": {"BLOCK_V": 256, "num_warps": 4},
+        "moe_ep": {"BLOCK_P": 256, "BLOCK_D": 512, "num_warps": 4},
     },
 }
 

@@ -34,6 +34,8 @@ KERNEL_OPS: dict[str, str] = {
     "act.gated": "inferhal.kernels.act_gated:act_gated",
     "mhc.head": "inferhal.kernels.mhc_head:mhc_head",
     "spec.verify": "inferhal.kernels.spec_verify:spec_verify",
+    "moe.dispatch": "inferhal.kernels.moe_ep:moe_dispatch",
+    "moe.combine": "inferhal.kernels.moe_ep:moe_combine",
 }
 
 #: op ID -> why its kernel is degraded on a target (shown in the op's note).

@@ -66,7 +66,7 @@ def inferhal_kv_storage(request, profile):
 def inferhal_communicator(layout, profile):
     from inferhal.backends.cuda_sm100.comm import make_communicator
 
-    return make_communicator(layout, interpret=profile.exec_level.value == "interpreter")
+    return make_communicator(layout, interpret=profile.exec_level.value == "interpreter", device=profile.torch_device)
 
 
 @hookimpl
