@@ -18,7 +18,8 @@ import torch
 from inferhal.backends.reference import ops as ref
 from inferhal.backends.reference.quant import dequantize, quantize_fp4_group, quantize_fp8_block, quantize_int_block
 from inferhal.core.ops.quant import QuantWeight
-from inferhal.kernels.linear import act_quant, linear, linear_w8a8, lm_head, lm_head_argmax
+from inferhal.kernels.linear import (act_quant, act_quant_fp4, linear, linear_w4a4, linear_w8a8, lm_head,
+                                     lm_head_argmax)
 
 
 def data(t, n, k, seed, dtype):
@@ -123,3 +124,38 @@ def test_fp8_activations_w8a8(close):
     assert (xd - x.float()).abs().max() <= x.float().abs().max() / 16  # e4m3: 3 mantissa bits
     want = (xd @ dequantize(q).T).to(torch.bfloat16)
     close(linear_w8a8(x, q), want, links=2, name="linear w8a8", scale=scale_of(want))
+
+
+@pytest.mark.parametrize("layout", ["mxfp4", "nvfp4"])
+def test_fp4_activations_w4a4(layout, close):
+    """FP4 x FP4 (SM100: kind::mxf4 for MXFP4, kind::mxf4nvf4 for NVFP4). Activation scales: MXFP4 2^(floor(log2
+    amax) - 2) (OCP MX), NVFP4 amax / 6 in e4m3; codes the nearest e2m1 of x / scale, saturated at 6. The
+    product against the reference one of the dequantised activations. (The interpreter's dot_scaled misreads
+    e4m3 scales: NVFP4 tiles are decoded to fp32 there, behind INTERP.)"""
+    from inferhal.backends.reference.quant import unpack_e2m1
+
+    group = 32 if layout == "mxfp4" else 16
+    x, w, _ = data(5, 96, 128, 12, torch.bfloat16)
+    x[0, :32] = 0.0  # all-zero groups
+    if layout == "mxfp4":
+        q = weight(w, "fp4_e8m0", torch.bfloat16)
+    else:
+        q4 = quantize_fp4_group(w, 16)
+        q = QuantWeight(q4.data, q4.scale.to(torch.float8_e4m3fn), q4.format, q4.shape, q4.block)
+    xq, xs = act_quant_fp4(x, group)
+    ng = 128 // group
+    scale = torch.exp2(xs.float() - 127) if layout == "mxfp4" else xs.float()  # [5, ng]
+    full = scale.repeat_interleave(group, dim=1)
+    xd = unpack_e2m1(xq) * full
+    amax = x.float().view(5, ng, group).abs().amax(-1)
+    if layout == "mxfp4":
+        want_scale = torch.where(amax > 0, torch.exp2(torch.floor(torch.log2(amax)) - 2), torch.exp2(torch.tensor(-127.0)))
+    else:
+        want_scale = (amax / 6).to(torch.float8_e4m3fn).float()
+    assert torch.equal(scale, want_scale)
+    safe = torch.where(full > 0, full, torch.ones_like(full))
+    y = torch.where(full > 0, x.float() / safe, torch.zeros_like(full)).clamp(-6, 6)
+    step = torch.where(y.abs() < 2, 0.5, torch.where(y.abs() < 4, 1.0, 2.0))
+    assert bool(((xd / safe - y).abs() <= step / 2 + 1e-5).all())  # the nearest e2m1 value (up to ties)
+    want = (xd @ dequantize(q).T).to(torch.bfloat16)
+    close(linear_w4a4(x, q), want, links=2, name=f"linear w4a4 {layout}", scale=scale_of(want))
