@@ -26,7 +26,7 @@ kv.write           npu_scatter_pa_kv_cache (K,V planes)            key/value [T,
                                                                    [0, NB*BS) unique; nd_update: self [NB*BS, F],
                                                                    indices [n,1] int64, updates [n, F]
 moe.route          npu_moe_gating_top_k                            x [T,E] E <= 2048, norm_type 0 softmax / 1 sigmoid,
-                                                                   bias [E] in x's dtype, renorm=0, group_count=1;
+                                                                   x and bias [E] in fp32 (y_out takes x's dtype),
                                                                    returns (y_out x.dtype, expert_idx int32, norm_out)
                                                                    with y_out = norm[idx] / (sum + eps) * scaling
 moe.experts        npu_moe_init_routing_v2 → npu_grouped_matmul    init: expert_idx int32 [T,K], expert_tokens_num_type
@@ -339,8 +339,9 @@ class NpuOps(V4Ops, DenseOps, EpOps):
         if why:
             self._fallback("moe.route", why)
             return ref_moe.moe_route(logits, p, bias, hash_ids)
+        x = logits.float().contiguous()  # y_out comes back in x's dtype: fp32 weights, as the vocabulary's
         y, idx, _norm = self.npu.npu_moe_gating_top_k(
-            logits, p.top_k, bias=None if bias is None else bias.to(logits.dtype), k_group=1, group_count=1,
+            x, p.top_k, bias=None if bias is None else bias.float(), k_group=1, group_count=1,
             group_select_mode=0, renorm=0, norm_type=norm_type, out_flag=False,
             routed_scaling_factor=float(p.routed_scaling), eps=1e-20)
         return y.float(), idx.long()

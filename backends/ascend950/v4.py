@@ -235,9 +235,9 @@ class V4Ops:
         if hash_ids is not None:  # the op looks ids up as tid2eid[input_ids[t]]: a table of our T rows
             kw = dict(input_ids=torch.arange(t, dtype=torch.int64, device=logits.device),
                       tid2eid=hash_ids.to(torch.int32).contiguous())
-        b = None if bias is None or hash_ids is not None else bias.to(logits.dtype).contiguous()
-        y, idx, _ = self.npu.moe_gating_top_k_hash(
-            logits.contiguous(), p.top_k, bias=b, k_group=1, group_count=1,
+        b = None if bias is None or hash_ids is not None else bias.float().contiguous()
+        y, idx, _ = self.npu.moe_gating_top_k_hash(  # fp32 x: the weights come back in x's dtype
+            logits.float().contiguous(), p.top_k, bias=b, k_group=1, group_count=1,
             routed_scaling_factor=float(p.routed_scaling), eps=1e-20, group_select_mode=0, renorm=0,
             norm_type=norm_type, out_flag=False, **kw)
         return y.float(), idx.long()
