@@ -15,7 +15,9 @@ attn.sparse_topk   npu_sparse_attn_sharedkv_metadata →             A2/A3 only 
                    npu_sparse_attn_sharedkv (_C_ascend)            query padded to 64 heads, PA_ND caches [NB, BS, 1,
                                                                    D], window 128 (ori_win_left 127, band mask 4),
                                                                    compressed entries by cmp_sparse_indices [T, 1, 512]
-                                                                   (valid first, -1 after), cmp_ratio 4 or 128, fp32
+                                                                   (valid first, -1 after), or none at all when the
+                                                                   caller lists every closed entry (HCA: scenario 2,
+                                                                   any count), cmp_ratio 4 or 128, fp32
                                                                    sinks [64]; seqused_kv = tokens per sequence
 mhc.pre            npu_hc_pre_v2 (_C_ascend)                       hc_mult 4, D 4096 | 7168, streams bf16, fn fp32
                                                                    [24, 4D]; returns (x bf16, post fp32, comb fp32)
@@ -110,6 +112,8 @@ class V4Ops:
         # q: [T, H, D]; kv_cache: [NB, BS, D]; comp_cache: [NB', BS', D]; topk_idx: [T, K] -> [T, H, D]
         t, h, d = q.shape
         use_cmp = comp_batch is not None and topk_idx is not None and topk_idx.shape[1] > 0
+        # HCA passes every causally closed entry: the operator's scenario 2 (no indices, any count) is that
+        every = use_cmp and _every_visible(topk_idx, batch.positions, comp_batch.tokens_per_slot)
         why = ""
         if "sparse_attn_sharedkv" not in self.features:
             why = ("this generation has no bf16 npu_sparse_attn_sharedkv (950: only npu_kv_quant_sparse_attn_sharedkv, "
@@ -126,7 +130,8 @@ class V4Ops:
             why = f"{h} heads / softcap {p.softcap}: the operator takes <= 64 heads (padded to 64), no softcap"
         elif kv_cache.shape[1] % 16 or kv_cache.shape[1] > 1024:
             why = f"block size {kv_cache.shape[1]}: the operator takes multiples of 16 up to 1024"
-        elif use_cmp and (comp_batch.tokens_per_slot not in SPARSE_RATIOS or topk_idx.shape[1] > SPARSE_TOPK
+        elif use_cmp and (comp_batch.tokens_per_slot not in SPARSE_RATIOS
+                          or (topk_idx.shape[1] > SPARSE_TOPK and not every)
                           or comp_cache.shape[1] % 16 or comp_cache.shape[1] > 1024):
             why = (f"compression {comp_batch.tokens_per_slot} / top-k {topk_idx.shape[1]}: the operator takes ratio "
                    f"4 or 128, <= {SPARSE_TOPK} entries, 16-aligned blocks <= 1024")
@@ -148,7 +153,7 @@ class V4Ops:
                   ori_win_right=0, ori_mask_mode=4, cmp_mask_mode=3)
         meta = self.npu.npu_sparse_attn_sharedkv_metadata(
             SPARSE_HEADS, 1, d, batch_size=nb, max_seqlen_q=int(qlens.max()), max_seqlen_kv=int(used_kv.max()),
-            cmp_topk=SPARSE_TOPK if use_cmp else 0, cmp_ratio=comp_batch.tokens_per_slot if use_cmp else 4,
+            cmp_topk=SPARSE_TOPK if use_cmp and not every else 0, cmp_ratio=comp_batch.tokens_per_slot if use_cmp else 4,
             has_ori_kv=True, has_cmp_kv=use_cmp, **kw)
         call = dict(ori_kv=kv_cache.view(*kv_cache.shape[:2], 1, d),
                     ori_block_table=batch.block_table.to(torch.int32).contiguous(), sinks=sk, metadata=meta,
@@ -156,8 +161,9 @@ class V4Ops:
         if use_cmp:
             call.update(cmp_kv=comp_cache.view(*comp_cache.shape[:2], 1, d),
                         cmp_block_table=comp_batch.block_table.to(torch.int32).contiguous(),
-                        cmp_sparse_indices=_valid_first(topk_idx, SPARSE_TOPK).view(t, 1, SPARSE_TOPK),
                         cmp_ratio=int(comp_batch.tokens_per_slot))
+            if not every:
+                call["cmp_sparse_indices"] = _valid_first(topk_idx, SPARSE_TOPK).view(t, 1, SPARSE_TOPK)
         out, _lse = self.npu.npu_sparse_attn_sharedkv(qp, **call)
         return out[:, :h].contiguous()
 
@@ -241,6 +247,14 @@ class V4Ops:
             routed_scaling_factor=float(p.routed_scaling), eps=1e-20, group_select_mode=0, renorm=0,
             norm_type=norm_type, out_flag=False, **kw)
         return y.float(), idx.long()
+
+
+def _every_visible(idx: torch.Tensor, positions: torch.Tensor, ratio: int) -> bool:
+    """Whether row t of ``idx [T, K]`` lists exactly entries 0 .. (pos_t+1)//ratio - 1 in order, -1 after."""
+    vis = (positions.long() + 1) // ratio
+    cols = torch.arange(idx.shape[1], device=idx.device)
+    want = torch.where(cols[None, :] < vis[:, None], cols[None, :], torch.full_like(cols, -1)[None, :])
+    return bool(int(vis.max()) <= idx.shape[1]) and torch.equal(idx.long(), want)
 
 
 def _valid_first(idx: torch.Tensor, width: int) -> torch.Tensor:

@@ -123,6 +123,28 @@ def test_sparse_attention_equals_reference(npu_ops, recorder):
     assert recorder.calls[-1].args.get("cmp_kv") is None
 
 
+@pytest.mark.parametrize("ratio,tokens", [(128, 300), (4, 2400)])
+def test_every_closed_entry_goes_without_indices(npu_ops, recorder, ratio, tokens):
+    """HCA lists every causally closed entry: the operator's compressed-attention scenario (no indices) takes
+    that for any count, past the 512 an index list allows (2400 tokens / 4 = 600 entries)."""
+    from inferhal.core.models.deepseek_v4.attention import all_visible
+
+    g = torch.Generator().manual_seed(10)
+    d, h = 64, 4
+    batch, nb = paged([tokens, 50], [2, 1], 16, 1, g)
+    cbatch, cnb = paged([tokens // ratio, max(1, 50 // ratio)], [2, 1], 16, ratio, g)
+    cbatch = AttnBatch(cbatch.query_start_loc, cbatch.seq_lens, batch.positions, cbatch.block_table,
+                       cbatch.slot_mapping, ratio)
+    kv, comp = torch.randn(nb, 16, d, generator=g).to(BF16), torch.randn(cnb, 16, d, generator=g).to(BF16)
+    q, sinks = torch.randn(3, h, d, generator=g).to(BF16), torch.randn(h, generator=g)
+    idx = all_visible(batch.positions, ratio)
+    p = AttnParams(scale=d ** -0.5, window=128, shared_kv=True)
+    got = npu_ops.attn_sparse_topk(q, kv, batch, comp, cbatch, idx, p, sinks)
+    close(got, ref_ds.attn_sparse_topk(q, kv, batch, comp, cbatch, idx, p, sinks), 0.02)
+    call = recorder.calls[-1]
+    assert call.args.get("cmp_sparse_indices") is None and call.args["cmp_ratio"] == ratio and not npu_ops.events
+
+
 @pytest.mark.parametrize("change,why", [
     (dict(window=16), "window 16"), (dict(ratio=16), "compression 16"), (dict(h=80), "80 heads"),
     ("950", "this generation has no bf16"),
