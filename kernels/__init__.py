@@ -7,7 +7,10 @@ and its test is in ``tests/kernels/``.
 
 Modules: ``norm`` (norm.rms with fused residual), ``rope`` (rope.apply), ``moe_route`` (moe.route),
 ``moe_experts`` (moe.experts: grouped GEMM + SwiGLU, bf16 / fp8_block / fp4 via tl.dot_scaled),
-``mhc`` (mhc.pre / mhc.post), ``kv_write`` (kv.write, fp8), ``attn_paged`` (attn.paged).
+``mhc`` (mhc.pre / mhc.post), ``kv_write`` (kv.write, fp8), ``attn_paged`` (attn.paged), ``linear`` (linear,
+lm_head, lm_head.argmax: bf16 / fp8_block / fp4_group / int_block weights), ``linear_lowp`` (the FP8 x FP8
+and FP4 x FP4 paths with quantised activations), ``embed``, ``act_gated`` (act.gated), ``mhc_head`` (mhc.head),
+``spec_verify`` (spec.verify), ``moe_ep`` (moe.dispatch / moe.combine bookkeeping around the all-to-all).
 Infrastructure: ``runtime`` (interpreter switch), ``common`` (the INTERP workarounds), ``tuning``
 (configs as data), ``registry`` (AOT specs), ``aot`` (compile for sm_100a / sm_103a / sm_90a). The check
 on a lent GPU is ``backends/cuda_sm100/device_check.py`` (it needs the reference backend beside the kernels).

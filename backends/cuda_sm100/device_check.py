@@ -213,7 +213,7 @@ def v4_dense_cases(torch, dev, g):
     from inferhal.backends.reference.quant import dequantize, quantize_fp4_group, quantize_fp8_block
     from inferhal.core.ops import params as P
     from inferhal.core.ops.quant import QuantWeight
-    from inferhal.kernels import act_gated, embed, linear, mhc_head, spec_verify
+    from inferhal.kernels import act_gated, embed, linear, linear_lowp, mhc_head, spec_verify
 
     rnd = lambda *s: torch.randn(*s, generator=g).to(dev)  # noqa: E731
     bf = torch.bfloat16
@@ -226,9 +226,9 @@ def v4_dense_cases(torch, dev, g):
     for label, wt in (("bf16", w.to(bf)), ("fp8_block", w8), ("fp4 e2m1 ue8m0 dot_scaled", q4)):
         yield (f"linear [{label} T64 4096->1024]", (lambda wt=wt: linear.linear(x, wt)), (lambda wt=wt: ro.linear(x, wt)),
                2 * 2**-7, 0.05)
-    xq, xs = linear.act_quant(x)
+    xq, xs = linear_lowp.act_quant(x)
     xd = (xq.float().view(64, 32, 128) * xs[..., None]).view(64, 4096)
-    yield ("linear [fp8 x fp8 w8a8 T64 4096->1024]", lambda: linear.linear_w8a8(x, w8),
+    yield ("linear [fp8 x fp8 w8a8 T64 4096->1024]", lambda: linear_lowp.linear_w8a8(x, w8),
            lambda: (xd @ dequantize(w8).T).to(bf), 2 * 2**-7, 0.05)
     head = rnd(32768, 4096).to(bf) / 64
     xh = rnd(16, 4096).to(bf)

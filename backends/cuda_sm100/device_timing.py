@@ -209,7 +209,7 @@ def gemm_perf(torch, dev, tgt, bench) -> None:
     V4-Flash's hidden 4096, bf16 / FP8 blocks (bf16 activations) / FP8 x FP8; the LM head and its fused argmax
     over the 129,280-token vocabulary at 32 rows."""
     from inferhal.backends.reference.quant import quantize_fp8_block
-    from inferhal.kernels import linear
+    from inferhal.kernels import linear, linear_lowp
 
     bf = torch.bfloat16
     n, kd = 4096, 4096
@@ -224,7 +224,7 @@ def gemm_perf(torch, dev, tgt, bench) -> None:
         bench(f"linear fp8_block (bf16 activations) M{m} N{n} K{kd}", lambda: linear.linear(x, w8, target=tgt),
               n * kd + m * (kd + n) * 2, flops, "float8_e4m3fn")
         bench(f"linear fp8 x fp8 (w8a8, act_quant included) M{m} N{n} K{kd}",
-              lambda: linear.linear_w8a8(x, w8, target=tgt), n * kd + m * (kd + n) * 2, flops, "float8_e4m3fn")
+              lambda: linear_lowp.linear_w8a8(x, w8, target=tgt), n * kd + m * (kd + n) * 2, flops, "float8_e4m3fn")
     del wb, w8
     v, b = 129280, 32
     head = torch.randn(v, kd, device=dev, dtype=bf) * 0.02

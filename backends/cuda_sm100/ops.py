@@ -40,7 +40,8 @@ KERNEL_OPS: dict[str, str] = {
 
 #: op ID -> why its kernel is degraded on a target (shown in the op's note).
 DEGRADED: dict[str, dict[str, str]] = {
-    "cuda_sm90": {"moe.experts": "fp4 experts: tl.dot_scaled decomposes e2m1 to bf16 wgmma (no native FP4 MMA)"},
+    "cuda_sm90": {"moe.experts": "fp4 experts: tl.dot_scaled decomposes e2m1 to bf16 wgmma (no native FP4 MMA)",
+                  "linear": "fp4 weights: tl.dot_scaled decomposes e2m1 to bf16 wgmma (no native FP4 MMA)"},
 }
 
 

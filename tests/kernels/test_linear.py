@@ -18,8 +18,8 @@ import torch
 from inferhal.backends.reference import ops as ref
 from inferhal.backends.reference.quant import dequantize, quantize_fp4_group, quantize_fp8_block, quantize_int_block
 from inferhal.core.ops.quant import QuantWeight
-from inferhal.kernels.linear import (act_quant, act_quant_fp4, linear, linear_w4a4, linear_w8a8, lm_head,
-                                     lm_head_argmax)
+from inferhal.kernels.linear import linear, lm_head, lm_head_argmax
+from inferhal.kernels.linear_lowp import act_quant, act_quant_fp4, linear_w4a4, linear_w8a8
 
 
 def data(t, n, k, seed, dtype):
