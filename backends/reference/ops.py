@@ -34,6 +34,8 @@ def norm_scale(weight: torch.Tensor, unit_offset: bool) -> torch.Tensor:
         return hit[1]
     w = weight.float()
     scale = 1.0 + w if unit_offset else w
+    if scale is weight:  # fp32 already: nothing to keep (an entry would hold the weight itself, and with it
+        return scale  # the memory-mapped weight file it views, after its model was dropped)
     if key is not None:
         if len(_NORM_SCALES) > 4096:
             _NORM_SCALES.clear()
