@@ -58,6 +58,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from inferhal.core.ops import mapped
+
 TILE_ROWS = 16
 #: the switch that forces the portable product (``F.linear``) whatever the CPU; read once
 PORTABLE_ENV = "INFERHAL_PORTABLE_CPU"
@@ -203,6 +205,8 @@ class PackCache:
         self.entries[key] = (weakref.ref(base), wp, size)
         self.nbytes += size
         weakref.finalize(base, self._forget, key)
+        if source is None:  # the products read the copy from now on: a memory-mapped original's pages go back
+            mapped.release(w)
         return wp
 
     def keeps(self, w: torch.Tensor) -> bool:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from inferhal.core.ops import mapped
+
 FORMATS = ("fp8_block", "fp4_group", "int_block")
 
 
@@ -82,14 +84,24 @@ def int_block_values(w: QuantWeight) -> torch.Tensor:
 
 def cat_rows(ws) -> torch.Tensor | QuantWeight:
     """Weights ``[N_i, K]`` stacked along N: ``torch.cat`` for tensors; int_block weights of one block size
-    (a zero offset stands in where one has none and another has one: fl(v - 0) = v)."""
+    (a zero offset stands in where one has none and another has one: fl(v - 0) = v). The parts' pages go
+    back where they view a mapped weight file (:func:`~inferhal.core.ops.mapped.release`): the fused copy is
+    what a model keeps and reads."""
     ws = list(ws)
     if all(isinstance(w, torch.Tensor) for w in ws):
-        return torch.cat(ws)
+        out = torch.cat(ws)
+        for w in ws:
+            mapped.release(w)
+        return out
     if not all(isinstance(w, QuantWeight) and w.format == "int_block" for w in ws) or len({w.block for w in ws}) != 1:
         raise ValueError(f"cat_rows: takes tensors, or int_block weights of one block size; got "
                          f"{[type(w).__name__ if isinstance(w, torch.Tensor) else (w.format, w.block) for w in ws]}")
     off = None
     if any(w.offset is not None for w in ws):
         off = torch.cat([torch.zeros_like(w.scale) if w.offset is None else w.offset for w in ws])
-    return int_block(torch.cat([w.data for w in ws]), torch.cat([w.scale for w in ws]), off)
+    out = int_block(torch.cat([w.data for w in ws]), torch.cat([w.scale for w in ws]), off)
+    for w in ws:
+        for t in (w.data, w.scale, w.offset):
+            if t is not None:
+                mapped.release(t)
+    return out

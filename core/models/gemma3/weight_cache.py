@@ -23,6 +23,8 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
+from inferhal.core.ops import mapped
+
 from inferhal.core.ops.quant import QuantWeight, int_block
 
 log = logging.getLogger("inferhal.models.gemma3")
@@ -71,6 +73,7 @@ def load(d: Path) -> dict[str, torch.Tensor | QuantWeight] | None:
         mm = np.memmap(d / "weights.bin", dtype=np.uint8, mode="r")
         if mm.size != index["nbytes"]:
             return None
+        mapped.register(mm)  # a backend that copies a weight may give its mapped pages back
         out = {}
         with warnings.catch_warnings():  # read-only mapping: the model never writes its weights
             warnings.simplefilter("ignore", UserWarning)
