@@ -35,7 +35,7 @@ def test_a_repeated_prompt_hits_the_prefix_cache(server):
 
 
 @pytest.mark.slow
-def test_spec_decoding_applies_to_served_requests(server):
+def test_spec_decoding_applies_to_served_requests(server, llm):
     from inferhal.core.cli.main import compose
     from inferhal.core.engine.llm import LLM
     from inferhal.core.server.serve import make_app
@@ -44,8 +44,9 @@ def test_spec_decoding_applies_to_served_requests(server):
     want = _complete(server[0], prompt, max_tokens=16)
     cfg = compose([f"model={MODEL}", "spec=ngram", "spec.num_speculative_tokens=3", "spec.disable_by_batch_size=0"],
                   command="serve")
-    llm = LLM.from_config(cfg)
-    app, _ = make_app(llm, cfg)
+    drafting = LLM(loaded_model=llm.engine.loaded, active_backend=llm.engine.backend,  # the session's weights
+                   overrides=["spec=ngram", "spec.num_speculative_tokens=3", "spec.disable_by_batch_size=0"])
+    app, _ = make_app(drafting, cfg)
     with run_server(app) as url:
         headers = {"Content-Type": "application/json"}
         assert _complete(url, prompt, headers, max_tokens=16) == want
