@@ -62,7 +62,8 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
         # dot_scaled decomposes e2m1 to bf16 in registers: a 64-wide K tile keeps it unspilled
         "gemm_fp4": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
-        "gemm_fp8": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
+        # the per-K-block scaled add runs in registers: 64-row tiles keep it unspilled (128 rows: 824 B)
+        "gemm_fp8": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
         # GGUF blocks gather a scale (and offset) per element: 64-wide N tiles keep them unspilled in ~106 KB
         "gemm_int": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
         "attn_paged": {"BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 8, "num_stages": 2},
@@ -75,7 +76,8 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
     "cuda_sm90": {
         "moe_gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
         "moe_gemm_fp4": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2},
-        "gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
+        # wgmma accumulates in registers: 32-wide K tiles (4 stages) keep the bf16 GEMM unspilled (64 B at 64)
+        "gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
         "gemm_fp8": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
         "attn_paged": {"BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 4, "num_stages": 2},
     },
