@@ -255,25 +255,25 @@ def tiled_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
     return row_tiled(F.linear, (0,))(x2, w, bias).reshape(*x.shape[:-1], w.shape[0])
 
 
-def row_tiled(fn, row_args: tuple[int, ...]):
-    """``fn`` run over fixed tiles of :data:`TILE_ROWS` rows (zero-padded) of its positional arguments
-    ``row_args``, outputs concatenated. CPU elementwise loops compute a vector's tail with scalar code
+def row_tiled(fn, row_args: tuple[int | str, ...]):
+    """``fn`` run over fixed tiles of :data:`TILE_ROWS` rows (zero-padded) of its arguments ``row_args``
+    (positions, or names of keyword arguments; absent or None ones are skipped), outputs concatenated. CPU elementwise loops compute a vector's tail with scalar code
     whose last bit can differ, and where a row's elements land depends on the batch size; fixed tiles
     make each row's elements land in the same places whatever the batch."""
     import functools
 
     @functools.wraps(fn)
     def tiled(*args, **kwargs):
-        m = args[row_args[0]].shape[0]
-        padded = list(args)
-        for i in row_args:
-            padded[i] = F.pad(args[i], (0, 0) * (args[i].dim() - 1) + (0, -m % TILE_ROWS))
+        given = dict(enumerate(args), **kwargs)
+        rows = [i for i in row_args if given.get(i) is not None]
+        m = given[rows[0]].shape[0]
+        padded = {i: F.pad(given[i], (0, 0) * (given[i].dim() - 1) + (0, -m % TILE_ROWS)) for i in rows}
         outs = []
         for s in range(0, max(m, 1) + (-max(m, 1) % TILE_ROWS), TILE_ROWS):
-            part = list(padded)
-            for i in row_args:
-                part[i] = padded[i][s : s + TILE_ROWS]
-            outs.append(fn(*part, **kwargs))
+            part, kw = list(args), dict(kwargs)
+            for i, t in padded.items():
+                (part if isinstance(i, int) else kw)[i] = t[s : s + TILE_ROWS]
+            outs.append(fn(*part, **kw))
         if isinstance(outs[0], tuple):
             return tuple(torch.cat(o)[:m] for o in zip(*outs))
         return torch.cat(outs)[:m]

@@ -20,14 +20,19 @@ def score(logits: torch.Tensor, scoring: str) -> torch.Tensor:
 
 
 def moe_route(logits: torch.Tensor, p: RouteParams, bias: torch.Tensor | None = None,
-              hash_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    # logits: [T, E] -> weights [T, K] fp32, ids [T, K] int64
+              hash_ids: torch.Tensor | None = None, *, fixed_order: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits: [T, E] -> weights [T, K] fp32, ids [T, K] int64. ``topk(sorted=False)`` returns a row's experts
+    in an order that can change with the number of rows (its CPU kernel differs), and the order is the
+    summation order of the renormalisation and of the experts' outputs; ``fixed_order`` (batch-invariant
+    mode) sorts each row's experts by id."""
     scores = score(logits, p.scoring)
     if hash_ids is not None:
         ids = hash_ids.long()
     else:
         choose = scores if bias is None else scores + bias.float()
         ids = torch.topk(choose, p.top_k, dim=-1, sorted=False).indices
+    if fixed_order:
+        ids = ids.sort(dim=-1).values
     w = scores.gather(1, ids)
     if p.renormalize:
         w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)

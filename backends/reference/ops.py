@@ -295,7 +295,7 @@ OPS = _ops()
 #: ops whose matrix products take ``mm=`` (see matmul.py); batch-invariant mode binds the tiled product
 MATMUL_OPS = ("linear", "lm_head", "lm_head.argmax", "moe.experts", "mhc.pre", "mhc.head")
 #: row-independent ops with elementwise tails, and which positional arguments carry the rows
-ROWWISE_OPS = {"act.gated": (0, 1), "mhc.pre": (0,), "mhc.head": (0,), "mhc.post": (0, 1, 2, 3)}
+ROWWISE_OPS = {"act.gated": (0, 1), "mhc.pre": (0,), "mhc.head": (0,), "mhc.post": (0, 1, 2, 3), "moe.route": (0, 3, "hash_ids")}
 
 
 def ops_for(batch_invariant: bool) -> dict:
@@ -310,4 +310,5 @@ def ops_for(batch_invariant: bool) -> dict:
     for op, rows in ROWWISE_OPS.items():
         table[op] = row_tiled(table[op], rows)
     table["indexer.scores"] = functools.partial(table["indexer.scores"], fixed_order=True)
+    table["moe.route"] = functools.partial(table["moe.route"], fixed_order=True)
     return table
