@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata as md
 import logging
 from dataclasses import dataclass, field
@@ -201,6 +202,25 @@ class BackendRegistry:
         probe = self.probe(name, config)
         if not probe.available:
             raise BackendSelectionError(f"backend {name!r} is unavailable: {probe.reason}\nBackends found:\n{self.describe()}")
+
+    def check_deterministic(self, config: BackendConfig) -> None:
+        """Refuse ``deterministic=true`` where backend ``config.name`` cannot honour it (its profile, asked for
+        batch-invariant ops, does not declare them), naming the ops it runs itself: a row's result from any of
+        them may change with the batch it shares. The reference's fallbacks honour the mode."""
+        name = config.name
+        self.require(config)
+        try:
+            ok = self.call(name, "inferhal_device_profile",
+                           config=dataclasses.replace(config, batch_invariant=True)).supports("batch_invariant")
+        except UserError:  # the backend refuses batch-invariant mode outright
+            ok = False
+        if ok:
+            return
+        natives = self.select(dataclasses.replace(config, batch_invariant=False, strict=False)).ops.natives()
+        raise BackendSelectionError(
+            f"deterministic=true: backend {name!r} cannot honour it: its ops {', '.join(natives) or '(none)'} "
+            f"declare no batch invariance (a row's result may change with the batch it shares); backend=reference "
+            f"honours it")
 
     def select(self, config: BackendConfig) -> ActiveBackend:
         """Make ``config.name`` the active backend; fail with every backend found and why."""

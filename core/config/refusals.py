@@ -74,7 +74,19 @@ def refused(cfg: Any) -> list[tuple[str, str]]:
         out.append(("eplb.enabled", f"eplb.enabled=True is refused with parallel.ep={ep}: EPLB balances routed "
                                     f"experts among EP ranks and runs only with parallel.ep > 1 (e.g. parallel=ep2); "
                                     f"otherwise use eplb=disabled"))
+    if OmegaConf.select(cfg, "deterministic", default=False):
+        if not any(command == c or command.startswith(c + " ") for c in DETERMINISTIC_COMMANDS):
+            out.append(("deterministic", f"deterministic=true is refused by `inferhal {command}`: it builds its "
+                                         f"engine or backend without the mode; it runs with "
+                                         f"{', '.join(DETERMINISTIC_COMMANDS)} (and LLM(...))"))
+        elif int(ep) > 1:
+            out.append(("deterministic", f"deterministic=true is refused with parallel.ep={ep}: outputs across EP "
+                                         f"layouts are not verified bitwise equal yet (single process only)"))
     return out
+
+
+#: commands that honour ``deterministic`` (they build their engine through LLM.from_config)
+DETERMINISTIC_COMMANDS = ("generate", "serve", "bench e2e", "bench serve")
 
 
 def check(cfg: Any, overrides: Sequence[str] = ()) -> None:

@@ -182,6 +182,10 @@ class InferhalConfig:
     target: Optional[str] = None  # `inferhal kernels compile target=NAME`: a target some backend declares
     output: Optional[str] = None  # where a command writes its result file, if it writes one
     seed: int = 0
+    # the same request gives bitwise the same tokens and logprobs whatever else is in its batch (chunk sizes,
+    # prefix hits, preemption, drafts): batch-invariant ops, unseeded sampling seeded from `seed`; refused
+    # at start-up on a backend whose ops cannot honour it, naming them
+    deterministic: bool = False
     log_level: str = "WARNING"
 
 

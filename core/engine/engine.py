@@ -55,7 +55,7 @@ def plan_num_blocks(specs, block_size: int, cache: CacheConfig, device: Any, sch
 class Engine:
     def __init__(self, loaded: LoadedModel, backend: Any, scheduler: SchedulerConfig | None = None,
                  cache: CacheConfig | None = None, max_model_len: Optional[int] = None, seed: int = 0,
-                 spec: SpecConfig | None = None) -> None:
+                 spec: SpecConfig | None = None, deterministic: bool = False) -> None:
         scheduler = scheduler or SchedulerConfig()
         cache = cache or CacheConfig()
         spec = spec or SpecConfig()
@@ -96,6 +96,7 @@ class Engine:
             self.scheduler.num_lookahead_tokens = self.proposer.num_lookahead_tokens
             self.scheduler.trim_prefix_hit = self.proposer.reads_next_token
         self.seed = seed
+        self.deterministic = deterministic  # unseeded sampled requests all draw from `seed` (not their arrival)
         self.stream_text = False  # decode text on every step (streaming) or only when a request finishes
         # called as hook(engine) at the end of every step(), in order (e.g. core/parallel's EP rank sync
         # and EPLB rebalance); an exception from a hook propagates out of step()
@@ -167,7 +168,8 @@ class Engine:
     def add(self, req: Request) -> str:
         self.scheduler.add_request(req)
         if req.params.temperature > 0:
-            seed = req.params.seed if req.params.seed is not None else self.seed * 1_000_003 + req.arrival
+            seed = req.params.seed if req.params.seed is not None else (
+                self.seed if self.deterministic else self.seed * 1_000_003 + req.arrival)
             req.generator = torch.Generator(device=self.device).manual_seed(int(seed))
         self._logprobs[req.request_id] = []
         self._sent[req.request_id] = 0

@@ -119,10 +119,18 @@ class LLM:
         check_spec_config(_to(schema.SpecConfig, cfg.spec))  # a bad spec config fails before anything loads
         injected = loaded_model
         self.config = cfg
+        deterministic = bool(cfg.get("deterministic", False))
         if active_backend is None:
             from inferhal.core.registry import BackendRegistry
 
-            active_backend = BackendRegistry.discover().select(_to(schema.BackendConfig, cfg.backend))
+            registry, bcfg = BackendRegistry.discover(), _to(schema.BackendConfig, cfg.backend)
+            if deterministic:  # batch-invariant ops, or a refusal naming the ops that cannot be
+                registry.check_deterministic(bcfg)
+                bcfg = dataclasses.replace(bcfg, batch_invariant=True)
+            active_backend = registry.select(bcfg)
+        elif deterministic and not active_backend.profile.supports("batch_invariant"):
+            raise UserError(f"deterministic=true: the given backend {active_backend.name!r} was selected without "
+                            f"batch-invariant ops (backend.batch_invariant=true)")
         kv_dtype = str(cfg.cache.kv_dtype)
         if kv_dtype != "auto":  # before loading: a KV format the backend cannot read or the family cannot store
             from inferhal.core.models.registry import kv_dtypes
@@ -146,7 +154,7 @@ class LLM:
             max_len = min(max_len, int(cfg.model.max_model_len))
         self.engine = Engine(loaded_model, active_backend, _to(schema.SchedulerConfig, cfg.scheduler),
                              _to(schema.CacheConfig, cfg.cache), max_model_len=max_len, seed=int(cfg.seed),
-                             spec=_to(schema.SpecConfig, cfg.spec))
+                             spec=_to(schema.SpecConfig, cfg.spec), deterministic=deterministic)
         self.tokenizer = loaded_model.tokenizer
 
     @classmethod

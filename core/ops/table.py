@@ -97,6 +97,9 @@ class OpTable:
     def fallbacks(self) -> list[str]:
         return [op for op, e in self._entries.items() if not e.native]
 
+    def natives(self) -> list[str]:
+        return [op for op, e in self._entries.items() if e.native]
+
     @contextlib.contextmanager
     def intercept(self, wrap: Callable[[OpEntry], Callable[..., Any]],
                   ops: Iterable[str] | None = None) -> Iterator[list[str]]:
