@@ -32,6 +32,10 @@ def weight(w, fmt, dtype):
         return w.to(dtype)
     if fmt == "fp8_block":
         return quantize_fp8_block(w)
+    if fmt == "fp8_e8m0":  # DeepSeek-V4's checkpoints: power-of-two block scales stored as ue8m0
+        s = torch.exp2(torch.ceil(torch.log2(quantize_fp8_block(w).scale)))
+        full = s.repeat_interleave(128, 0).repeat_interleave(128, 1)[: w.shape[0], : w.shape[1]]
+        return QuantWeight((w / full).to(torch.float8_e4m3fn), s.to(torch.float8_e8m0fnu), "fp8_block", tuple(w.shape))
     if fmt == "fp4_group":
         return quantize_fp4_group(w)
     if fmt == "fp4_e8m0":
@@ -56,7 +60,7 @@ def test_linear_plain(t, n, k, bias, dtype, close):
     close(linear(x, w.to(dtype), b), want, links=1, name="linear", scale=scale_of(want))
 
 
-@pytest.mark.parametrize("fmt", ["fp8_block", "fp4_group", "fp4_e8m0", "int_block", "int_block+offset"])
+@pytest.mark.parametrize("fmt", ["fp8_block", "fp8_e8m0", "fp4_group", "fp4_e8m0", "int_block", "int_block+offset"])
 @pytest.mark.parametrize("t,n,k", [(3, 160, 256), (9, 96, 128)])
 def test_linear_quantised(fmt, t, n, k, close):
     x, w, _ = data(t, n, k, 3 * t + k, torch.bfloat16)
