@@ -1,5 +1,5 @@
 """A real server for the tests: SmolLM2-135M-Instruct (the PyPI GGUF) on the reference backend, loaded
-once per session, served by uvicorn on a free loopback port from a thread of the test process."""
+once per run of this directory (a package: freed after its last test), served by uvicorn on a free loopback port from a thread of the test process."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def _forget_endpoints() -> None:
             fn.cache_clear()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # this directory (a package): freed after its last test
 def llm():
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
@@ -68,7 +68,7 @@ def llm():
     return LLM(MODEL, max_model_len=512, block_size=16, num_blocks=256)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # this directory (a package): freed after its last test
 def offline(llm):
     """Greedy outputs of ``LLM.generate`` for OFFLINE_PROMPTS, before the server owns the engine."""
     from inferhal.core.sampling.params import SamplingParams
@@ -77,7 +77,7 @@ def offline(llm):
     return {p: o for p, o in zip(OFFLINE_PROMPTS, outs)}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # this directory (a package): freed after its last test
 def server(llm, offline):
     """(base URL, AsyncEngine) of the session's server (API key API_KEY, MAX_QUEUED requests at most)."""
     from inferhal.core.cli.main import compose
@@ -90,7 +90,7 @@ def server(llm, offline):
         yield url, engine
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # this directory (a package): freed after its last test
 def client(server):
     openai = pytest.importorskip("openai")
     return openai.OpenAI(base_url=server[0] + "/v1", api_key=API_KEY, max_retries=0, timeout=120)

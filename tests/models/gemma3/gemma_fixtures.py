@@ -1,4 +1,4 @@
-"""Session-wide fixtures over the real Gemma 3 270M GGUF (from the PyPI package) and transformers."""
+"""Fixtures (one per run of this directory) over the real Gemma 3 270M GGUF (from the PyPI package) and transformers."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ def gguf_path() -> str:
         pytest.skip(f"Gemma 3 270M GGUF package unavailable: {exc}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # this directory (a package): freed after its last test
 def gemma_path() -> str:
     return gguf_path()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # this directory (a package): freed after its last test
 def gemma(gemma_path):
     """Our LoadedModel of the real file, on the reference backend."""
     from inferhal.core.config.schema import BackendConfig, ModelConfig
@@ -33,7 +33,7 @@ def gemma(gemma_path):
     return load(mc, be), be
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # this directory (a package): freed after its last test
 def hf_tokenizer(gemma_path):
     transformers = pytest.importorskip("transformers")
     return transformers.AutoTokenizer.from_pretrained(os.path.dirname(gemma_path),

