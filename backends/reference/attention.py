@@ -152,6 +152,27 @@ def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: Att
     return out
 
 
+def attn_paged_rowwise(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: AttnParams,
+                       sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """``attn.paged`` in batch-invariant mode: each query row over exactly its own visible keys, one row at a
+    time. :func:`attn_paged` attends rows together over keys padded to the batch's longest span (and long
+    chunks over the chunk's span), so the length of a row's reductions, and with it their last bits, depends
+    on its batch and its chunk; here every product and softmax of a row has the same shape and data whatever
+    else runs (slow: a Python loop over rows, which is the price of the mode)."""
+    dv = q.shape[2] if p.shared_kv else kv_cache.shape[-1]
+    out = q.new_empty(q.shape[0], q.shape[1], dv)
+    qsl = batch.query_start_loc.tolist()
+    pos = batch.positions.tolist()
+    for b in range(len(qsl) - 1):
+        for i in range(qsl[b], qsl[b + 1]):
+            first = 0 if p.window == 0 else max(0, pos[i] - p.window + 1)
+            kv = gather_pages(kv_cache, batch.block_table[b], first, pos[i] + 1)
+            k, v = (kv, kv) if p.shared_kv else (kv[:, 0], kv[:, 1])
+            visible = torch.ones(1, k.shape[0], dtype=torch.bool, device=q.device)
+            out[i : i + 1] = attend(q[i : i + 1], k, v, visible, p, sinks)
+    return out
+
+
 GATHER_BYTES = 64 << 20  # every row of a batch goes into the padded gather when its fp32 keys fit in this
 
 

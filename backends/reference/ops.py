@@ -309,11 +309,13 @@ ROWWISE_OPS = {"act.gated": (0, 1), "mhc.pre": (0,), "mhc.head": (0,), "mhc.post
 
 
 def ops_for(batch_invariant: bool) -> dict:
-    """The op table, with every matrix product over fixed row tiles when ``batch_invariant``."""
+    """The op table; ``batch_invariant``: every matrix product over fixed row tiles, row-wise ops over fixed
+    tiles, the indexer's and the router's orders fixed, paged attention one row at a time over its own keys."""
     if not batch_invariant:
         return dict(OPS)
     import functools
 
+    from inferhal.backends.reference.attention import attn_paged_rowwise
     from inferhal.backends.reference.matmul import row_tiled, tiled_linear
 
     table = {op: functools.partial(fn, mm=tiled_linear) if op in MATMUL_OPS else fn for op, fn in OPS.items()}
@@ -321,4 +323,5 @@ def ops_for(batch_invariant: bool) -> dict:
         table[op] = row_tiled(table[op], rows)
     table["indexer.scores"] = functools.partial(table["indexer.scores"], fixed_order=True)
     table["moe.route"] = functools.partial(table["moe.route"], fixed_order=True)
+    table["attn.paged"] = attn_paged_rowwise
     return table
