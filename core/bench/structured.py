@@ -2,9 +2,9 @@
 
 For ``model`` (default Gemma 3 270M; ``model=smollm2_135m_instruct`` for the chat model) on the selected
 backend, in one run: the 22 JSON schemas of the test suite (bounded strings, enums, patterns, ranges, nested
-objects, arrays, optional fields, anyOf) at concurrency ``min(32, len(schemas))`` (and the first 4 of them one
-at a time, concurrency 1, for the per-step cost alone), greedy, then sampled
-at temperature 0.8, then greedy with n-gram drafts: outputs that parse and validate (``jsonschema``), outputs
+objects, arrays, optional fields, anyOf) as 32 requests at concurrency 32 (the first 10 twice; and the first 4
+one at a time, concurrency 1, for the per-step cost alone), greedy, then sampled at temperature 0.8, then both
+with n-gram drafts (drafting at every batch size): outputs that parse and validate (``jsonschema``), outputs
 cut by ``bench.max_tokens`` before the JSON closed (finish reason ``length``), and the per-step time of the
 constraint against the whole step: ``fill`` is the time to fill the bitmask (on a side thread, beside the
 model's forward), ``mask`` the part of it the step waited out plus applying it (the engine's ``mask_s``); plus
@@ -29,6 +29,7 @@ def _run(llm, prompts, params, concurrency: int) -> dict:
     eng = llm.engine
     for k in ("steps", "mask_s", "fill_s", "sample_s", "model_s"):
         eng.stats[k] = 0 if k == "steps" else 0.0
+    drafted0, accepted0 = eng.scheduler.num_draft_tokens, eng.scheduler.num_accepted_tokens
     t0 = time.perf_counter()
     outs = []
     for i in range(0, len(prompts), concurrency):
@@ -52,6 +53,7 @@ def _run(llm, prompts, params, concurrency: int) -> dict:
     return {"valid": valid, "cut": cut, "invalid": invalid, "steps": steps, "wall_s": wall,
             "step_ms": 1e3 * wall / steps, "mask_ms_per_step": 1e3 * s["mask_s"] / steps,
             "fill_ms_per_step": 1e3 * s["fill_s"] / steps,
+            "drafted": eng.scheduler.num_draft_tokens - drafted0, "accepted": eng.scheduler.num_accepted_tokens - accepted0,
             "tokens": sum(len(o.outputs[0].token_ids) for o in outs)}
 
 
@@ -81,23 +83,26 @@ def run(cfg) -> int:
     console.print(f"[structured] compile per schema: median {compile_ms[len(compile_ms) // 2]:.0f} ms, max "
                   f"{compile_ms[-1]:.0f} ms (vocabulary {llm.engine.model.vocab_size:,})", highlight=False)
     rows = []
-    for conc in (1, min(32, n)):
-        k = 4 if conc == 1 else n  # one at a time: a few schemas give the per-step cost
-        sch, pr = schemas[:k], ps[:k]
+    for conc in (1, 32):
+        k = 4 if conc == 1 else 32  # one at a time: a few schemas give the per-step cost; 32: every schema, 10 twice
+        sch, pr = [schemas[i % n] for i in range(k)], [ps[i % n] for i in range(k)]
         cases = [("unconstrained", [SamplingParams(max_tokens=mt, temperature=0.0) for _ in sch], llm),
                  ("greedy", [SamplingParams(max_tokens=mt, temperature=0.0, structured={"json": s}) for s in sch], llm),
                  ("sampled T=0.8", [SamplingParams(max_tokens=mt, temperature=0.8, seed=i, structured={"json": s})
                                     for i, s in enumerate(sch)], llm)]
         if conc > 1:
-            drafting = LLM(loaded_model=llm.engine.loaded, active_backend=llm.engine.backend, overrides=["spec=ngram"])
+            drafting = LLM(loaded_model=llm.engine.loaded, active_backend=llm.engine.backend,
+                           overrides=["spec=ngram", "spec.disable_by_batch_size=0"])
             cases.append(("greedy + ngram drafts", cases[1][1], drafting))
+            cases.append(("sampled T=0.8 + ngram drafts", cases[2][1], drafting))
         for name, params, eng in cases:
             r = _run(eng, pr, params, conc)
             r.update(model=model, concurrency=conc, mode=name, max_tokens=mt, schemas=k)
             rows.append(r)
             console.print(f"[structured] c={conc} {name}: {r['valid']}/{k} valid, {r['cut']} cut, "
                           f"{r['step_ms']:.0f} ms/step, mask {r['mask_ms_per_step']:.2f} ms/step (fill {r['fill_ms_per_step']:.2f} "
-                          f"ms/step beside the model)", highlight=False)
+                          f"ms/step beside the model)" + (f", drafts {r['accepted']}/{r['drafted']} accepted" if r["drafted"] else ""),
+                          highlight=False)
     t = Table(title=f"structured outputs: {model}, {n} JSON schemas, max_tokens {mt}, backend {cfg.backend.name}")
     for col in ("c", "mode", "schemas", "valid", "cut (length)", "invalid", "ms/step", "fill ms/step", "mask ms/step", "mask share"):
         t.add_column(col, justify="left" if col == "mode" else "right")
