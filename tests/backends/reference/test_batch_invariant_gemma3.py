@@ -1,11 +1,9 @@
 """``deterministic=true`` on Gemma 3 270M (reference, bf16): paged attention (one row at a time over its own
 keys in this mode) keeps a needle request bitwise the same alone, in a batch, across prefill chunk sizes and
 with a prefix-cache hit; with the mode off the same batch changes its logprobs (the negative control,
-measured: `inferhal bench deterministic`)."""
+measured: `inferhal bench deterministic`). One engine at a time: two real models at once would raise the suite's peak memory."""
 
 from __future__ import annotations
-
-import pytest
 
 from inferhal import LLM, SamplingParams
 
@@ -19,14 +17,14 @@ def same(a, b) -> bool:
     return a.outputs[0].token_ids == b.outputs[0].token_ids and a.outputs[0].logprobs == b.outputs[0].logprobs
 
 
-@pytest.fixture(scope="module")
-def engines():
-    common = ["model.dtype=bfloat16", "scheduler.max_num_batched_tokens=16", "model.max_model_len=256"]
-    return {m: LLM("gemma3_270m", overrides=[f"deterministic={m}", *common]) for m in ("true", "false")}
+def engine(mode: str) -> LLM:
+    """One engine at a time (each test its own): two real models at once would raise the suite's peak memory."""
+    return LLM("gemma3_270m", overrides=[f"deterministic={mode}", "model.dtype=bfloat16",
+                                         "scheduler.max_num_batched_tokens=16", "model.max_model_len=256"])
 
 
-def test_the_needle_is_bitwise_the_same_alone_in_a_batch_and_after_a_prefix_hit(engines):
-    e = engines["true"]
+def test_the_needle_is_bitwise_the_same_alone_in_a_batch_and_after_a_prefix_hit():
+    e = engine("true")
     alone = e.generate([NEEDLE], SP)[0]  # chunks of 16 tokens, nothing cached before
     batch = OTHERS[:3] + [NEEDLE] + OTHERS[3:]
     got = e.generate(batch, SP)[3]  # chunks cut elsewhere, and the needle's first blocks now cached
@@ -34,8 +32,8 @@ def test_the_needle_is_bitwise_the_same_alone_in_a_batch_and_after_a_prefix_hit(
     assert same(got, alone)
 
 
-def test_negative_control_the_mode_off_changes_the_needle(engines):
-    e = engines["false"]
+def test_negative_control_the_mode_off_changes_the_needle():
+    e = engine("false")
     alone = e.generate([NEEDLE], SP)[0]
     outs = [e.generate(OTHERS[:k] + [NEEDLE] + OTHERS[k:], SP)[k] for k in (1, 3, 6)]
     assert not all(same(o, alone) for o in outs)
