@@ -1,6 +1,6 @@
 """The CPU kernels' library: C sources compiled at run time with the system compiler, called through ctypes.
 
-As the CUDA C sources are compiled at run time through NVRTC, these (``amx_linear.c``, ``avx512_linear.c``,
+These sources (``amx_linear.c``, ``avx512_linear.c``,
 ``elementwise.c``, ``attention.c``, ``head_argmax.c``, with ``simd.h``) are compiled on first use with ``cc`` (``$CC``; gcc 11+ or clang 12+
 know the AMX intrinsics) into one library, ``$INFERHAL_CACHE/kernels/cpu/inferhal_cpu-<digest>.so`` (default ``~/.cache/inferhal``), keyed by
 the sources, the flags and the compiler's version: a changed source or compiler builds a new library, and
