@@ -5,6 +5,8 @@ measured: `inferhal bench deterministic`). One engine at a time: two real models
 
 from __future__ import annotations
 
+import pytest
+
 from inferhal import LLM, SamplingParams
 
 NEEDLE = "The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is"
@@ -33,6 +35,17 @@ def test_the_needle_is_bitwise_the_same_alone_in_a_batch_and_after_a_prefix_hit(
 
 
 def test_negative_control_the_mode_off_changes_the_needle():
+    """On the packed oneDNN path (this test's bf16 products and attention's fp32 matmuls at oneDNN's full ISA).
+    On the portable path (``INFERHAL_PORTABLE_CPU=1``, oneDNN capped at AVX2, an AVX2-only host) the default
+    path gave the needle's exact bits in these batches (measured in CI), so there is nothing to control: the
+    tiny V4's negative control (tests/core/engine/test_deterministic.py) runs on every path."""
+    import torch
+
+    from inferhal.backends.reference.matmul import product_path
+
+    if torch.bfloat16 not in product_path().packed:
+        pytest.skip(f"the default path is batch invariant for these batches on this product path "
+                    f"({product_path().reason})")
     e = engine("false")
     alone = e.generate([NEEDLE], SP)[0]
     outs = [e.generate(OTHERS[:k] + [NEEDLE] + OTHERS[k:], SP)[k] for k in (1, 3, 6)]
