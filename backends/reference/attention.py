@@ -140,16 +140,23 @@ def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: Att
         k, v = (kv, kv) if p.shared_kv else (kv[:, :, 0], kv[:, :, 1])
         out[plan.rows] = attend_gathered(q[plan.rows], k, v, plan.mask, p, sinks, plan.bias)
     for b, s, e, ctx in plan.chunks:
-        qpos = batch.positions[s:e].long()
-        first = 0 if p.window == 0 else max(0, int(qpos.min()) - p.window + 1)
-        kv = gather_pages(kv_cache, batch.block_table[b], first, ctx)
-        k, v = (kv, kv) if p.shared_kv else (kv[:, 0], kv[:, 1])
-        kpos = torch.arange(first, ctx, device=q.device)
-        mask = kpos[None, :] <= qpos[:, None]
-        if p.window > 0:
-            mask &= kpos[None, :] > qpos[:, None] - p.window
-        out[s:e] = attend(q[s:e], k, v, mask, p, sinks)
+        out[s:e] = _attend_span(q, kv_cache, batch, p, sinks, b, s, e, ctx)
     return out
+
+
+def _attend_span(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: AttnParams,
+                 sinks: torch.Tensor | None, b: int, s: int, e: int, ctx: int) -> torch.Tensor:
+    """Rows ``s:e`` of sequence ``b`` (context ``ctx`` keys) over their sequence's own pages, masked causally
+    and by the window → ``[e - s, H, Dv]``."""
+    qpos = batch.positions[s:e].long()
+    first = 0 if p.window == 0 else max(0, int(qpos.min()) - p.window + 1)
+    kv = gather_pages(kv_cache, batch.block_table[b], first, ctx)
+    k, v = (kv, kv) if p.shared_kv else (kv[:, 0], kv[:, 1])
+    kpos = torch.arange(first, ctx, device=q.device)
+    mask = kpos[None, :] <= qpos[:, None]
+    if p.window > 0:
+        mask &= kpos[None, :] > qpos[:, None] - p.window
+    return attend(q[s:e], k, v, mask, p, sinks)
 
 
 def attn_paged_rowwise(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: AttnParams,
@@ -164,12 +171,8 @@ def attn_paged_rowwise(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch
     qsl = batch.query_start_loc.tolist()
     pos = batch.positions.tolist()
     for b in range(len(qsl) - 1):
-        for i in range(qsl[b], qsl[b + 1]):
-            first = 0 if p.window == 0 else max(0, pos[i] - p.window + 1)
-            kv = gather_pages(kv_cache, batch.block_table[b], first, pos[i] + 1)
-            k, v = (kv, kv) if p.shared_kv else (kv[:, 0], kv[:, 1])
-            visible = torch.ones(1, k.shape[0], dtype=torch.bool, device=q.device)
-            out[i : i + 1] = attend(q[i : i + 1], k, v, visible, p, sinks)
+        for i in range(qsl[b], qsl[b + 1]):  # a span of one row, whose context ends at its own position
+            out[i : i + 1] = _attend_span(q, kv_cache, batch, p, sinks, b, i, i + 1, pos[i] + 1)
     return out
 
 

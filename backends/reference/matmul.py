@@ -257,9 +257,10 @@ def tiled_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = N
 
 def row_tiled(fn, row_args: tuple[int | str, ...]):
     """``fn`` run over fixed tiles of :data:`TILE_ROWS` rows (zero-padded) of its arguments ``row_args``
-    (positions, or names of keyword arguments; absent or None ones are skipped), outputs concatenated. CPU elementwise loops compute a vector's tail with scalar code
-    whose last bit can differ, and where a row's elements land depends on the batch size; fixed tiles
-    make each row's elements land in the same places whatever the batch."""
+    (positions, or names of keyword arguments; absent or None ones are skipped), outputs concatenated. CPU
+    elementwise loops compute a vector's tail with scalar code whose last bit can differ, and where a row's
+    elements land depends on the batch size; fixed tiles make each row's elements land in the same places
+    whatever the batch."""
     import functools
 
     @functools.wraps(fn)
