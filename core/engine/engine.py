@@ -96,6 +96,7 @@ class Engine:
             self.scheduler.num_lookahead_tokens = self.proposer.num_lookahead_tokens
             self.scheduler.trim_prefix_hit = self.proposer.reads_next_token
         self.seed = seed
+        self._grammars = None  # the structured-output grammar compiler, built on first use (grammars())
         self.deterministic = deterministic  # unseeded sampled requests all draw from `seed` (not their arrival)
         self.stream_text = False  # decode text on every step (streaming) or only when a request finishes
         # called as hook(engine) at the end of every step(), in order (e.g. core/parallel's EP rank sync
@@ -153,7 +154,7 @@ class Engine:
 
     def grammars(self):
         """The structured-output grammar compiler of this engine's tokenizer and vocabulary (built once)."""
-        if getattr(self, "_grammars", None) is None:
+        if self._grammars is None:
             from inferhal.core.structured.grammar import GrammarCompiler
 
             if self.tokenizer is None:
@@ -296,11 +297,8 @@ class Engine:
                 live.append(r.request_id)
             elif r.finish_reason == "stop":
                 r.finish_reason = "grammar_dead_end"
-        if live:
+        if live:  # (their drafter state is freed by _draft with every finished request of the step)
             self.scheduler.finish(live, "grammar_dead_end")
-            if self.proposer is not None:
-                for rid in live:
-                    self.proposer.free(rid)
 
     def _check_stop_strings(self, changed: Sequence[Request], before: dict[str, int]) -> int:
         """Finish the requests whose text now holds a stop string, cutting this step's tokens (accepted
@@ -317,11 +315,8 @@ class Engine:
                         del r.all_token_ids[r.num_prompt_tokens + n:]
                         break
                 ids.append(r.request_id)
-        if ids:
+        if ids:  # (their drafter state is freed by _draft with every finished request of the step)
             self.scheduler.finish(ids, "stop")
-            if self.proposer is not None:
-                for rid in ids:
-                    self.proposer.free(rid)
         return len(ids)
 
     def _output(self, req: Request) -> RequestOutput:
