@@ -197,6 +197,10 @@ def inferhal_backend_extra(name: str, profile: "DeviceProfile") -> Any:
       ``compiled`` (bool), ``error``, ``registers``, ``spill_stack_bytes``, ``shared_bytes``,
       ``tmem_columns``, ``mma`` (the matrix-instruction family found in the assembly, as text) and
       ``mma_ok`` (the kernel needs tensor-core instructions and has them, or does not need them).
+    - ``"device_catalog"``: a mapping of device name → :class:`~inferhal.core.profile.DeviceProfile` for
+      devices this backend has data for but that need not be present (datasheet numbers, each with its
+      ``sources``; interconnect in ``extra["links"]``: ``scale_up``/``scale_out`` → ``name``, ``bandwidth``
+      bytes/s per direction, ``domain``). ``inferhal plan plan.device=NAME`` plans with it.
 
     Return ``None``
     for an unknown name; :meth:`ActiveBackend.extra <inferhal.core.registry.ActiveBackend.extra>`

@@ -17,7 +17,7 @@ import contextlib
 import glob
 import importlib.util
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from inferhal.core.profile import DeviceProfile, ExecLevel, Probe
@@ -191,6 +191,32 @@ def profile_for(soc_name: str, device_index: int = 0, memory_bytes: int | None =
         extra={"generation": gen.name, "soc_name": soc_name, "cube_cores": vals["cube_cores"],
                "vector_cores": vals["vector_cores"], "ub_bytes": gen.ub_bytes},
     )
+
+
+#: Links per generation, per NPU and per direction (bytes/s), for the planner's EP all-to-all
+#: (``inferhal plan``): ``scale_up`` reaches ``domain`` NPUs of one supernode (HCCS / UB), ``scale_out`` the rest.
+LINKS: dict[str, dict[str, Any]] = {
+    "950PR": {"scale_up": {"name": "HCCS/UB (Lingqu)", "bandwidth": 1.0e12, "domain": 8192},
+              "scale_out": {"name": "RoCE (not published)", "bandwidth": 0.0},
+              "source": _PRESS_950 + ": '2 TB/s interconnect' per chip, direction not stated: taken as bidirectional, "
+                                     "1 TB/s each way - UNVERIFIED; Atlas 950 SuperPoD: 8,192 NPUs in one UB domain "
+                                     "(press); no scale-out figure published (0 = unknown)"},
+    "950DT": {"scale_up": {"name": "HCCS/UB (Lingqu)", "bandwidth": 1.0e12, "domain": 8192},
+              "scale_out": {"name": "RoCE (not published)", "bandwidth": 0.0},
+              "source": _PRESS_950 + ": 950DT '2 TB/s interconnect', as 950PR - UNVERIFIED"},
+}
+
+
+def catalog() -> dict[str, DeviceProfile]:
+    """Each generation with published peaks (950PR, 950DT) as a profile without a device, for
+    ``inferhal plan plan.device=950DT`` (the ``device_catalog`` extra); ``extra["links"]`` holds :data:`LINKS`."""
+    out = {}
+    for name, links in LINKS.items():
+        p = profile_for(f"Ascend{name}")
+        extra = {**p.extra, "links": {k: dict(v) for k, v in links.items() if k != "source"}}
+        out[name] = replace(p, device_name=f"Ascend {name} (press figures)", extra=extra,
+                            sources={**p.sources, "links": links["source"]})
+    return out
 
 
 # ------------------------------------------------------------------------------------------ probing

@@ -35,6 +35,10 @@ def lookup(name: str, torch_npu: Callable[[], Any]) -> Any:
         from inferhal.backends.ascend950.device import GENERATIONS
 
         return GENERATIONS
+    if name == "device_catalog":
+        from inferhal.backends.ascend950.device import catalog
+
+        return catalog()
     if name == "tuning":
         from inferhal.kernels import tuning_ascend950
 

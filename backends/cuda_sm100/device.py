@@ -59,7 +59,70 @@ CHIPS: dict[str, dict[str, Any]] = {
              "flops": {"float8_e4m3fn": 1.979e15, "bfloat16": 0.989e15, "float16": 0.989e15, "tf32": 0.494e15,
                        "float32": 67e12},
              "source": "NVIDIA H200 SXM datasheet (2024); sparse figures halved"},
+    # listed after B300, so identify() still maps a probed "GB300" name to the B300 row (unchanged); the
+    # planner's catalog (catalog_profile) reads this row by its own name
+    "GB300": {"cc": (10, 3), "memory_bytes": 288 * 10**9, "sms": 160, "bandwidth": 8.0e12,
+              "flops": {"fp4_e2m1": 15.0e15, "float8_e4m3fn": 5.0e15, "bfloat16": 2.5e15, "float16": 2.5e15,
+                        "tf32": 1.25e15, "float32": 80e12},
+              "source": "per-GPU dense figures of GB300 (Blackwell Ultra in an NVL72 rack) as tabulated by Verda, "
+                        "'NVIDIA GB300 NVL72: GPU Architecture & Performance' (verda.com/blog/gb300-nvl72-architecture; "
+                        "it lists 279 GB usable of the 288 GB HBM3e NVIDIA announces: 288 recorded, as for B300); "
+                        "rack totals (1.1 EF dense FP4, 576 TB/s) agree with NVIDIA's GB300 NVL72 page"},
 }
+
+#: Links per chip, per GPU and per direction (bytes/s), for the planner's EP all-to-all (``inferhal plan``):
+#: ``scale_up`` reaches ``domain`` GPUs (an NVLink island: 8 in an HGX board, 72 in an NVL72 rack),
+#: ``scale_out`` the rest (the GPU's own NIC). Per direction = half the bidirectional figure NVIDIA prints.
+LINKS: dict[str, dict[str, Any]] = {
+    "B200": {"scale_up": {"name": "NVLink 5", "bandwidth": 900e9, "domain": 8},
+             "scale_out": {"name": "InfiniBand NDR (ConnectX-7, 400 Gb/s)", "bandwidth": 50e9},
+             "source": "NVLink 5 1.8 TB/s per GPU bidirectional (NVIDIA; Verda's Blackwell table); one ConnectX-7 "
+                       "400 Gb/s NIC per GPU as in MLPerf Inference v6.0 system descriptions of HGX B200 "
+                       "(e.g. closed/Nebius/systems/nebius_b200_n1.json)"},
+    "B300": {"scale_up": {"name": "NVLink 5", "bandwidth": 900e9, "domain": 8},
+             "scale_out": {"name": "InfiniBand XDR (ConnectX-8, 800 Gb/s)", "bandwidth": 100e9},
+             "source": "NVLink 5 2 x 900 GB/s (glennklockwood.com/garden/processors/B300); ConnectX-8 SuperNIC "
+                       "800 Gb/s per GPU on HGX B300 (NVIDIA HGX B300 page) - check the NIC count of your system"},
+    "GB300": {"scale_up": {"name": "NVLink 5 (NVL72 rack)", "bandwidth": 900e9, "domain": 72},
+              "scale_out": {"name": "InfiniBand XDR (ConnectX-8, 800 Gb/s)", "bandwidth": 100e9},
+              "source": "72-GPU NVLink domain at 1.8 TB/s per GPU bidirectional (130 TB/s per rack) and 72 ConnectX-8 "
+                        "NICs per rack (NVIDIA GB300 NVL72 page, as summarised at glennklockwood.com B300 notes)"},
+    "H200": {"scale_up": {"name": "NVLink 4", "bandwidth": 450e9, "domain": 8},
+             "scale_out": {"name": "InfiniBand NDR (ConnectX-7, 400 Gb/s)", "bandwidth": 50e9},
+             "source": "'18x 4th Gen NVLink, 900GB/s' and 400 Gb/s InfiniBand per GPU in MLPerf Inference v4.1 "
+                       "closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json"},
+}
+
+
+def catalog_profile(chip: str) -> DeviceProfile:
+    """The profile of a :data:`CHIPS` row without any device: what ``inferhal plan plan.device=CHIP`` plans
+    with (no probe; the memory is the datasheet's, not ``cuDeviceTotalMem``). ``extra["links"]`` holds the
+    chip's :data:`LINKS`. Level ``compiled``: these kernels are compiled for it here, never run on it."""
+    table = CHIPS[chip]
+    arch = ARCHS[table["cc"]]
+    links = LINKS.get(chip, {})
+    return DeviceProfile(
+        backend="cuda_sm100",
+        device_name=f"{chip} (datasheet)",
+        torch_device="cuda",
+        exec_level=ExecLevel.COMPILED,
+        dtypes=DTYPES if "fp4_grouped_gemm" in arch["features"] else DTYPES - {"fp4_e2m1"},
+        features=frozenset(arch["features"]),
+        memory_bytes=int(table["memory_bytes"]),
+        peak_bandwidth=float(table["bandwidth"]),
+        peak_flops=dict(table["flops"]),
+        alignment={"gemm_k": 16, "gemm_n": 16, "fp8_block": 128, "fp4_group": 32, "kv_page_bytes": 512},
+        compute_units=int(table["sms"]),
+        sources={"memory_bytes": table["source"], "peaks": table["source"],
+                 "links": links.get("source", f"no link table for {chip}")},
+        extra={"arch": arch["arch"], "chip": chip, "cc": "%d.%d" % table["cc"], "degraded": dict(arch["degraded"]),
+               "links": {k: dict(v) for k, v in links.items() if k != "source"}},
+    )
+
+
+def catalog() -> dict[str, DeviceProfile]:
+    """Every chip of :data:`CHIPS` as a :func:`catalog_profile` (the ``device_catalog`` extra)."""
+    return {chip: catalog_profile(chip) for chip in CHIPS}
 
 
 def identify(name: str, major: int, minor: int, memory_bytes: int) -> str | None:

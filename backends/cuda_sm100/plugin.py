@@ -92,4 +92,8 @@ def inferhal_backend_extra(name, profile):
         from inferhal.backends.cuda_sm100.device import ARCHS, CHIPS
 
         return {"archs": ARCHS, "chips": CHIPS}
+    if name == "device_catalog":
+        from inferhal.backends.cuda_sm100.device import catalog
+
+        return catalog()
     return None
