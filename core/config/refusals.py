@@ -26,7 +26,11 @@ REFUSED: dict[str, str] = {
 }
 
 #: refused fields that some commands do honour: field → command prefixes (the planner reads KV formats)
-HONOURED_BY: dict[str, tuple[str, ...]] = {}
+HONOURED_BY: dict[str, tuple[str, ...]] = {
+    # the planner models TP and DP attention (core/plan/): it sizes layouts the engine cannot run yet
+    "parallel.tp": ("plan",),
+    "parallel.dp": ("plan",),
+}
 
 _MISSING = object()
 

@@ -137,6 +137,38 @@ class BenchConfig:
 
 
 @dataclass
+class PlanTrafficConfig:
+    """The traffic ``inferhal plan`` sizes for: each list is a distribution of equally likely values."""
+
+    prompt_tokens: List[int] = field(default_factory=lambda: [1024])
+    output_tokens: List[int] = field(default_factory=lambda: [256])
+    prefix_hit_rate: float = 0.0  # share of prompt tokens found in the prefix cache (not prefilled)
+    batch_sizes: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])  # per attention rank
+    arrival_rate: float = 0.0  # requests/s offered to one deployment (0: not given)
+
+
+@dataclass
+class PlanConfig:
+    """``inferhal plan`` (core/plan/): memory, step times, throughput and cost of a deployment."""
+
+    device: str = "host"  # a device some backend's device_catalog names (`inferhal plan devices`), or host
+    experts_format: str = "auto"  # routed-expert weights: auto (the checkpoint's) | fp4 | nvfp4 | fp8 | bfloat16 | float32
+    dense_format: str = "auto"  # every other product's weights, same choices
+    activation_format: str = "auto"  # the dtype products run at (its peak rate): auto | fp4 | fp8 | bfloat16 | float32
+    prefill_gpus: int = 0  # > 0: disaggregated prefill on this many more devices (EP over them)
+    draft_tokens: int = 0  # MTP drafts per step
+    acceptance: float = 0.75  # probability a draft is accepted, given the drafts before it were
+    memory_utilization: float = 0.9  # share of device memory the engine may use
+    reserved_bytes: int = 0  # per device, outside weights, KV and activations (runtime, graphs, comm buffers)
+    gpu_hour_usd: float = 0.0  # price of one device-hour ($/Mtok needs it)
+    price_input_usd: float = 0.0  # revenue per million uncached input tokens
+    price_cached_input_usd: float = 0.0  # per million prefix-cache-hit input tokens
+    price_output_usd: float = 0.0  # per million output tokens
+    plot: Optional[str] = None  # a PNG path for the tok/s per device vs tok/s per user curve
+    traffic: PlanTrafficConfig = field(default_factory=PlanTrafficConfig)
+
+
+@dataclass
 class ExperimentConfig:
     """A label for an experiment file's run; refused away from its default until a report records it."""
 
@@ -174,6 +206,7 @@ class InferhalConfig:
     qualify: QualifyConfig = field(default_factory=QualifyConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     prompt: Optional[str] = None
     prompt_ids: Optional[List[int]] = None  # `generate`: a token-id prompt (models without a tokenizer)
@@ -202,6 +235,7 @@ GROUP_SCHEMAS = {
     "qualify": QualifyConfig,
     "bench": BenchConfig,
     "experiment": ExperimentConfig,
+    "plan": PlanConfig,
 }
 
 SCHEMA_NAME = "inferhal_schema"
