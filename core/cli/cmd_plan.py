@@ -1,42 +1,30 @@
-"""``inferhal plan kv model=...``: KV bytes per token per layer group and in total, and what a budget holds.
+"""``inferhal plan``: a deployment's memory, step times, throughput and cost (:mod:`inferhal.core.plan`).
 
-The groups come from the model family's ``kv_groups_from_config(model_cfg)`` (in
-``inferhal.core.models.<family>``), so no weights are loaded. Prints, per group, the bytes one token of
-context costs in one layer and in all the group's layers (compressed groups amortised over their
-ratio), then the shared-pool layout (:mod:`inferhal.core.paging.planning`): page size, bytes per block,
-and how many blocks and tokens ``cache.kv_cache_bytes`` (if set) holds. ``output=x.json`` writes it.
+- ``inferhal plan model=M plan.device=D [parallel=L] [plan.traffic.*=...]``: memory per device, the largest
+  batch and context that fit, roofline step times and tok/s per user and per device over
+  ``plan.traffic.batch_sizes`` (Pareto front marked), $/Mtok and revenue per device-hour; ``output=x.json``
+  writes the plan, ``plan.plot=x.png`` its curve; ``-m parallel=dep8,dep16`` sweeps (Hydra multirun).
+- ``inferhal plan devices``: every device the backends' ``device_catalog`` extras describe, with sources.
+- ``inferhal plan calibrate``: the planner against published figures and recorded host runs
+  (:mod:`inferhal.core.plan.calibrate`).
+- ``inferhal plan kv model=...``: KV bytes per token per layer group and in total, and what a budget holds.
+  The groups come from the model family's ``kv_groups_from_config(model_cfg)``, so no weights are loaded.
+  Prints, per group, the bytes one token of context costs in one layer and in all the group's layers
+  (compressed groups amortised over their ratio), then the shared-pool layout
+  (:mod:`inferhal.core.paging.planning`): page size, bytes per block, and how many blocks and tokens
+  ``cache.kv_cache_bytes`` (if set) holds. ``output=x.json`` writes it.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 
 from inferhal.core.errors import UserError
-from inferhal.core.paging import formats, planning
+from inferhal.core.paging import planning
 from inferhal.core.paging.kv_manager import KVCacheManager
+from inferhal.core.plan.kv import kv_groups_for
 
-SUBCOMMANDS = ("kv",)
-
-
-def kv_groups_for(model_cfg, kv_dtype: str = "auto"):
-    try:
-        mod = importlib.import_module(f"inferhal.core.models.{model_cfg.family}")
-    except ImportError as exc:
-        raise UserError(f"model family {model_cfg.family!r} cannot be imported: {exc}") from None
-    fn = getattr(mod, "kv_groups_from_config", None)
-    if fn is None:
-        raise UserError(f"model family {model_cfg.family!r} offers no kv_groups_from_config(model_cfg), so its KV "
-                        f"cannot be planned without loading the model")
-    if kv_dtype not in formats.KV_DTYPES:
-        raise UserError(f"cache.kv_dtype must be one of {', '.join(formats.KV_DTYPES)}, got {kv_dtype!r}")
-    if kv_dtype == "auto":
-        return list(fn(model_cfg))
-    if "kv_dtype" not in inspect.signature(fn).parameters:
-        raise UserError(f"model family {model_cfg.family!r} plans only cache.kv_dtype=auto (its KV groups name no "
-                        f"quantised record formats)")
-    return list(fn(model_cfg, kv_dtype=kv_dtype))
+SUBCOMMANDS = ("", "kv", "devices", "calibrate")
 
 
 def plan_kv(model_cfg, block_size: int, budget_bytes: int = 0, max_num_seqs: int = 64,
@@ -85,9 +73,72 @@ def _human(n: float) -> str:
 
 
 def run(cfg, words) -> int:
-    if words != ["kv"]:
-        raise UserError(f"usage: inferhal plan kv model=NAME [cache.block_size=N] [cache.kv_cache_bytes=B]; "
-                        f"subcommands: {', '.join(SUBCOMMANDS)}")
+    if words == ["kv"]:
+        return run_kv(cfg)
+    if words == ["devices"]:
+        return run_devices(cfg)
+    if words == ["calibrate"]:
+        from inferhal.core.plan import calibrate
+
+        return calibrate.run(cfg)
+    if words:
+        raise UserError(f"usage: inferhal plan [kv|devices|calibrate] model=NAME plan.device=NAME [parallel=...] "
+                        f"[plan.traffic....]; got {' '.join(words)!r}")
+    return run_deployment(cfg)
+
+
+def deployment(cfg) -> dict:
+    """The whole plan of ``cfg`` (model x plan.device x parallel x plan.traffic) as data."""
+    from inferhal.core.plan import deploy, hardware
+    from inferhal.core.plan.inventory import inventory
+
+    prof = hardware.resolve(str(cfg.plan.device))
+    inv = inventory(cfg.model, kv_groups_for(cfg.model, str(cfg.cache.kv_dtype)))
+    return deploy.plan(cfg, prof, inv)
+
+
+def run_deployment(cfg) -> int:
+    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.plan import report
+
+    plan = deployment(cfg)
+    report.print_plan(plan, make_console())
+    if cfg.plan.plot:
+        report.plot(plan, str(cfg.plan.plot))
+    if cfg.get("output"):
+        with open(cfg.output, "w") as f:
+            json.dump(plan, f, indent=2)
+    return 0
+
+
+def run_devices(cfg) -> int:
+    """Every device ``plan.device`` may name, with its numbers and their sources."""
+    from rich.table import Table
+
+    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.plan import hardware
+
+    t = Table(title="devices for plan.device (from the backends' device_catalog; host = this CPU, measured)")
+    for c in ("name", "backend", "memory GB", "HBM TB/s", "peak TFLOP/s", "links", "sources"):
+        t.add_column(c, justify="right" if c in ("memory GB", "HBM TB/s") else "left")
+    rows = {}
+    for name, p in sorted(hardware.catalog().items()):
+        up, out = hardware.links(p)
+        links = "; ".join(f"{ln.name} {ln.bandwidth / 1e9:,.0f} GB/s x{ln.domain}" for ln in (up, out) if ln)
+        flops = ", ".join(f"{k} {v / 1e12:,.0f}" for k, v in p.peak_flops.items() if v)
+        t.add_row(name, p.backend, f"{p.memory_bytes / 1e9:,.0f}", f"{p.peak_bandwidth / 1e12:.2f}", flops, links,
+                  " | ".join(f"{k}: {v}" for k, v in p.sources.items()))
+        rows[name] = {"backend": p.backend, "memory_bytes": p.memory_bytes, "bandwidth": p.peak_bandwidth,
+                      "peak_flops": dict(p.peak_flops), "links": dict(p.extra.get("links", {})), "sources": dict(p.sources)}
+    t.add_row(hardware.HOST, "reference", "-", "-", "-", "-", "measured when planned (core/bench/host.py)")
+    make_console().print(t)
+    if cfg.get("output"):
+        with open(cfg.output, "w") as f:
+            json.dump(rows, f, indent=2)
+    return 0
+
+
+def run_kv(cfg) -> int:
     plan = plan_kv(cfg.model, int(cfg.cache.block_size), int(cfg.cache.kv_cache_bytes),
                    int(cfg.scheduler.max_num_seqs), int(cfg.scheduler.max_num_batched_tokens), str(cfg.cache.kv_dtype))
     from inferhal.core.cli.console import console as make_console
