@@ -4,8 +4,9 @@ On ``deepseek_v4_tiny_mtp`` (the tiny random V4 with its MTP layer fitted to the
 continuations, ``fit_mtp``), at k = 1, 2, 3 drafts and at concurrency c = 1 and 8:
 ``min(bench.num_prompts, 2c + 2)`` random 8-token prompts, ``bench.max_tokens`` greedy tokens each; per k
 the acceptance rate at each draft position, the mean tokens a verify step yields (accepted + 1)
-and wall-clock output tok/s (best and median of ``bench.repeats`` runs after ``bench.warmup``, every k in
-turn so that load drifts on a shared host hit them alike; the best is the least disturbed), beside k = 0.
+and wall-clock output tok/s, each with ``scheduler.async_scheduling`` off and on (async: the drafter runs
+on the step thread), (best and median of ``bench.repeats`` runs after ``bench.warmup``, every k in
+turn so that load drifts on a shared host hit them alike; the best is the least disturbed), beside k = 0 in sync mode.
 The greedy outputs are checked to equal those without drafts. ``output=`` (default
 ``<bench.output_dir>/spec.json``) gets the JSON.
 
@@ -45,9 +46,10 @@ def _load(cfg):
     return load_model(_to(schema.ModelConfig, compose_config(model=MODEL).model), backend), backend
 
 
-def one(loaded, backend, k: int, concurrency: int, prompts, max_tokens: int) -> dict:
+def one(loaded, backend, k: int, concurrency: int, prompts, max_tokens: int, asynchronous: bool = False) -> dict:
     spec = SpecConfig(method="mtp", num_speculative_tokens=k) if k else SpecConfig()
-    eng = Engine(loaded, backend, SchedulerConfig(max_num_seqs=concurrency, max_num_batched_tokens=2048),
+    eng = Engine(loaded, backend, SchedulerConfig(max_num_seqs=concurrency, max_num_batched_tokens=2048,
+                                                  async_scheduling=asynchronous),
                  CacheConfig(enable_prefix_caching=False, num_blocks=concurrency * 8 + 16), spec=spec)
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     ids = [eng.add_request(p, sp) for p in prompts]
@@ -62,7 +64,7 @@ def one(loaded, backend, k: int, concurrency: int, prompts, max_tokens: int) -> 
     st = eng.stats
     drafted, accepted = st["drafted_at"], st["accepted_at"]
     steps = drafted[0] if drafted else 0
-    return {"k": k, "concurrency": concurrency, "tok_s": n / dt, "outputs": [done[i] for i in ids],
+    return {"k": k, "mode": "async" if asynchronous else "sync", "concurrency": concurrency, "tok_s": n / dt, "outputs": [done[i] for i in ids],
             "acceptance_per_position": [a / d if d else 0.0 for a, d in zip(accepted, drafted)],
             "tokens_per_verify_step": (st["accepted_tokens"] + steps) / steps if steps else 1.0,
             "draft_tokens": st["draft_tokens"], "accepted_tokens": st["accepted_tokens"]}
@@ -83,21 +85,22 @@ def run(cfg) -> int:
     g = torch.Generator().manual_seed(1234)  # prompts unlike the fit's (seed 0)
     vocab = loaded.model.vocab_size
     rows = []
-    with Progress("bench spec", len(KS) * len(CONCURRENCY), every=0.0) as prog:
+    cases = [(k, a) for k in KS for a in (False, True)]
+    with Progress("bench spec", len(cases) * len(CONCURRENCY), every=0.0) as prog:
         for c in CONCURRENCY:
             count = min(int(b.num_prompts), 2 * c + 2)
             prompts = [torch.randint(3, vocab, (8,), generator=g).tolist() for _ in range(count)]
             base = None
-            runs: dict[int, list] = {k: [] for k in KS}
-            for rep in range(int(b.warmup) + int(b.repeats)):  # k round-robin: load drifts hit every k alike
-                for k in KS:
-                    r = one(loaded, backend, k, c, prompts, int(b.max_tokens))
+            runs: dict[tuple, list] = {case: [] for case in cases}
+            for rep in range(int(b.warmup) + int(b.repeats)):  # round-robin: load drifts hit every case alike
+                for k, a in cases:
+                    r = one(loaded, backend, k, c, prompts, int(b.max_tokens), a)
                     if rep >= int(b.warmup):
-                        runs[k].append(r)
-            for k in KS:
-                prog.advance(f"k={k} at concurrency {c}", n=0)
-                r = dict(runs[k][-1], tok_s=statistics.median(x["tok_s"] for x in runs[k]),
-                         best_tok_s=max(x["tok_s"] for x in runs[k]), runs=[x["tok_s"] for x in runs[k]])
+                        runs[k, a].append(r)
+            for case in cases:
+                prog.advance(f"k={case[0]} {'async' if case[1] else 'sync'} at concurrency {c}", n=0)
+                r = dict(runs[case][-1], tok_s=statistics.median(x["tok_s"] for x in runs[case]),
+                         best_tok_s=max(x["tok_s"] for x in runs[case]), runs=[x["tok_s"] for x in runs[case]])
                 outputs = r.pop("outputs")
                 base = base or (outputs, r["best_tok_s"])
                 r["identical_to_no_drafts"] = outputs == base[0]
@@ -105,12 +108,12 @@ def run(cfg) -> int:
                 rows.append(r)
                 prog.advance()
     t = Table(title=f"MTP drafts, 2c + 2 prompts x {b.max_tokens} greedy tokens (median of {b.repeats})")
-    for col in ("c", "k", "acceptance by position", "tokens / verify step", "best tok/s", "median tok/s",
+    for col in ("c", "k", "scheduling", "acceptance by position", "tokens / verify step", "best tok/s", "median tok/s",
                 "best vs k=0", "same output"):
         t.add_column(col, justify="right")
     for r in rows:
         acc = " ".join(f"{a:.0%}" for a in r["acceptance_per_position"]) or "-"
-        t.add_row(str(r["concurrency"]), str(r["k"]), acc, f"{r['tokens_per_verify_step']:.2f}", f"{r['best_tok_s']:.1f}", f"{r['tok_s']:.1f}",
+        t.add_row(str(r["concurrency"]), str(r["k"]), r["mode"], acc, f"{r['tokens_per_verify_step']:.2f}", f"{r['best_tok_s']:.1f}", f"{r['tok_s']:.1f}",
                   f"{r['speedup']:.2f}x", "yes" if r["identical_to_no_drafts"] else "NO")
     con.print(t)
     out = cfg.get("output") or os.path.join(str(b.output_dir), "spec.json")

@@ -87,14 +87,20 @@ class Engine:
         self.device = torch.device(getattr(backend.device, "torch_device", "cpu"))
         self.runner = ModelRunner(self.model, backend.ops, self.kv_storage, self.specs, bs, self.device)
         self.runner.eos_token_ids = self.eos_token_ids
-        if scheduler.async_scheduling and self.proposer is not None:
-            raise UserError(f"scheduler.async_scheduling=true does not run with spec.method={spec.method} yet (drafts "
-                            f"need the step's tokens on the host); use spec=none or scheduler.async_scheduling=false")
         self.executor = StepExecutor(self.runner, scheduler.async_scheduling)
+        # asynchronous scheduling with a drafter: the drafter runs on the step thread (it needs the step in
+        # flight's tokens), and the host schedules placeholders for its drafts (see core/engine/runner.py)
+        self.runner_drafts = scheduler.async_scheduling and self.proposer is not None
+        self._free: list[str] = []  # requests ended since the last submitted step (runner_drafts)
+        self._submitted: set[str] = set()  # the requests of the last submitted step (runner_drafts)
         if self.proposer is not None:
             self.runner.keep_hidden = self.proposer.needs_hidden
             self.scheduler.num_lookahead_tokens = self.proposer.num_lookahead_tokens
             self.scheduler.trim_prefix_hit = self.proposer.reads_next_token
+        if self.runner_drafts:
+            self.runner.proposer, self.runner.max_model_len = self.proposer, self.max_model_len
+            self.scheduler.num_placeholder_drafts = self.proposer.num_speculative_tokens
+            self.scheduler.spec_off_at = self.spec_off_at
         self.seed = seed
         self._grammars = None  # the structured-output grammar compiler, built on first use (grammars())
         self.deterministic = deterministic  # unseeded sampled requests all draw from `seed` (not their arrival)
@@ -178,7 +184,12 @@ class Engine:
 
     def abort(self, request_ids: Iterable[str]) -> list[RequestOutput]:
         done = self.scheduler.abort(list(request_ids))
-        if self.proposer is not None:
+        if self.runner_drafts:  # the drafter is the step thread's: freed before its next step, or now if idle
+            self._free.extend(r.request_id for r in done)
+            if not self.executor.in_flight:
+                self.runner.release(self._free)
+                self._free = []
+        elif self.proposer is not None:
             for r in done:
                 self.proposer.free(r.request_id)
         return [self._output(r) for r in done]
@@ -210,7 +221,7 @@ class Engine:
         t2 = time.perf_counter()
         before = {s.request_id: self.scheduler.requests[s.request_id].num_output_tokens
                   for s in out.seqs if s.sample and s.request_id in self.scheduler.requests}
-        changed = self.scheduler.update(out, res.tokens)
+        changed = self.scheduler.update(out, res.tokens, res.drafts)
         for rid, lp in res.logprobs.items():
             if rid not in self._logprobs:
                 continue  # finished before this step was folded in (asynchronous scheduling)
@@ -221,7 +232,9 @@ class Engine:
         for r in changed:  # a stop among accepted drafts drops the tokens after it, and their logprobs
             lps = self._logprobs[r.request_id]
             del lps[r.num_output_tokens:]
-        if self.proposer is not None:
+        if self.runner_drafts:
+            self._free.extend(r.request_id for r in changed if r.is_finished)
+        elif self.proposer is not None:
             self._draft(out, res, changed)
         outputs = [self._output(r) for r in changed]
         t3 = time.perf_counter()
@@ -243,14 +256,27 @@ class Engine:
         s["device_busy_s"], s["device_gap_s"] = ex.busy_s, ex.gap_s
         if not self.scheduler.has_unfinished() and not ex.in_flight:
             ex.idle()
+            if self.runner_drafts:  # no step to carry the frees: the step thread is idle, free them here
+                self.runner.release(self._free)
+                self._free = []
         for hook in self.step_hooks:
             hook(self)
         return outputs
 
     def _submit(self, out) -> None:
-        if not out.is_empty:
-            reqs = self.scheduler.requests
+        if out.is_empty:
+            return
+        reqs = self.scheduler.requests
+        if not self.runner_drafts:
             self.executor.submit(out, {s.request_id: reqs[s.request_id] for s in out.seqs})
+            return
+        # the step thread's drafter: the requests ended since, and the tokens of each request that was not in
+        # the step before (all folded in by now; the step thread tracks the others itself)
+        tokens = {s.request_id: list(reqs[s.request_id].all_token_ids) for s in out.seqs
+                  if s.request_id not in self._submitted}
+        self._submitted = {s.request_id for s in out.seqs}
+        free, self._free = tuple(self._free), []
+        self.executor.submit(out, {s.request_id: reqs[s.request_id] for s in out.seqs}, free=free, tokens=tokens)
 
     def _draft(self, out, res, changed: Sequence[Request]) -> None:
         """Drive the drafter (the order of :mod:`inferhal.core.spec.proposer`): accept, prefill every running

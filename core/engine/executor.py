@@ -36,12 +36,12 @@ class StepExecutor:
         self.num_steps = 0
         self._last_end: float | None = None
 
-    def _execute(self, out: SchedulerOutput, requests: Mapping[str, Any]) -> Any:
+    def _execute(self, out: SchedulerOutput, requests: Mapping[str, Any], **extra: Any) -> Any:
         t0 = time.perf_counter()
         if self._last_end is not None:
             self.gap_s += t0 - self._last_end
         try:
-            return self.runner.execute(out, requests)
+            return self.runner.execute(out, requests, **extra)
         finally:
             self._last_end = time.perf_counter()
             self.busy_s += self._last_end - t0
@@ -51,10 +51,10 @@ class StepExecutor:
         """Execute ``out`` now, on this thread (synchronous scheduling)."""
         return self._execute(out, requests)
 
-    def submit(self, out: SchedulerOutput, requests: Mapping[str, Any]) -> None:
-        """Queue ``out`` behind the steps in flight (``requests``: the ones it reads, a copy the host may not
-        change)."""
-        self._queue.append((out, self._pool.submit(self._execute, out, requests)))
+    def submit(self, out: SchedulerOutput, requests: Mapping[str, Any], **extra: Any) -> None:
+        """Queue ``out`` behind the steps in flight (``requests``: the ones it reads; ``extra``: passed on to
+        the runner's ``execute``)."""
+        self._queue.append((out, self._pool.submit(self._execute, out, requests, **extra)))
 
     @property
     def in_flight(self) -> int:

@@ -27,10 +27,23 @@ reached it), and the engine finishes the request with the reason ``grammar_dead_
 Asynchronous scheduling: a decode step scheduled while the previous step ran feeds
 :data:`~inferhal.core.scheduler.scheduler.PENDING` for the token that step samples; the runner, which
 executes steps in order, fills in the token it sampled for that request in its previous step.
+
+Asynchronous scheduling with a drafter (:attr:`ModelRunner.proposer`, set by the engine): the drafts of a
+step depend on the step before, which the host has not seen when it schedules, so the drafter runs here,
+on the step thread, in the order of :mod:`inferhal.core.spec.proposer`. The host schedules a decode with
+draft *placeholders* (``PENDING`` in ``spec_token_ids``) at positions that assume every draft in flight
+stands; before the forward the runner moves each request back by the drafts its previous step rejected,
+proposes at most as many drafts as it has placeholders (:meth:`ModelRunner._resolve`), and after
+verification prefills the drafter with the step's exact positions. It keeps each request's tokens as it
+knows them (the host's copy, taken when the request enters a step, plus what it sampled since);
+:attr:`StepResult.drafts` tells the host which drafts it verified, so :meth:`Scheduler.update` rolls
+back the placeholders that did not stand. Outputs equal synchronous mode's: the verifier decides every
+token, the drafts only how many come per step.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,6 +58,7 @@ from inferhal.core.paging.spec import KVGroupSpec
 from inferhal.core.scheduler.output import ScheduledSeq, SchedulerOutput
 from inferhal.core.scheduler.request import Request
 from inferhal.core.scheduler.scheduler import PENDING
+from inferhal.core.spec.proposer import DraftWant, StepSeq, TargetStep
 
 
 @dataclass
@@ -58,6 +72,7 @@ class StepResult:
     grammar_dead_ends: list[str] = field(default_factory=list)  # requests whose grammar allowed no token
     mask_s: float = 0.0  # structured outputs: the bitmask's cost the step waited out (fill not hidden + apply)
     fill_s: float = 0.0  # structured outputs: filling the bitmask, on a side thread while the model ran
+    drafts: dict[str, list[int]] = field(default_factory=dict)  # placeholders' drafts, as verified (async drafter)
 
 
 class ModelRunner:
@@ -75,6 +90,11 @@ class ModelRunner:
         self._last: dict[str, int] = {}  # each request's last token sampled by the previous step (PENDING)
         self.eos_token_ids: tuple[int, ...] = ()  # what a grammar dead end lets through (set by the engine)
         self._fill_pool: ThreadPoolExecutor | None = None  # fills structured-output bitmasks during the forward
+        # asynchronous scheduling with a drafter (set by the engine): the drafter runs on the step thread
+        self.proposer: Any = None
+        self.max_model_len = 0
+        self._tokens: dict[str, list[int]] = {}  # each request's tokens as this thread knows them
+        self._behind: dict[str, int] = {}  # placeholders the previous step scheduled that did not stand
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         """``[rows, V]`` fp32 for the model's logits, one buffer grown to the most rows seen and reused every
@@ -84,10 +104,79 @@ class ModelRunner:
             self._logits = torch.empty(rows, self.model.vocab_size, dtype=torch.float32, device=self.device)
         return self._logits[:rows]
 
-    def execute(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> StepResult:
-        res = self._execute(out, requests)
+    def execute(self, out: SchedulerOutput, requests: Mapping[str, Request], free: Sequence[str] = (),
+                tokens: Mapping[str, list[int]] | None = None) -> StepResult:
+        """Run one step. With an asynchronous drafter: ``free``, the requests the host ended since the last
+        step; ``tokens``, the host's tokens of each request in ``out`` that was not in the step before."""
+        if self.proposer is None:
+            res = self._execute(out, requests)
+        else:
+            res = self._execute_drafting(out, requests, free, tokens or {})
         self._last = {r: (t[-1] if isinstance(t, list) else t) for r, t in res.tokens.items()}
         return res
+
+    def _execute_drafting(self, out: SchedulerOutput, requests: Mapping[str, Request], free: Sequence[str],
+                          tokens: Mapping[str, list[int]]) -> StepResult:
+        prop = self.proposer
+        self.release(free)
+        self._tokens.update(tokens)
+        out, placeholders = self._resolve(out, requests)
+        res = self._execute(out, requests)
+        behind: dict[str, int] = {}
+        seqs, row = [], 0
+        for s in out.seqs:
+            rid, exact = s.request_id, s.num_new
+            if rid in placeholders:
+                res.drafts[rid] = list(s.spec_token_ids)
+            if s.sample:
+                got = res.tokens[rid]
+                toks = got if isinstance(got, list) else [got]
+                exact = s.num_new - len(s.spec_token_ids) + len(toks) - 1  # known tokens + accepted drafts
+                if s.spec_token_ids:
+                    prop.accept(rid, len(s.spec_token_ids), len(toks) - 1)
+                self._tokens[rid].extend(toks)
+                behind[rid] = placeholders.get(rid, len(s.spec_token_ids)) - (len(toks) - 1)
+            seqs.append(StepSeq(rid, s.num_computed, exact, row, self._tokens[rid], s.block_ids))
+            row += s.num_new
+        self._behind = behind
+        prop.prefill(TargetStep(tuple(seqs), res.hidden, self.kv))
+        res.hidden = None
+        return res
+
+    def release(self, request_ids: Sequence[str]) -> None:
+        """Free the drafter's state of ended requests (on the step thread, or while no step is in flight)."""
+        for rid in request_ids:
+            self.proposer.free(rid)
+            self._tokens.pop(rid, None)
+
+    def _resolve(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> tuple[SchedulerOutput, dict[str, int]]:
+        """The step as it runs: each request moved back by the drafts its previous step rejected, and its draft
+        placeholders replaced by at most that many drafts from the proposer (none past ``max_tokens`` or
+        ``max_model_len``); → the step and each request's number of placeholders."""
+        placeholders = {s.request_id: len(s.spec_token_ids) for s in out.seqs if PENDING in s.spec_token_ids}
+        wants = []
+        for s in out.seqs:
+            if s.request_id in placeholders:
+                r, toks = requests[s.request_id], self._tokens[s.request_id]
+                start = s.num_computed - self._behind.get(s.request_id, 0)
+                if start != len(toks) - 1:
+                    raise RuntimeError(f"request {s.request_id!r}: a decode at position {start} with {len(toks)} "
+                                       f"tokens known to the step thread")
+                left = min(r.params.max_tokens - (len(toks) - r.num_prompt_tokens), self.max_model_len - len(toks))
+                wants.append(DraftWant(s.request_id, toks, min(placeholders[s.request_id], left - 1), s.block_ids))
+        drafts = self.proposer.propose(wants, self.kv) if wants else {}
+        seqs = []
+        for s in out.seqs:
+            shift = self._behind.get(s.request_id, 0)
+            if s.request_id in placeholders:
+                d = list(drafts.get(s.request_id, ()))[:placeholders[s.request_id]]
+                known = s.num_new - placeholders[s.request_id]
+                s = dataclasses.replace(s, num_computed=s.num_computed - shift, num_new=known + len(d),
+                                        token_ids=list(s.token_ids[:known]) + d, spec_token_ids=tuple(d))
+            elif shift:
+                s = dataclasses.replace(s, num_computed=s.num_computed - shift)
+            seqs.append(s)
+        return dataclasses.replace(out, seqs=tuple(seqs), num_scheduled_tokens=sum(s.num_new for s in seqs)), placeholders
 
     def _execute(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> StepResult:
         res = StepResult()

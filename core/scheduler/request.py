@@ -40,7 +40,8 @@ class Request:
     finish_reason: Optional[str] = None
     generator: Any = None  # torch.Generator for sampling, owned by the engine
     spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify in the next decode step
-    num_pending: int = 0  # tokens sampled by a step in flight, not folded in yet (asynchronous scheduling)
+    num_pending: int = 0  # tokens a step in flight samples, at most (asynchronous scheduling; drafts: all stand)
+    num_pending_drafts: int = 0  # of which drafts (placeholders): num_computed_tokens is that much too far, at most
     num_draft_tokens: int = 0  # drafts verified for this request so far
     num_accepted_tokens: int = 0  # of which accepted
     grammar: Any = None  # structured outputs: the request's matcher (core/structured/grammar.py), owned by the runner

@@ -17,7 +17,11 @@ that reaches a request's last known token also allocates that many positions aft
 the pool is short); one whose state at a position reads the next token sets ``trim_prefix_hit``: a prefix
 hit gives up its last block. :meth:`Scheduler.update` takes the accepted drafts plus one token, rolls ``num_computed_tokens``
 back over the rejected ones (their KV slots are simply written again), and stops at the first stopping
-token among them.
+token among them. With asynchronous scheduling and a drafter (``num_placeholder_drafts``) the drafts are not
+known when the next step is scheduled: a decode gets that many ``PENDING`` placeholders instead, at
+positions that assume every draft in flight stands (``num_pending`` counts them as tokens,
+``num_pending_drafts`` as possibly too far, so sliding windows keep their blocks back to the lower
+start); the runner proposes the drafts, and ``update`` rolls back the placeholders that did not stand.
 
 :meth:`Scheduler.update` applies sampled tokens, stops requests (EOS unless ``ignore_eos``, stop token,
 ``max_tokens``, ``max_model_len``) and registers newly full blocks in the prefix cache.
@@ -68,6 +72,10 @@ class Scheduler:
         self.accepted_at: list[int] = []  # [i]: of which accepted it
         self.num_lookahead_tokens = 0  # set by the engine from its drafter
         self.trim_prefix_hit = False
+        # asynchronous scheduling with a drafter: decodes get up to this many draft placeholders (PENDING),
+        # which the runner fills in with the drafts it proposes after the step in flight (0: the host's drafts)
+        self.num_placeholder_drafts = 0
+        self.spec_off_at: Optional[int] = None  # no placeholders while this many requests or more run
         self._arrivals = 0
 
     # ------------------------------------------------------------------ requests in and out
@@ -180,6 +188,9 @@ class Scheduler:
         decodes = [r for r in self.running if r.num_tokens + r.num_pending - r.num_computed_tokens == 1]
         prefills = [r for r in self.running if r.num_tokens + r.num_pending - r.num_computed_tokens > 1]
         decode_set = set(decodes)
+        if self.num_placeholder_drafts and not (self.spec_off_at and len(self.running) >= self.spec_off_at):
+            for req in decodes:
+                req.spec_token_ids = [PENDING] * self._draft_room(req)
         for req in decodes + prefills:
             if budget <= 0:
                 break
@@ -193,7 +204,9 @@ class Scheduler:
             req.spec_token_ids = req.spec_token_ids[:room - 1] if req in decode_set else []
             n += len(req.spec_token_ids)
             ahead = self._lookahead(req, req.num_computed_tokens, n)
-            while not self.kv.allocate(req.request_id, req.num_computed_tokens, n + ahead):
+            # drafts in flight (placeholders) may not stand: the windows must still reach back from the lower start
+            back = req.num_pending_drafts
+            while not self.kv.allocate(req.request_id, req.num_computed_tokens - back, back + n + ahead):
                 if ahead:  # the drafter's lookahead goes first, then the drafts
                     ahead = 0
                     continue
@@ -235,10 +248,18 @@ class Scheduler:
             sample = c + known == req.num_tokens + req.num_pending
             seqs.append(ScheduledSeq(rid, c, n, ids + list(drafts), blocks, sample, drafts, req.write_from))
             req.num_computed_tokens = c + n  # rejected drafts are rolled back in update()
-            req.num_pending += sample
+            req.num_pending += sample * (1 + len(drafts))  # at most: every draft accepted, plus one
+            req.num_pending_drafts += sample * len(drafts)
             total += n
         return SchedulerOutput(tuple(seqs), total, tuple(preempted), len(self.running), len(self.waiting),
                                {"schedule_s": time.perf_counter() - t0})
+
+    def _draft_room(self, req: Request) -> int:
+        """Draft placeholders for ``req``'s next decode: ``num_placeholder_drafts``, but no position past
+        ``max_model_len`` even if every draft in flight stands (``num_pending`` counts them all), so the
+        verifier's own token always fits. ``max_tokens`` is the runner's to apply: it knows the exact count."""
+        left = self.max_model_len - req.num_tokens - req.num_pending
+        return max(0, min(self.num_placeholder_drafts, left - 1))
 
     def _lookahead(self, req: Request, start: int, n: int) -> int:
         """Positions to allocate past a step of ``n`` tokens from ``start``: the drafter's lookahead when the
@@ -284,9 +305,11 @@ class Scheduler:
         planned[req.request_id] = n
         return True
 
-    def update(self, out: SchedulerOutput, sampled: Mapping[str, int | Sequence[int]]) -> list[Request]:
+    def update(self, out: SchedulerOutput, sampled: Mapping[str, int | Sequence[int]],
+               drafts: Optional[Mapping[str, Sequence[int]]] = None) -> list[Request]:
         """Apply one executed step (``sampled``: a token per sampled request, or for one with drafts its accepted
-        drafts plus one); → the requests that received tokens, finished ones included."""
+        drafts plus one; ``drafts``: the drafts the runner put in place of a step's placeholders, by request);
+        → the requests that received tokens, finished ones included."""
         changed = []
         finished = False
         for seq in out.seqs:
@@ -297,16 +320,23 @@ class Scheduler:
             if running:
                 req.spec_token_ids = []
             if seq.sample:
-                req.num_pending -= 1
+                req.num_pending -= 1 + len(seq.spec_token_ids)
+                req.num_pending_drafts -= len(seq.spec_token_ids)
                 got = sampled[seq.request_id]
                 toks = [int(t) for t in got] if isinstance(got, (list, tuple)) else [int(got)]
                 accepted = len(toks) - 1  # drafts that matched; the last token is the verifier's own
-                if accepted > len(seq.spec_token_ids) or list(seq.spec_token_ids[:accepted]) != toks[:accepted]:
+                used = list(seq.spec_token_ids)
+                if PENDING in used:  # placeholders: the runner says which drafts (at most that many) it verified
+                    used = list((drafts or {}).get(seq.request_id, ()))
+                    if len(used) > len(seq.spec_token_ids):
+                        raise ValueError(f"request {seq.request_id!r}: {len(used)} drafts in "
+                                         f"{len(seq.spec_token_ids)} placeholders")
+                if accepted > len(used) or used[:accepted] != toks[:accepted]:
                     raise ValueError(f"request {seq.request_id!r}: tokens {toks} are not an accepted prefix of the "
-                                     f"drafts {list(seq.spec_token_ids)} plus one")
-                if running:
+                                     f"drafts {used} plus one")
+                if running:  # the placeholders (or drafts) that did not stand
                     req.num_computed_tokens -= len(seq.spec_token_ids) - accepted
-                self._count_drafts(req, len(seq.spec_token_ids), accepted)
+                self._count_drafts(req, len(used), accepted)
                 changed.append(req)
                 reason = None
                 for tok in toks:

@@ -1,7 +1,8 @@
 """Asynchronous scheduling (``scheduler.async_scheduling=true``): the host schedules step N+1 while step N
 runs and folds step N's tokens in one step late. Outputs equal synchronous mode token for token (greedy and
 seeded sampling, logprobs too) under preemption, prefix hits and chunked prefill; a sleep injected into
-scheduling is hidden behind the step in flight in async mode and not in sync mode."""
+scheduling is hidden behind the step in flight in async mode and not in sync mode. With a drafter (n-gram,
+MTP) the drafts come from the step thread and the outputs still equal synchronous mode's."""
 
 from __future__ import annotations
 
@@ -72,6 +73,40 @@ def test_a_host_sleep_in_scheduling_is_hidden_in_async_mode_only():
     assert walls["true"] < walls["false"] - 12 * 0.5 * host, walls
 
 
-def test_async_with_drafts_is_refused_clearly():
-    with pytest.raises(UserError, match="async_scheduling=true does not run with spec.method=ngram"):
-        llm("scheduler.async_scheduling=true", "spec=ngram")
+@pytest.mark.parametrize("model, spec", [
+    ("deepseek_v4_tiny", ["spec=ngram", "spec.num_speculative_tokens=3"]),
+    ("deepseek_v4_tiny_mtp", ["spec=mtp", "spec.num_speculative_tokens=3"]),  # fit_mtp's head: often accepted
+])
+def test_async_drafts_give_what_sync_drafts_give(model, spec):
+    """The drafter runs on the step thread (placeholders on the host): greedy and seeded sampled outputs,
+    logprobs and per-request draft counts equal synchronous mode's, drafts stand often, and nothing leaks."""
+    outs, engines = {}, {}
+    for mode in ("false", "true"):
+        eng = LLM.from_config(compose_config(model, "reference", overrides=[
+            *spec, f"scheduler.async_scheduling={mode}"]))
+        greedy = eng.generate(PROMPTS, SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True))
+        sampled = eng.generate(PROMPTS, [SamplingParams(max_tokens=9 + i % 3, temperature=0.8, seed=i,
+                                                        ignore_eos=True, logprobs=1) for i in range(len(PROMPTS))])
+        outs[mode], engines[mode] = greedy + sampled, eng.engine
+    for a, b in zip(outs["false"], outs["true"]):
+        assert (b.token_ids, b.finish_reason) == (a.token_ids, a.finish_reason)
+        assert (b.num_draft_tokens, b.num_accepted_tokens) == (a.num_draft_tokens, a.num_accepted_tokens)
+        assert all(abs(p[t] - q[t]) < 1e-5 for p, q in zip(a.logprobs, b.logprobs) for t in p)
+    eng = engines["true"]
+    assert eng.runner_drafts and eng.executor.asynchronous
+    assert 0 < eng.stats["accepted_tokens"] < eng.stats["draft_tokens"]
+    eng.step()  # fold the step still in flight
+    assert eng.kv_manager.reqs == {} and not eng.executor.in_flight and eng.runner._tokens.keys() <= set()
+    eng.kv_manager.check()
+
+
+def test_async_drafts_under_preemption_prefix_hits_and_chunking_change_no_greedy_token():
+    _, want = run("false")
+    eng = llm(*SMALL, "spec=ngram", "spec.num_speculative_tokens=4", "scheduler.async_scheduling=true")
+    got = eng.generate(PROMPTS, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
+    assert [o.token_ids for o in got] == [o.token_ids for o in want[:len(PROMPTS)]]
+    assert sum(o.num_preemptions for o in got) > 0 and sum(o.num_cached_tokens for o in got) > 0
+    assert eng.engine.stats["draft_tokens"] > 0
+    eng.engine.step()
+    assert eng.engine.kv_manager.reqs == {}
+    eng.engine.kv_manager.check()

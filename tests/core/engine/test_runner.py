@@ -60,13 +60,14 @@ class DeadAfter:
         del self.accepted[len(self.accepted) - k:]
 
 
-@pytest.mark.parametrize("mode", ["sync", "async", "ngram"])
+@pytest.mark.parametrize("mode", ["sync", "async", "ngram", "async_ngram"])
 @pytest.mark.parametrize("ignore_eos", [False, True])
 def test_a_grammar_dead_end_ends_the_request_with_its_own_reason(mode, ignore_eos):
     """The dead end lets only the end-of-sequence token through and the request finishes at once with
     ``grammar_dead_end`` (also with ``ignore_eos``, which would otherwise run to ``max_tokens``); its batch
     neighbour runs on untouched."""
-    over = {"sync": [], "async": ["scheduler.async_scheduling=true"], "ngram": ["spec=ngram"]}[mode]
+    over = {"sync": [], "async": ["scheduler.async_scheduling=true"], "ngram": ["spec=ngram"],
+            "async_ngram": ["spec=ngram", "scheduler.async_scheduling=true"]}[mode]
     llm = LLM.from_config(compose_config("deepseek_v4_tiny", "reference", overrides=["cache.num_blocks=64", *over]))
     eng, eos = llm.engine, 191
     eng.runner.eos_token_ids = (eos,)
@@ -84,7 +85,7 @@ def test_a_grammar_dead_end_ends_the_request_with_its_own_reason(mode, ignore_eo
     got = outs[rid].outputs[0]
     assert got.finish_reason == "grammar_dead_end"
     assert got.token_ids[:2] == req.grammar.accepted and got.token_ids[2:] == [eos]
-    if mode == "ngram":  # the dead end sat at a draft position that verification reached
+    if mode.endswith("ngram"):  # the dead end sat at a draft position that verification reached
         assert outs[rid].num_draft_tokens >= 1
     other = outs[other].outputs[0]
     assert other.token_ids == alone and other.finish_reason == "length"

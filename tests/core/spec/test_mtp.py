@@ -83,11 +83,12 @@ def steer(eng, truth):
     return log
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
-def test_greedy_mtp_is_token_identical_with_preemption_chunking_and_prefix_hits(plain, k):
+@pytest.mark.parametrize("k, mode", [(1, "false"), (2, "false"), (3, "false"), (1, "true"), (3, "true")])
+def test_greedy_mtp_is_token_identical_with_preemption_chunking_and_prefix_hits(plain, k, mode):
+    """mode: scheduler.async_scheduling (true: the drafter runs on the step thread, on placeholders)."""
     base, want = plain
     truth = {o.request_id: o.prompt_token_ids + o.token_ids for o in want}
-    eng = llm(*SMALL, "spec=mtp", f"spec.num_speculative_tokens={k}")
+    eng = llm(*SMALL, "spec=mtp", f"spec.num_speculative_tokens={k}", f"scheduler.async_scheduling={mode}")
     log = steer(eng, truth)
     got = eng.generate(PROMPTS, greedy())
     for a, b in zip(want, got):
@@ -103,13 +104,15 @@ def test_greedy_mtp_is_token_identical_with_preemption_chunking_and_prefix_hits(
     off = {rid: offline_drafts(eng, seq) for rid, seq in truth.items()}
     bad = [(rid, c, d) for rid, c, d in log if off[rid][c - 2] != d]
     assert not bad, f"{len(bad)} of {len(log)} drafts differ from the offline MTP: {bad[:5]}"
+    eng.engine.step()  # (async: fold the step still in flight)
     assert eng.engine.kv_manager.reqs == {} and eng.engine.scheduler.running == []
     eng.engine.kv_manager.check()
 
 
-def test_no_room_for_drafts_and_stop_strings_cut_accepted_drafts_exactly(plain):
+@pytest.mark.parametrize("mode", ["false", "true"])
+def test_no_room_for_drafts_and_stop_strings_cut_accepted_drafts_exactly(plain, mode):
     base, want = plain
-    eng = llm(*SMALL, "spec=mtp", "spec.num_speculative_tokens=3")
+    eng = llm(*SMALL, "spec=mtp", "spec.num_speculative_tokens=3", f"scheduler.async_scheduling={mode}")
     truth = {o.request_id: o.prompt_token_ids + o.token_ids for o in want}
     steer(eng, truth)  # every draft of the first call is right where m = len(d)
     for n in (1, 2, 3):
@@ -228,7 +231,8 @@ class Alternating:
         del self.accepted[len(self.accepted) - k:]
 
 
-def test_mtp_drafts_under_a_grammar_give_the_constrained_output_without_drafts():
+@pytest.mark.parametrize("mode", ["false", "true"])
+def test_mtp_drafts_under_a_grammar_give_the_constrained_output_without_drafts(mode):
     """Drafts are masked per position by the grammar state the drafts before them lead to, and the grammar
     rolls back the rejected ones: greedy output with MTP drafts (steered, so some are accepted and some
     rejected) equals the constrained output without drafts, and every token obeys the grammar."""
@@ -251,7 +255,7 @@ def test_mtp_drafts_under_a_grammar_give_the_constrained_output_without_drafts()
     want = run(llm())
     for o in want:
         assert [t % 2 for t in o.outputs[0].token_ids] == [i % 2 for i in range(12)]
-    eng = llm("spec=mtp", "spec.num_speculative_tokens=3")
+    eng = llm("spec=mtp", "spec.num_speculative_tokens=3", f"scheduler.async_scheduling={mode}")
     got = run(eng, {o.request_id: o.prompt_token_ids + o.outputs[0].token_ids for o in want})
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     st = eng.engine.stats
