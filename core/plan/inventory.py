@@ -34,9 +34,9 @@ def tensor_bytes(shape: tuple[int, ...], fmt: str) -> int:
     *lead, n, k = shape
     rows = math.prod(lead) * n
     if fmt == "fp4":
-        return rows * (k + 1) // 2 + rows * -(-k // 32)
+        return rows * ((k + 1) // 2) + rows * -(-k // 32)
     if fmt == "nvfp4":
-        return rows * (k + 1) // 2 + rows * -(-k // 16) + 4 * math.prod(lead)
+        return rows * ((k + 1) // 2) + rows * -(-k // 16) + 4 * math.prod(lead)
     if fmt == "fp8":
         return n_el + math.prod(lead) * -(-n // 128) * -(-k // 128) * 4
     raise UserError(f"unknown weight format {fmt!r}: use one of {', '.join(WEIGHT_FORMATS)}")
