@@ -25,6 +25,7 @@ import pluggy
 if TYPE_CHECKING:  # pragma: no cover - names for the docstrings and type checkers only
     from inferhal.core.backend import Communicator, Device, GraphRunner, KVStorage
     from inferhal.core.config.schema import BackendConfig
+    from inferhal.core.ops.invariance import BatchInvariance
     from inferhal.core.ops.table import OpImpl
     from inferhal.core.profile import DeviceProfile, Probe
     from inferhal.core.backend import KVStorageRequest, ParallelLayout
@@ -128,6 +129,20 @@ def inferhal_declared_ops() -> "Mapping[str, str] | None":
 
     Lets ``inferhal backends`` print the coverage matrix for a backend that is unavailable here.
     ``None`` means "ask :func:`inferhal_provide_ops` when available". firstresult.
+    """
+
+
+@hookspec(firstresult=True)
+def inferhal_op_batch_invariance() -> "Mapping[str, BatchInvariance] | None":
+    """*Optional.* Each op's batch invariance, as data, without probing or touching a device: op ID →
+    :class:`~inferhal.core.ops.invariance.BatchInvariance` (invariant or not, why, and whether only in the
+    backend's batch-invariant mode, ``backend.batch_invariant=true``).
+
+    ``deterministic=true`` and ``backend.batch_invariant=true`` are refused at start-up, naming each op the
+    backend runs itself that does not declare invariance (with its reason); ``inferhal qualify`` checks the
+    declared ones bitwise; ``inferhal backends`` prints the table. ``None``: the backend declares nothing per
+    op, and its profile's ``batch_invariant`` feature (asked with ``backend.batch_invariant=true``) stands for
+    every op it provides. firstresult.
     """
 
 

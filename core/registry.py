@@ -18,6 +18,7 @@ import pluggy
 from inferhal.core import hookspecs
 from inferhal.core.config.schema import BackendConfig
 from inferhal.core.errors import UserError
+from inferhal.core.ops.invariance import UNDECLARED, BatchInvariance, check_declarations
 from inferhal.core.ops.table import OpTable
 from inferhal.core.ops.vocabulary import OPS
 from inferhal.core.profile import DeviceProfile, ExecLevel, Probe
@@ -71,6 +72,10 @@ class ActiveBackend:
 
     def graph_runner(self) -> Any:
         return self.call("inferhal_graph_runner", profile=self.profile, config=self.config)
+
+    def batch_invariance(self) -> "dict[str, BatchInvariance] | None":
+        """op ID -> this backend's declared batch invariance (``None``: it declares none per op)."""
+        return self._registry.op_batch_invariance(self.name)
 
     def extra(self, name: str) -> Any:
         value = self.call("inferhal_backend_extra", name=name, profile=self.profile)
@@ -203,24 +208,51 @@ class BackendRegistry:
         if not probe.available:
             raise BackendSelectionError(f"backend {name!r} is unavailable: {probe.reason}\nBackends found:\n{self.describe()}")
 
+    # ---------------------------------------------------------------- batch invariance (capability data per op)
+
+    def op_batch_invariance(self, name: str) -> dict[str, BatchInvariance] | None:
+        """op ID → what backend ``name`` declares about its batch invariance (``inferhal_op_batch_invariance``,
+        no probing); ``None`` when it declares nothing per op. A malformed declaration is a selection error."""
+        if name not in self.records or not self.records[name].registered:
+            return None
+        declared = self.call(name, "inferhal_op_batch_invariance")
+        if declared is None:
+            return None
+        try:
+            return check_declarations(name, declared)
+        except (TypeError, KeyError, ValueError) as exc:
+            raise BackendSelectionError(f"backend {name!r} declares batch invariance wrongly: {exc}") from None
+
+    def batch_variant_ops(self, name: str, natives: list[str], profile_claims: bool = False) -> dict[str, str]:
+        """Of the ops backend ``name`` runs itself (``natives``), those that cannot honour batch invariance, each
+        with why. Without per-op declarations the profile's ``batch_invariant`` feature (``profile_claims``,
+        asked with the mode on) stands for every op."""
+        declared = self.op_batch_invariance(name)
+        if declared is None:
+            why = ("the backend declares no batch invariance per op, and its profile does not claim the "
+                   "'batch_invariant' feature")
+            return {} if profile_claims else {op: why for op in natives}
+        return {op: declared.get(op, UNDECLARED).why for op in natives if not declared.get(op, UNDECLARED).holds(True)}
+
     def check_deterministic(self, config: BackendConfig) -> None:
-        """Refuse ``deterministic=true`` where backend ``config.name`` cannot honour it (its profile, asked for
-        batch-invariant ops, does not declare them), naming the ops it runs itself: a row's result from any of
-        them may change with the batch it shares. The reference's fallbacks honour the mode."""
+        """Refuse ``deterministic=true`` where backend ``config.name`` cannot honour it: every op it runs itself
+        must declare batch invariance (``inferhal_op_batch_invariance``); the refusal names each op that does
+        not, with its reason (a row's result from any of them may change with the batch it shares). The
+        reference's fallbacks run in its batch-invariant mode, which honours it."""
         name = config.name
         self.require(config)
-        try:
-            ok = self.call(name, "inferhal_device_profile",
-                           config=dataclasses.replace(config, batch_invariant=True)).supports("batch_invariant")
-        except UserError:  # the backend refuses batch-invariant mode outright
-            ok = False
-        if ok:
-            return
         natives = self.select(dataclasses.replace(config, batch_invariant=False, strict=False)).ops.natives()
-        raise BackendSelectionError(
-            f"deterministic=true: backend {name!r} cannot honour it: its ops {', '.join(natives) or '(none)'} "
-            f"declare no batch invariance (a row's result may change with the batch it shares); backend=reference "
-            f"honours it")
+        claims = False
+        if self.op_batch_invariance(name) is None:  # no per-op data: the profile's claim, asked with the mode on
+            try:
+                claims = self.call(name, "inferhal_device_profile", config=dataclasses.replace(
+                    config, batch_invariant=True)).supports("batch_invariant")
+            except UserError:  # the backend refuses batch-invariant mode outright
+                claims = False
+        variant = self.batch_variant_ops(name, natives, claims)
+        if variant:
+            raise BackendSelectionError(f"deterministic=true: backend {name!r} cannot honour it: "
+                                        f"{_name_ops(variant)}; backend=reference honours it")
 
     def select(self, config: BackendConfig) -> ActiveBackend:
         """Make ``config.name`` the active backend; fail with every backend found and why."""
@@ -230,10 +262,19 @@ class BackendRegistry:
         if config.interpret and profile.exec_level != ExecLevel.INTERPRETER:
             raise BackendSelectionError(f"backend.interpret=true: backend {name!r} has no interpreter mode (its ops run at "
                                         f"level {profile.exec_level.value!r}); leave backend.interpret=false")
-        if config.batch_invariant and not profile.supports("batch_invariant"):
+        declared = self.op_batch_invariance(name)
+        if config.batch_invariant and declared is None and not profile.supports("batch_invariant"):
             raise BackendSelectionError(f"backend.batch_invariant=true: backend {name!r} does not declare batch-invariant "
-                                        f"ops (its profile lacks the 'batch_invariant' feature)")
+                                        f"ops (no per-op declarations, and its profile lacks the 'batch_invariant' "
+                                        f"feature)")
         native = dict(self.call(name, "inferhal_provide_ops", profile=profile, config=config) or {})
+        if config.batch_invariant and declared is not None:
+            variant = self.batch_variant_ops(name, [op for op in OPS if op in native])
+            if variant:
+                raise BackendSelectionError(f"backend.batch_invariant=true: backend {name!r} cannot honour it: "
+                                            f"{_name_ops(variant)}")
+            # every op it runs declares invariance: the mode is on (the ops and qualify read the feature)
+            profile = dataclasses.replace(profile, features=profile.features | {"batch_invariant"})
         fallback: Mapping[str, Any] = {}
         if name != REFERENCE:
             if REFERENCE not in self.records or not self.probe(REFERENCE).available:
@@ -271,6 +312,33 @@ class BackendRegistry:
             out[name] = row
         return out
 
+    def invariance_matrix(self) -> dict[str, dict[str, dict[str, str]]]:
+        """backend → op ID → ``{"state", "why"}`` for the ops the coverage matrix lists as the backend's own:
+        state ``always`` / ``in mode`` (with ``backend.batch_invariant=true`` only) / ``no`` / ``undeclared``;
+        a reference fallback is ``fallback`` (the reference's batch-invariant op runs in the mode). No probing."""
+        out: dict[str, dict[str, dict[str, str]]] = {}
+        for name, row in self.coverage().items():
+            try:
+                declared = self.op_batch_invariance(name)
+            except BackendSelectionError as exc:  # one malformed plugin must not hide the others
+                out[name] = {op: {"state": "invalid", "why": str(exc)} for op, lvl in row.items() if lvl != "absent"}
+                continue
+            cells = {}
+            for op_id, level in row.items():
+                if level == "absent":
+                    continue
+                if level == ExecLevel.FALLBACK.value:
+                    cells[op_id] = {"state": "fallback", "why": "the reference's op stands in (batch invariant in its "
+                                                                 "batch-invariant mode)"}
+                elif declared is None:
+                    cells[op_id] = {"state": "undeclared", "why": "no per-op declaration; the profile's "
+                                                                   "'batch_invariant' feature decides for every op"}
+                else:
+                    d = declared.get(op_id, UNDECLARED)
+                    cells[op_id] = {"state": d.state, "why": d.why}
+            out[name] = cells
+        return out
+
     def declared_ops(self, name: str) -> dict[str, str]:
         declared = self.call(name, "inferhal_declared_ops")
         if declared is None:
@@ -282,3 +350,12 @@ class BackendRegistry:
             native = self.call(name, "inferhal_provide_ops", profile=profile, config=cfg) or {}
             return {op: ExecLevel(getattr(fn, "level", None) or profile.exec_level).value for op, fn in native.items()}
         return {op: ExecLevel(level).value for op, level in declared.items()}
+
+
+def _name_ops(variant: Mapping[str, str]) -> str:
+    """``op (why); op (why)``, grouped by reason so a long list stays readable."""
+    by_why: dict[str, list[str]] = {}
+    for op, why in variant.items():
+        by_why.setdefault(why, []).append(op)
+    ops = "; ".join(f"{', '.join(ops)} ({why})" for why, ops in by_why.items())
+    return f"its op{'s' if len(variant) > 1 else ''} {ops} declare{'s' if len(variant) == 1 else ''} no batch invariance"

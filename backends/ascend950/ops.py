@@ -403,6 +403,22 @@ def declared() -> dict[str, str]:
     return {op: "wired-unrun" for op in (*NPU_OPS, *TRITON_OPS)}
 
 
+def batch_invariance() -> dict:
+    """op ID -> its batch invariance. The torch_npu / vllm-ascend operators state no batch invariance (CANN
+    picks their tiling and core split from the shapes it is given; vllm-ascend lists batch invariance on A5 as
+    future work) and none was verified here, so none is claimed; the shared Triton kernels keep their fixed
+    Ascend tiles (kernels/tuning_ascend950.py) and per-row programs."""
+    from inferhal.core.ops.invariance import BatchInvariance
+
+    npu = BatchInvariance(False, "a torch_npu operator (see NPU_OPS): no batch invariance stated by CANN, none "
+                                 "verified")
+    out = {op: npu for op in NPU_OPS}
+    out["attn.compress"] = BatchInvariance(True, "shared Triton kernel: one program per compressed entry, fixed "
+                                                 "Ascend channel tile")
+    out["sample.mask"] = BatchInvariance(True, "shared Triton kernel: elementwise per (row, vocabulary tile)")
+    return out
+
+
 def triton_op(path: str) -> Callable[..., Any]:
     """The kernel wrapper at ``module:function`` with the Ascend tuning, imported at its first call (importing
     a kernel module imports triton, which on an Ascend host must be triton-ascend)."""

@@ -35,6 +35,13 @@ def inferhal_declared_ops():
 
 
 @hookimpl
+def inferhal_op_batch_invariance():
+    from inferhal.backends.ascend950 import ops
+
+    return ops.batch_invariance()
+
+
+@hookimpl
 def inferhal_device_profile(config):
     from inferhal.backends.ascend950 import device
 

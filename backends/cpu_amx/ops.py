@@ -131,6 +131,23 @@ def kv_write(values: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tens
     return ref.kv_write(values, cache, slot_mapping, p, scale_cache)
 
 
+def batch_invariance() -> dict:
+    """op ID -> its batch invariance (cpu_avx512 declares the same). This backend has no batch-invariant mode:
+    an op whose call falls outside its kernel's cases runs the reference's default op, which depends on the
+    batch (oneDNN/F.linear products, the padded attention gather), so only the ops without a reduction are
+    declared invariant."""
+    from inferhal.core.ops.invariance import BatchInvariance
+
+    fallback = ("calls outside the kernel's cases (other dtypes, quantised weights, a bias, sinks, ...) run "
+                "the reference's default op, whose result depends on the batch; no batch-invariant mode")
+    out = {op: BatchInvariance(False, fallback) for op in OP_IDS}
+    out["rope.apply"] = BatchInvariance(True, "elementwise rotation per row (no reduction), in the kernel and in "
+                                              "the reference op it runs otherwise")
+    out["kv.write"] = BatchInvariance(True, "each token's row copied (or quantised, by the reference op) into "
+                                            "its own slot")
+    return out
+
+
 def provide(level, kernel: str = "amx") -> dict:
     """The op table; ``kernel`` runs the products (``amx`` here, ``avx512`` for cpu_avx512)."""
     from inferhal.core.ops.table import OpImpl

@@ -35,6 +35,13 @@ def inferhal_declared_ops():
 
 
 @hookimpl
+def inferhal_op_batch_invariance():
+    from inferhal.backends.cpu_amx.ops import batch_invariance
+
+    return batch_invariance()
+
+
+@hookimpl
 def inferhal_provide_ops(profile):
     from inferhal.backends.cpu_avx512 import ops
 

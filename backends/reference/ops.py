@@ -308,6 +308,24 @@ MATMUL_OPS = ("linear", "lm_head", "lm_head.argmax", "moe.experts", "mhc.pre", "
 ROWWISE_OPS = {"act.gated": (0, 1), "mhc.pre": (0,), "mhc.head": (0,), "mhc.post": (0, 1, 2, 3), "moe.route": (0, 3, "hash_ids")}
 
 
+def batch_invariance() -> dict:
+    """op ID -> its batch invariance: every op only in the batch-invariant mode (``backend.batch_invariant=true``,
+    :func:`ops_for`), where the model-level needle tests (tests/core/engine/test_deterministic.py,
+    tests/backends/reference/test_batch_invariant_gemma3.py) check it bitwise; the default mode's products
+    (oneDNN, F.linear) and attention (a padded gather) depend on the batch."""
+    from inferhal.backends.reference.matmul import TILE_ROWS
+    from inferhal.core.ops.invariance import BatchInvariance
+
+    why = {op: f"matrix products over fixed {TILE_ROWS}-row tiles" for op in MATMUL_OPS}
+    for op in ROWWISE_OPS:
+        why[op] = (why[op] + ", " if op in why else "") + f"row-wise work over fixed {TILE_ROWS}-row tiles"
+    why["indexer.scores"] = "scores in a fixed order per row"
+    why["moe.route"] += "; each row's experts sorted by id (the summation order)"
+    why["attn.paged"] = "one query row at a time over exactly its own visible keys"
+    rest = "each row computed from its own inputs by torch ops over its own dimensions"
+    return {op: BatchInvariance(True, why.get(op, rest), mode_only=True) for op in OPS}
+
+
 def ops_for(batch_invariant: bool) -> dict:
     """The op table; ``batch_invariant``: every matrix product over fixed row tiles, row-wise ops over fixed
     tiles, the indexer's and the router's orders fixed, paged attention one row at a time over its own keys."""

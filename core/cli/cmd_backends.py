@@ -7,6 +7,9 @@ from omegaconf import OmegaConf
 from inferhal.core.config.schema import BackendConfig
 from inferhal.core.registry import BackendRegistry
 
+INVARIANCE_STYLE = {"always": "green", "in mode": "cyan", "fallback": "dim", "no": "red", "undeclared": "yellow",
+                    "invalid": "red"}
+
 LEVEL_STYLE = {
     "device": "green",
     "interpreter": "cyan",
@@ -34,7 +37,7 @@ def report(reg: BackendRegistry, config: BackendConfig | None = None) -> dict:
             except Exception as exc:  # a profile that cannot be built here is reported, not fatal
                 kv_dtypes[name] = (f"(no profile: {exc})",)
     return {"probes": probes, "coverage": reg.coverage(), "origins": {n: r.origin for n, r in reg.records.items()},
-            "kv_dtypes": kv_dtypes}
+            "kv_dtypes": kv_dtypes, "batch_invariance": reg.invariance_matrix()}
 
 
 def run(cfg, words) -> int:
@@ -62,8 +65,38 @@ def run(cfg, words) -> int:
     for op in ops:
         m.add_row(op, *[f"[{LEVEL_STYLE.get(cov[b][op], '')}]{cov[b][op]}[/]" for b in cov])
     console.print(m)
+    print_invariance(console, data["batch_invariance"], ops)
     kv = "; ".join(f"{n}: {', '.join(v)}" for n, v in sorted(data["kv_dtypes"].items()))
     console.print(f"KV caches each available backend reads (cache.kv_dtype): {kv}", highlight=False)
     console.print("levels: device = ran on the backend's device; interpreter = emulated on the CPU; compiled = "
                   "compiled only; wired-unrun = wired to a device operator, never run here; fallback = reference")
     return 0
+
+
+def print_invariance(console, matrix: dict, ops) -> None:
+    """The batch-invariance table (what ``deterministic=true`` needs of every op that runs), then, per backend,
+    why each op that cannot honour it does not."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title="batch invariance per op (deterministic=true needs it of every op a backend runs itself)")
+    t.add_column("op")
+    for name in matrix:
+        t.add_column(name)
+    for op in ops:
+        cells = []
+        for name in matrix:
+            state = matrix[name].get(op, {}).get("state", "")
+            cells.append(f"[{INVARIANCE_STYLE.get(state, '')}]{state}[/]" if state else "")
+        t.add_row(op, *cells)
+    console.print(t)
+    for name, cells in matrix.items():
+        bad: dict[str, list[str]] = {}
+        for op, c in cells.items():
+            if c["state"] in ("no", "undeclared", "invalid"):
+                bad.setdefault(c["why"], []).append(op)
+        for why, names in bad.items():
+            console.print(f"  {name}: {', '.join(names)}: {escape(why)}", highlight=False)
+    console.print("invariance: always = a row's result never depends on its batch; in mode = only with "
+                  "backend.batch_invariant=true (deterministic=true turns it on); fallback = the reference's op, "
+                  "invariant in its mode; no / undeclared: deterministic=true is refused, naming the op")

@@ -26,7 +26,7 @@ class CaseContext:
     torch_device: str
     seed: int
     reruns: int
-    batch_invariant: bool  # the backend claims the feature
+    batch_invariant: bool  # the op declares batch invariance as selected (runner.op_invariant)
     peak_bandwidth: float  # bytes/s, 0 = not declared
     peak_flops: float  # FLOP/s for the case's dtype, 0 = not declared
     measure: str  # "" when performance is measured, else why it is not
@@ -93,7 +93,7 @@ def determinism(case: OpCase, ctx: CaseContext, first: Any) -> dict:
 def batch_invariance(case: OpCase, ctx: CaseContext, first: Any) -> dict:
     """The first ``n`` rows computed alone must be bitwise equal to the same rows of the full batch."""
     if not ctx.batch_invariant:
-        return {"ok": None, "status": "not claimed", "message": "the backend does not declare batch_invariant"}
+        return {"ok": None, "status": "not claimed", "message": "the op declares no batch invariance as selected"}
     if case.take is None or case.rows is None:
         return {"ok": None, "status": "not applicable", "message": "the op has no batch dimension"}
     args, kwargs = case.build(ctx.seed)

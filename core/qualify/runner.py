@@ -73,6 +73,19 @@ def _measure_reason(active, level: ExecLevel, dtype: str) -> str:
     return ""
 
 
+def op_invariant(active, op_id: str) -> bool:
+    """Whether ``op_id`` of ``active`` is batch invariant as selected, so qualify checks it bitwise: its own
+    declaration (``inferhal_op_batch_invariance``: always, or in the batch-invariant mode when that is on), or,
+    for a backend without per-op declarations, its profile's ``batch_invariant`` feature."""
+    declared = active.batch_invariance()
+    mode_on = active.profile.supports("batch_invariant")
+    if declared is None:
+        return mode_on
+    from inferhal.core.ops.invariance import UNDECLARED
+
+    return declared.get(op_id, UNDECLARED).holds(mode_on)
+
+
 def _row_base(case, level: ExecLevel) -> dict:
     return {"key": case.key, "op": case.op_id, "shape": case.label, "dtype": case.dtype, "level": level.value,
             "tolerance": case.tol.to_dict(), "notes": case.notes}
@@ -92,7 +105,7 @@ def run_case(case, active, reference, level: ExecLevel, opts: QualifyOptions, ba
     ctx = checks.CaseContext(
         fn=active.ops.entry(case.op_id).fn, ref_fn=reference.ops.entry(case.op_id).fn,
         torch_device=prof.torch_device, seed=opts.seed, reruns=opts.reruns,
-        batch_invariant=prof.supports("batch_invariant"), peak_bandwidth=prof.peak_bandwidth,
+        batch_invariant=op_invariant(active, case.op_id), peak_bandwidth=prof.peak_bandwidth,
         peak_flops=float(prof.peak_flops.get(case.dtype, 0.0)), measure=measure if measure is not None else _measure_reason(active, level, case.dtype),
         synchronize=getattr(active.device, "synchronize", lambda: None), warmup=opts.warmup, repeats=opts.repeats,
         env=CaseEnv(active), ref_env=CaseEnv(reference))
