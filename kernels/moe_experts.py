@@ -9,7 +9,8 @@ Plan of one call:
 2. ``moe_gate_up_kernel``: per (M-tile, N-tile of I) both GEMMs x @ W_gate^T and x @ W_up^T share the
    loads of x, and the epilogue applies the clamp and SiLU(gate) * up -> h[Mpad, I];
 3. ``moe_down_kernel``: h @ W_down^T per tile, times the routing weight, into one fp32 row per pair;
-4. host: the K rows of each token are summed in a fixed order (deterministic, batch-invariant).
+4. host: the K rows of each token are summed in the order k = 0..K-1 by elementwise adds
+   (:func:`ordered_sum`: deterministic, batch-invariant).
 
 Rounding mirrors the oracle (``backends/reference/moe.py``): the gate/up and down GEMM results are
 rounded to the activation dtype (as F.linear in that dtype does), h is rounded before the down GEMM,
@@ -251,4 +252,15 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gat
         launch(moe_down_kernel, (n_tiles, triton.cdiv(d, bn)),
             h, wdn.data, wdn.scale, pairs, tile_expert, weights.float().contiguous(), y_pairs, d, inter,
             *wdn.strides(), wdn.block[0], wdn.block[1], W_FMT=wdn.fmt, SCALE_ROW=wdn.scale_row(bk), **common)
-    return y_pairs.view(t, topk, d).sum(dim=1).to(x.dtype)
+    return ordered_sum(y_pairs.view(t, topk, d)).to(x.dtype)
+
+
+def ordered_sum(y: torch.Tensor) -> torch.Tensor:
+    """y[T, K, D] -> y[:, 0] + y[:, 1] + ... + y[:, K-1], added in that order: elementwise adds, so a token's
+    sum never depends on T (a reduction kernel, ``sum(dim=1)``, may split K by the output count it sees)."""
+    if y.shape[1] == 0:
+        return y.new_zeros((y.shape[0], y.shape[2]))
+    out = y[:, 0].clone()
+    for k in range(1, y.shape[1]):
+        out += y[:, k]
+    return out

@@ -178,7 +178,7 @@ def sample(logits: torch.Tensor, p: SampleBatch, *, target: str | None = None) -
         x = x.contiguous()
     seeds, steps = _row_keys(p, b)
     cfg = config("sample", target)
-    br = min(cfg["BLOCK_R"], next_pow2(b))
+    br = cfg["BLOCK_R"]  # fixed, never from the batch: a row's reductions keep their tile shape (batch-invariant)
     sample_kernel[(triton.cdiv(b, br),)](
         x, torch.tensor(p.temperature, dtype=torch.float32, device=dev),
         torch.tensor(p.top_k, dtype=torch.int32, device=dev), torch.tensor(p.top_p, dtype=torch.float32, device=dev),

@@ -24,15 +24,15 @@ KV_RECORDS = frozenset({"kv_dtype:fp8", "kv_dtype:fp4"})
 ARCHS: dict[tuple[int, int], dict[str, Any]] = {
     (10, 0): {"arch": "sm_100a", "kernel_target": "cuda_sm100", "mma": "tcgen05",
               "features": {"tcgen05", "tensor_memory", "fp8_block_linear", "fp4_grouped_gemm", "mxfp4_mma",
-                           "paged_attention", "paged_sparse_attention", "cuda_graphs", "batch_invariant", *KV_RECORDS},
+                           "paged_attention", "paged_sparse_attention", "cuda_graphs", *KV_RECORDS},
               "smem_per_block": 232448, "tmem_bytes_per_sm": 128 * 512 * 4, "degraded": {}},
     (10, 3): {"arch": "sm_103a", "kernel_target": "cuda_sm100", "mma": "tcgen05",
               "features": {"tcgen05", "tensor_memory", "fp8_block_linear", "fp4_grouped_gemm", "mxfp4_mma",
-                           "paged_attention", "paged_sparse_attention", "cuda_graphs", "batch_invariant", *KV_RECORDS},
+                           "paged_attention", "paged_sparse_attention", "cuda_graphs", *KV_RECORDS},
               "smem_per_block": 232448, "tmem_bytes_per_sm": 128 * 512 * 4, "degraded": {}},
     (9, 0): {"arch": "sm_90a", "kernel_target": "cuda_sm90", "mma": "wgmma",
              "features": {"fp8_block_linear", "paged_attention", "paged_sparse_attention", "cuda_graphs",
-                          "batch_invariant", *KV_RECORDS},
+                          *KV_RECORDS},
              "smem_per_block": 232448, "tmem_bytes_per_sm": 0,
              "degraded": {
                  "fp4_grouped_gemm": "no e2m1 tensor-core MMA on SM90: tl.dot_scaled decomposes to bf16 wgmma "
@@ -246,7 +246,7 @@ def interpreter_profile() -> DeviceProfile:
         dtypes=frozenset({"float32", "bfloat16", "float16", "float8_e4m3fn", "fp4_e2m1"}),
         # the interpreter computes what the kernels compute, so the numerical features hold; no
         # hardware features (tcgen05, graphs) and no roofline numbers
-        features=frozenset({"fp8_block_linear", "fp4_grouped_gemm", "paged_attention", "batch_invariant", *KV_RECORDS}),
+        features=frozenset({"fp8_block_linear", "fp4_grouped_gemm", "paged_attention", *KV_RECORDS}),
         sources={"all": "interpreter run: no device numbers apply"},
         extra={"kernel_target": "interpreter", "arch": "interpreter", "degraded": {}},
     )

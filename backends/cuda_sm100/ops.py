@@ -38,6 +38,51 @@ KERNEL_OPS: dict[str, str] = {
     "moe.combine": "inferhal.kernels.moe_ep:moe_combine",
 }
 
+def _bi(why: str):
+    from inferhal.core.ops.invariance import BatchInvariance
+
+    return BatchInvariance(True, why)
+
+
+_GEMM = ("one fixed tile per target (kernels/tuning.py), a program per (N-tile, M-tile), the whole K loop in "
+         "order: no split-K")
+#: op ID -> its batch invariance (capability data; audited against the kernel sources, checked in Triton's
+#: interpreter by tests/backends/cuda_sm100/test_batch_invariance.py: a row alone = the same row in batches of
+#: other sizes, bitwise). No tile, split or path of these kernels is chosen from the token or batch count.
+BATCH_INVARIANCE: dict = {
+    "norm.rms": _bi("one program per row, the whole row in one block (no split along D)"),
+    "rope.apply": _bi("one program per (token, head), elementwise: no reduction"),
+    "linear": _bi(_GEMM),
+    "lm_head": _bi(_GEMM),
+    "lm_head.argmax": _bi(_GEMM + "; per-row argmax over the N tiles in tile order, first index on ties"),
+    "embed": _bi("one program per token: a row copy"),
+    "act.gated": _bi("one program per (row, I-tile), elementwise: no reduction"),
+    "topk.select": _bi("one program per row; exact selection (integer keys, ties by lower index), so the sort "
+                       "and bisection paths, chosen from the row width, select the same entries"),
+    "kv.write": _bi("one program per token, its record encoded from its own row into its own slot"),
+    "sample": _bi("a fixed BLOCK_R rows per program (1 on the GPU targets), per-row reductions, a Philox "
+                  "stream keyed by the row's seed and step; a row with neither seed nor generator draws its "
+                  "key from torch's default generator (deterministic=true gives every request a seed)"),
+    "sample.mask": _bi("elementwise per (row, vocabulary tile): no reduction"),
+    "attn.paged": _bi("one program per (token, KV head) over its own keys in fixed BLOCK_N blocks aligned to "
+                      "absolute positions: no split over the context, nothing from other sequences"),
+    "moe.route": _bi("fixed BLOCK_T rows per program, per-row scoring and top-k (ties by lower id)"),
+    "moe.experts": _bi(_GEMM + "; a pair's row never mixes with the other rows of its expert tile; the K "
+                       "choices of a token added in order k = 0..K-1 (elementwise adds)"),
+    "mhc.head": _bi("one program per token, one pass over the flattened streams (no split-K from the token count)"),
+    "mhc.pre": _bi("one program per token, one pass over the flattened streams (no split-K from the token "
+                   "count: the mHC trap), Sinkhorn in registers"),
+    "mhc.post": _bi("one program per (token, D-tile), elementwise mixing: no reduction over tokens"),
+    "spec.verify": _bi("one program per request, the same Philox keys as sample"),
+    "attn.compress": _bi("one program per compressed entry of its own sequence, fixed BLOCK_C channel tiles"),
+    "indexer.scores": _bi("one program per (token, BLOCK_N entries of its own sequence); output columns past "
+                          "the row's own entries are -inf padding to the batch's widest row"),
+    "attn.sparse_topk": _bi("one program per token over its window and its selected entries in fixed "
+                            "BLOCK_N blocks"),
+    "moe.dispatch": _bi("integer bookkeeping (counts, prefix sums) and row copies: no arithmetic on values"),
+    "moe.combine": _bi("per token, its K choices summed in order k = 0..K-1 in fp32, rounded once"),
+}
+
 #: op ID -> why its kernel is degraded on a target (shown in the op's note).
 DEGRADED: dict[str, dict[str, str]] = {
     "cuda_sm90": {"moe.experts": "fp4 experts: tl.dot_scaled decomposes e2m1 to bf16 wgmma (no native FP4 MMA)",

@@ -49,6 +49,13 @@ def inferhal_declared_ops():
 
 
 @hookimpl
+def inferhal_op_batch_invariance():
+    from inferhal.backends.cuda_sm100.ops import BATCH_INVARIANCE
+
+    return BATCH_INVARIANCE
+
+
+@hookimpl
 def inferhal_provide_ops(profile):
     from inferhal.backends.cuda_sm100 import ops
 
