@@ -36,3 +36,18 @@ class StepSync:
             detail = ", ".join(f"rank {r}: step {s}" for r, s in enumerate(steps))
             raise RankDivergenceError(f"EP ranks diverged in step count ({detail})")
         return all(int(g[1]) for g in got)
+
+
+def gather_objects(comm, obj) -> list:
+    """Every rank's picklable ``obj``, in rank order, on every rank (two all-gathers: sizes, then the
+    padded bytes); ``[obj]`` with one rank."""
+    import pickle
+
+    n = comm.layout.world_size
+    if n == 1:
+        return [obj]
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    sizes = [int(s) for s in comm.all_gather(torch.tensor([data.numel()], dtype=torch.long))]
+    buf = torch.zeros(max(sizes), dtype=torch.uint8)
+    buf[: data.numel()] = data
+    return [pickle.loads(b[:s].numpy().tobytes()) for b, s in zip(comm.all_gather(buf), sizes)]

@@ -1,0 +1,154 @@
+"""DP attention × EP MoE (dep2 over gloo on 127.0.0.1): the tiny DeepSeek-V4 in fp32 gives a single
+process's tokens (logprobs within 1e-5), also with prefix caching, chunked prefill, n-gram drafts,
+preemption, sampling and EPLB rebalances; each rank's attention runs on its own tokens only; the MoE
+all-to-all bytes agree between senders and receivers; a rank with no request joins every exchange with
+an empty batch; the front end places by load and prefix affinity. One spawned group runs every scenario.
+
+On the 2-core CI host wall-clock scaling says little, so the tests count work (tokens per rank per step)
+and bytes instead."""
+
+import importlib.util
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from inferhal.core.parallel.dp_frontend import RankLoad, place_requests
+from inferhal.core.parallel.launch import spawn_from_file
+
+WORKERS = os.path.join(os.path.dirname(__file__), "dp_workers.py")
+
+
+def load_workers():
+    spec = importlib.util.spec_from_file_location("dp_workers", WORKERS)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+wk = load_workers()
+D = 64  # the tiny model's hidden size: one fp32 row = 256 bytes
+MOE_LAYERS = 4
+
+
+@pytest.fixture(scope="module")
+def refs():
+    return {name: wk.reference(name) for name in wk.SCENARIOS}
+
+
+@pytest.fixture(scope="module")
+def dep2(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dep2")
+    spawn_from_file(WORKERS, "dp_suite", 2, str(out), list(wk.SCENARIOS))
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(wk.SCENARIOS))
+def test_dep2_gives_the_single_process_outputs(dep2, refs, name):
+    want, _ = refs[name]
+    for rank in dep2:
+        got = rank[name]["res"]
+        assert [g["tokens"] for g in got] == [w["tokens"] for w in want]
+        for g, w in zip(got, want):
+            assert g["logprobs"] == pytest.approx(w["logprobs"], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_the_features_really_ran_on_every_rank(dep2):
+    for rank in dep2:
+        feat, pre = rank["features"], rank["preempt"]
+        assert feat["drafts"] > 0 and pre["drafts"] > 0  # n-gram drafts verified on each rank
+        assert pre["preemptions"] > 0  # 5 blocks a group: each rank preempted and recomputed
+        assert max(s[1] for s in feat["log"]) <= 12 < max(len(p) for p in wk.PROMPTS)  # prompts came in chunks
+        second = feat["res"][len(wk.PROMPTS):]
+        assert [g["cached"] for g in second] == [0, 32, 16, 16]  # prefix hits on the rank that cached them
+
+
+@pytest.mark.slow
+def test_prefix_affinity_sends_a_prompt_to_the_rank_that_cached_its_prefix(dep2):
+    first, second = dep2[0]["features"]["placements"]
+    assert first == [0, 1] * 4  # equal loads: alternate
+    # [42, 43] to the lighter rank 0, then each prompt follows its cached prefix (load alone gives 1, 0, 1)
+    assert second == [0, first[4], first[5], first[6]] == [0, 0, 1, 0]
+    assert dep2[1]["features"]["placements"] == [first, second]
+
+
+@pytest.mark.slow
+def test_each_rank_runs_attention_on_its_own_tokens_only(dep2, refs):
+    _, single_tokens = refs["plain"]
+    per_rank = [sum(s[1] for s in rank["plain"]["log"]) for rank in dep2]
+    assert per_rank == [rank["plain"]["tokens"] for rank in dep2]  # attention rows = own scheduled tokens
+    assert sum(per_rank) == single_tokens  # split, not replicated (the EP engine runs single_tokens per rank)
+    assert all(0 < n < single_tokens for n in per_rank)
+    for rank in dep2:
+        for step, attn, seqs, moe in rank["plain"]["log"]:
+            assert moe.token_rows == MOE_LAYERS * attn  # the MoE layers saw exactly this rank's tokens
+            assert moe.rounds == MOE_LAYERS
+
+
+@pytest.mark.slow
+def test_all_to_all_bytes_are_per_step_and_agree_between_ranks(dep2):
+    for name in ("plain", "features", "preempt"):
+        a, b = dep2[0][name]["log"], dep2[1][name]["log"]
+        assert len(a) == len(b)
+        for (_, _, _, ma), (_, _, _, mb) in zip(a, b):
+            # rows rank 0 sent rank 1 in dispatch come back from rank 1 in combine, and the other way round
+            assert ma.dispatch_bytes // (D * 4 + 8) == mb.combine_bytes // (D * 4)
+            assert mb.dispatch_bytes // (D * 4 + 8) == ma.combine_bytes // (D * 4)
+            assert ma.dispatch_bytes % (D * 4 + 8) == 0 and mb.combine_bytes % (D * 4) == 0
+    decode = [s[3].a2a_bytes for s in dep2[0]["plain"]["log"][2:]]
+    prefill = dep2[0]["plain"]["log"][0][3].a2a_bytes
+    assert max(decode) < prefill  # sized by the step's tokens, not a fixed buffer
+
+
+@pytest.mark.slow
+def test_a_rank_without_requests_joins_every_exchange_empty(dep2):
+    busy, idle = dep2[0]["lonely"], dep2[1]["lonely"]
+    assert idle["own"] == [] and busy["own"] == ["0"]
+    assert len(idle["log"]) == len(busy["log"])  # every step, together
+    for _, attn, seqs, moe in idle["log"]:
+        assert attn == 0 and seqs == 0 and moe.token_rows == 0 and moe.dispatch_bytes == 0
+        assert moe.rounds == moe.empty_rounds == MOE_LAYERS
+
+
+@pytest.mark.slow
+def test_eplb_rebalances_under_dp_move_weights_and_change_nothing(dep2):
+    got = [rank["eplb"]["rebalances"] for rank in dep2]
+    assert [s for s, _ in got[0]] == [s for s, _ in got[1]] == [3, 6, 9]
+    assert sum(r for g in got for _, r in g) > 0  # weights crossed ranks
+
+
+@pytest.mark.slow
+def test_ranks_given_different_requests_are_told_so(dep2):
+    for rank in dep2:
+        assert "the ranks were handed different new requests" in rank["mismatch"]
+
+
+# ------------------------------------------------------------------ the front end's placement, alone
+
+def test_placement_by_load_then_free_kv_then_rank():
+    loads = [RankLoad(2, 3, 500), RankLoad(1, 1, 900), RankLoad(1, 1, 950)]
+    none = [[0, 0, 0] for _ in range(3)]
+    assert place_requests(loads, none, [[], [], []]) == [2, 1, 2]
+
+
+def test_placement_prefers_a_cached_prefix_within_the_slack():
+    loads = [RankLoad(0, 0, 1000), RankLoad(0, 2, 1000), RankLoad(0, 3, 1000)]
+    cached = [[0], [3], [3]]  # ranks 1 and 2 hold 3 blocks of the prompt
+    assert place_requests(loads, cached, [[b"a", b"b", b"c"]]) == [1]
+    assert place_requests(loads, cached, [[b"a", b"b", b"c"]], slack=1) == [0]  # too busy for affinity
+    # affinity within one batch: the second prompt shares a block with the first, placed on rank 0
+    assert place_requests([RankLoad(0, 0, 1000)] * 2, [[0, 0], [0, 0]], [[b"x", b"y"], [b"x"]]) == [0, 0]
+
+
+def test_attach_dp_refuses_asynchronous_scheduling():
+    from inferhal.core.engine.llm import LLM
+    from inferhal.core.errors import UserError
+    from inferhal.core.parallel.dp_engine import attach_dp
+
+    llm = LLM.from_config(wk.tiny_cfg(["scheduler.async_scheduling=true"]))
+    comm = SimpleNamespace(layout=SimpleNamespace(world_size=2, rank=0))
+    with pytest.raises(UserError, match="scheduler.async_scheduling=true does not run with data-parallel"):
+        attach_dp(llm.engine, comm, llm.config.eplb)
