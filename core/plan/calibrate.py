@@ -112,6 +112,34 @@ def host_rows(entry: dict, root: str) -> list[dict]:
     return out
 
 
+def device_rows(entry: dict, root: str) -> list[dict]:
+    """Each recorded per-op row of a device run (bytes, FLOPs, ms) against ``max(bytes / bandwidth, flops / peak)``
+    on the device's catalog profile: the share of the roofline the op reached."""
+    from inferhal.core.plan import hardware
+
+    path = os.path.join(root, entry["file"])
+    if not os.path.isfile(path):
+        return [{"kind": "device", "name": entry["name"], "error": f"recorded run not found: {path}"}]
+    with open(path) as f:
+        data = json.load(f)
+    prof = hardware.resolve(entry["device"])
+    out = []
+    for r in data.get("perf", []):
+        if r.get("status") != "measured" or not r.get("ms"):
+            continue
+        peak = float(prof.peak_flops.get(r.get("dtype"), 0.0))
+        flops = float(r.get("flops") or 0)
+        if flops and not peak:
+            continue  # a dtype the profile has no peak for (no roofline to hold it to)
+        pred = max(float(r.get("bytes") or 0) / prof.peak_bandwidth, flops / peak if flops else 0.0) * 1e3
+        out.append({"kind": "device", "name": entry["name"], "op": r["name"], "measured_ms": float(r["ms"]),
+                    "predicted_ms": pred, "error": (pred - float(r["ms"])) / float(r["ms"]),
+                    "of_roofline": pred / float(r["ms"]),
+                    "bound": "memory" if float(r.get("bytes") or 0) / prof.peak_bandwidth >= (flops / peak if flops else 0)
+                    else "compute"})
+    return out
+
+
 MISSES = ("Host steps: the roofline predicts the products' bytes or FLOPs at the rate one large product reached; "
           "it misses per-op dispatch and Python time (hundreds of op calls a step: the whole of a tiny model's "
           "step), the norms, rope, sampling and KV writes outside the products, and products that reach less "
@@ -134,6 +162,8 @@ def run(cfg) -> int:
     rows = [published(e) for e in data["published"]]
     for e in data["hosts"]:
         rows += host_rows(e, root)
+    for e in data.get("devices", []):
+        rows += device_rows(e, root)
     con = make_console()
     t = Table(title="published figures against the planner (stated assumptions; nothing tuned)")
     for c in ("figure", "published", "predicted", "pred/pub", "at batch", "binding", "missing assumption"):
@@ -158,6 +188,18 @@ def run(cfg) -> int:
         t.add_row(r["name"], r["engine"], str(r["concurrency"]), f"{r['read_gbs']:.1f}",
                   "not recorded" if r["bytes_floor_only"] else f"{r['product_gflops']:.0f}", f"{r['measured_ms']:.1f}",
                   f"{r['predicted_ms']:.1f}", f"{r['error']:+.0%}", r["bound"])
+    con.print(t)
+    t = Table(title="recorded device ops against the roofline of the device's catalog profile")
+    for c in ("run", "op", "measured ms", "roofline ms", "of roofline", "bound"):
+        t.add_column(c, justify="left" if c in ("run", "op", "bound") else "right")
+    for r in rows:
+        if r["kind"] != "device":
+            continue
+        if "op" not in r:
+            t.add_row(r["name"], "-", "-", "-", "-", r["error"])
+            continue
+        t.add_row(r["name"], r["op"], f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}", f"{r['of_roofline']:.0%}",
+                  r["bound"])
     con.print(t)
     con.print(MISSES)
     if cfg.get("output"):

@@ -58,3 +58,13 @@ def test_calibration_rows_state_their_assumptions():
     assert [r["concurrency"] for r in rows] == [1, 8]
     # a 642k-parameter step is all dispatch: the roofline predicts far less than was measured, and says so
     assert all(r["predicted_ms"] < r["measured_ms"] / 10 for r in rows)
+
+
+def test_no_recorded_device_op_beats_its_catalog_roofline():
+    """A recorded H200 op faster than max(bytes / bandwidth, flops / peak) would mean the catalog's peaks are wrong."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[3]
+    rows = calibrate.device_rows(calibrate.anchors()["devices"][0], str(root))
+    assert len(rows) >= 8 and all("op" in r for r in rows)
+    assert all(0 < r["of_roofline"] <= 1 for r in rows)
