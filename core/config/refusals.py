@@ -19,7 +19,7 @@ from inferhal.core.config.errors import ConfigError
 #: dotted field path → what is missing. A value other than the schema default is refused.
 REFUSED: dict[str, str] = {
     "parallel.tp": "tensor parallelism is not implemented",
-    "parallel.dp": "data-parallel attention is not implemented; attention is replicated on every EP rank",
+    "parallel.dp": "data-parallel attention runs in `inferhal generate` only (core/parallel/dp_engine.py)",
     "parallel.role": "prefill/decode disaggregation is not implemented; every process does both",
     "experiment.name": "nothing records an experiment's label (no report or result file carries it)",
     "experiment.notes": "nothing records an experiment's notes (no report or result file carries them)",
@@ -29,7 +29,10 @@ REFUSED: dict[str, str] = {
 HONOURED_BY: dict[str, tuple[str, ...]] = {
     # the planner models TP and DP attention (core/plan/): it sizes layouts the engine cannot run yet
     "parallel.tp": ("plan",),
-    "parallel.dp": ("plan",),
+    "parallel.dp": ("plan",
+                    # DP attention x EP MoE over spawned or torchrun ranks (core/parallel/dp_engine.py); the
+                    # layouts it cannot run are refused before spawning (core/parallel/launch.py: check_layout)
+                    "generate"),
 }
 
 _MISSING = object()

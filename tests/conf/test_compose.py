@@ -30,7 +30,8 @@ def test_every_group_has_a_directory_and_an_option():
 
 
 #: shipped options that describe layouts this build refuses (core/config/refusals.py), with a field each names
-REFUSED_OPTIONS = {("parallel", "dep8"): "parallel.dp", ("parallel", "dep16"): "parallel.dp",
+REFUSED_OPTIONS = {("parallel", "dep2"): "parallel.dp", ("parallel", "dep4"): "parallel.dp",  # generate only
+                   ("parallel", "dep8"): "parallel.dp", ("parallel", "dep16"): "parallel.dp",
                    ("parallel", "ascend_dsv4_colocated_dp4tp4"): "parallel.tp",
                    ("parallel", "ascend_dsv4_decode_dp8tp2"): "parallel.tp",
                    ("parallel", "ascend_dsv4_prefill_dp4tp4"): "parallel.role",
