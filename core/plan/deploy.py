@@ -181,9 +181,13 @@ def plan(cfg, prof, inv: Inventory) -> dict:
     chunk = int(cfg.scheduler.max_num_batched_tokens)
     pf = prefill_s(s, in_mean * (1 - hit), in_mean * hit, chunk)
     P = int(p.prefill_gpus)
-    pool = None
     if P:
         pool = roofline.Layout(1, P, P if inv.moe_layers else 1)
+        pool_mem = memory(setup(cfg, prof, inv, pool), cfg)
+        if pool_mem["kv_free_bytes"] <= 0:
+            raise UserError(f"plan.prefill_gpus={P}: {P} device(s) cannot hold {inv.name} "
+                            f"({pool_mem['weights_bytes'] / 1e9:.1f} GB of weights each, "
+                            f"{pool_mem['usable_bytes'] / 1e9:.1f} GB usable)")
         pool_s = prefill_s(s, in_mean * (1 - hit), in_mean * hit, chunk, pool)
     tpc = tokens_per_cycle(k, a)
     devices = lay.devices + P

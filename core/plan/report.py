@@ -26,7 +26,8 @@ def print_plan(plan: dict, con) -> None:
     for c in ("part", "bytes"):
         t.add_column(c, justify="left" if c == "part" else "right")
     for k, v in mem["weights"].items():
-        t.add_row(f"weights: {k}", _gb(v))
+        if v:
+            t.add_row(f"weights: {k}", _gb(v))
     t.add_row("activations (estimate)", _gb(mem["activations_bytes"]))
     t.add_row("reserved", _gb(mem["reserved_bytes"]))
     t.add_row("left for KV", _gb(mem["kv_free_bytes"]), style="bold")

@@ -106,3 +106,8 @@ def test_a_model_that_does_not_fit_is_refused():
 def test_a_dtype_the_device_does_not_declare_is_refused():
     with pytest.raises(UserError, match="declares no peak FLOP/s for bfloat16"):
         planned("plan.device=950DT", "plan.activation_format=bfloat16")
+
+
+def test_a_prefill_pool_too_small_for_the_weights_is_refused():
+    with pytest.raises(UserError, match="plan.prefill_gpus=1: 1 device"):
+        planned("model=deepseek_v4_1_flash", "cache.kv_dtype=fp4", "plan.prefill_gpus=1")
