@@ -55,6 +55,8 @@ def setup(cfg, prof, inv: Inventory, layout: roofline.Layout | None = None) -> S
     formats = {"experts": _fmt(p.experts_format, "experts_format", ck.get("experts", inv.dtype)),
                "dense": _fmt(p.dense_format, "dense_format", ck.get("dense", inv.dtype)),
                "head": ck.get("head", inv.dtype), "embed": ck.get("embed", inv.dtype)}
+    if not inv.n_experts and str(p.experts_format) != "auto":
+        raise UserError(f"plan.experts_format={p.experts_format!r}: {inv.name} has no routed experts (leave it auto)")
     act = str(p.activation_format)
     if act == "auto":
         act = "fp8" if formats["dense"] in ("fp8", "fp4", "nvfp4") else inv.dtype

