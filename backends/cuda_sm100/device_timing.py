@@ -70,7 +70,37 @@ def graph_rows(interpret: bool) -> list[dict]:
     except Exception as exc:
         row.update(status="fail", message=f"{type(exc).__name__}: {exc}"[:800])
     log(f"{row['status']:>7} graphs: eager {row.get('eager_ms')} ms, graph {row.get('graph_ms')} ms {row.get('message', '')[:200]}")
-    return [row]
+    return [row, engine_graph_row(active)]
+
+
+def engine_graph_row(active) -> dict:
+    """The engine's own decode graphs (core/engine/graphs.py, ``backend.graphs``) against ``backend.graphs=false``:
+    same greedy tokens and logprobs, how many steps replayed, each bucket captured, or why capture failed."""
+    from inferhal.core.engine.llm import LLM
+    from inferhal.core.sampling.params import SamplingParams
+
+    row = {"section": "graphs", "name": "engine decode graphs", "model": "deepseek_v4_tiny",
+           "execution_level": level_label(active.profile)}
+    try:
+        sp = SamplingParams(max_tokens=12, temperature=0.0, logprobs=1, ignore_eos=True)
+        outs = {}
+        for on in (False, True):
+            llm = LLM("deepseek_v4_tiny", backend="cuda_sm100", overrides=[f"backend.graphs={str(on).lower()}"])
+            t0 = time.perf_counter()
+            got = llm.generate(TINY_PROMPTS, sp)
+            sync(__import__("torch"))
+            outs[on] = ([o.token_ids for o in got], [o.logprobs for o in got], time.perf_counter() - t0)
+            if on:
+                g = llm.engine.runner.graphs
+                row.update(replayed_steps=g.num_replays if g else 0, captures=g.num_captures if g else 0,
+                           disabled=g.disabled if g else "no graph runner")
+        row.update(tokens_equal=outs[True][0] == outs[False][0], seconds={"eager": outs[False][2], "graphs": outs[True][2]})
+        row["status"] = ("pass" if row["tokens_equal"] and row["replayed_steps"] else
+                         "eager" if row["tokens_equal"] else "fail")
+    except Exception as exc:
+        row.update(status="fail", message=f"{type(exc).__name__}: {exc}"[:800])
+    log(f"{row['status']:>7} engine graphs: {row.get('replayed_steps')} steps replayed, {row.get('disabled') or ''}"[:300])
+    return row
 
 
 # -------------------------------------------------------------------------------------------------- perf

@@ -87,6 +87,7 @@ class Engine:
         self.device = torch.device(getattr(backend.device, "torch_device", "cpu"))
         self.runner = ModelRunner(self.model, backend.ops, self.kv_storage, self.specs, bs, self.device)
         self.runner.eos_token_ids = self.eos_token_ids
+        self.runner.graphs = self._decode_graphs(backend)
         self.executor = StepExecutor(self.runner, scheduler.async_scheduling)
         # asynchronous scheduling with a drafter: the drafter runs on the step thread (it needs the step in
         # flight's tokens), and the host schedules placeholders for its drafts (see core/engine/runner.py)
@@ -119,6 +120,21 @@ class Engine:
                       "update_s": 0.0, "tokens": 0, "draft_tokens": 0, "accepted_tokens": 0,
                       "drafted_at": [], "accepted_at": [],  # [i]: steps that verified / accepted draft i
                       "device_busy_s": 0.0, "device_gap_s": 0.0}  # the runner's steps, the host time between them
+
+    def _decode_graphs(self, backend: Any) -> Any:
+        """Decode steps through the backend's graph runner (``backend.graphs``), or None: the backend has none
+        (the CPU backends, an interpreter), or graphs are off."""
+        cfg = getattr(backend, "config", None)
+        if cfg is None or not getattr(cfg, "graphs", True):
+            return None
+        from inferhal.core.engine.graphs import DecodeGraphs, check_sizes
+
+        sizes = check_sizes(cfg.graph_batch_sizes)
+        runner = backend.graph_runner() if hasattr(backend, "graph_runner") else None
+        if runner is None:
+            return None
+        return DecodeGraphs(runner, self.model, self.specs, self.kv_manager.block_size, self.max_model_len, sizes,
+                            self.kv_storage)
 
     # ------------------------------------------------------------------ requests
 

@@ -87,6 +87,7 @@ class ModelRunner:
         self.greedy_head = (hasattr(model, "forward_greedy")
                         and ("lm_head.argmax" not in fallbacks or "lm_head" in fallbacks))
         self.keep_hidden = False  # set by the engine when its drafter reads hidden states
+        self.graphs: Any = None  # DecodeGraphs: decode steps replayed from the backend's graphs (set by the engine)
         self._last: dict[str, int] = {}  # each request's last token sampled by the previous step (PENDING)
         self.eos_token_ids: tuple[int, ...] = ()  # what a grammar dead end lets through (set by the engine)
         self._fill_pool: ThreadPoolExecutor | None = None  # fills structured-output bitmasks during the forward
@@ -230,8 +231,13 @@ class ModelRunner:
             at += len(group) * (n_draft + 1)
         filling = self._filler().submit(self._fill, jobs) if jobs else None
         t1 = time.perf_counter()
+        replay = (self.graphs is not None and not self.keep_hidden and not spec
+                  and self.graphs.eligible(batch, len(out.seqs)))
+        got = self.graphs.run(batch, greedy) if replay else None  # None: eager (no graph, or its capture failed)
         if greedy:
-            if self.keep_hidden:
+            if got is not None:
+                toks = got.tolist()
+            elif self.keep_hidden:
                 toks, res.hidden = self.model.forward_and_hidden(batch, self.kv, greedy=True)
                 toks = toks.tolist()
             else:
@@ -240,7 +246,9 @@ class ModelRunner:
             for r, tok in zip(plain_reqs, toks):
                 res.tokens[r.request_id] = int(tok)
             return res
-        if self.keep_hidden:
+        if got is not None:
+            logits = got
+        elif self.keep_hidden:
             logits, res.hidden = self.model.forward_and_hidden(batch, self.kv)
         else:
             logits = self.model.forward(batch, self.kv)  # [B', V] fp32

@@ -1,0 +1,147 @@
+"""Decode steps through the backend's graph runner (core/engine/graphs.py), with a fake runner on the CPU
+that behaves as a CUDA graph does: the inputs are copied into buffers fixed at capture, and every replay
+returns the same output tensor. The real capture is device-only (.ci/device_check)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferhal import LLM, SamplingParams
+from inferhal.core.config.schema import BackendConfig, CacheConfig, SchedulerConfig
+from inferhal.core.engine.engine import Engine
+from inferhal.core.engine.llm import compose_config
+from inferhal.core.errors import UserError
+
+BASE = [(7 * i + 3) % 190 + 1 for i in range(48)]
+PROMPTS = [BASE[:5], BASE[:37], BASE[3:20], BASE[:48], [42, 43], BASE[:40] + [9, 9, 9], BASE[:32] + [11] * 10,
+           BASE[10:14], BASE[20:31]]
+
+
+class FakeGraphs:
+    """Captures by running once on its own copies of the example inputs; a replay copies the new inputs
+    in, runs again and writes the result into the output of the capture (the tensor every replay returns)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail, self.captured, self.replays = fail, [], 0
+
+    def capture(self, fn, *example):
+        if self.fail:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        static = [a.clone() for a in example]
+        out = fn(*static)
+        self.captured.append(int(static[0].shape[0]))
+
+        def replay(*args):
+            assert [a.shape for a in args] == [s.shape for s in static], "a replay changed the captured shapes"
+            for s, a in zip(static, args):
+                s.copy_(a)
+            out.copy_(fn(*static))
+            self.replays += 1
+            return out
+
+        return replay
+
+
+class WithGraphs:
+    """An ActiveBackend whose graph runner is ``runner`` (and whose config is ``config``)."""
+
+    def __init__(self, be, runner, **config):
+        self._be, self._runner = be, runner
+        self.config = BackendConfig(**{**vars(be.config), **config})
+
+    def __getattr__(self, name):
+        return getattr(self._be, name)
+
+    def graph_runner(self):
+        return self._runner
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return LLM.from_config(compose_config("deepseek_v4_tiny", "reference")).engine
+
+
+def engine(tiny, runner, **config):
+    return Engine(tiny.loaded, WithGraphs(tiny.backend, runner, **config),
+                  SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32), CacheConfig(num_blocks=10))
+
+
+def generate(eng, params):
+    ids = [eng.add_request(p, params[i % len(params)]) for i, p in enumerate(PROMPTS)]
+    done, steps = {}, []
+    while eng.has_unfinished():
+        for o in eng.step():
+            if o.finished:
+                done[o.request_id] = o
+        steps.append((eng.last_step["num_seqs"], eng.last_step["num_tokens"]))
+    return [done[i] for i in ids], steps
+
+
+PARAMS = {
+    "greedy": [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)],
+    "sampled": [SamplingParams(max_tokens=10, temperature=0.8, seed=i, ignore_eos=True, logprobs=2) for i in range(3)],
+}
+
+
+@pytest.mark.parametrize("kind", ["greedy", "sampled"])
+def test_replayed_decode_steps_give_the_eager_tokens(tiny, kind):
+    want, _ = generate(engine(tiny, None), PARAMS[kind])
+    fake = FakeGraphs()
+    eng = engine(tiny, fake, graph_batch_sizes=[1, 2, 4, 8])
+    got, steps = generate(eng, PARAMS[kind])
+    for a, b in zip(want, got):
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids
+        for p, q in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            assert p.keys() == q.keys() and all(abs(p[t] - q[t]) < 1e-5 for t in p)
+    decodes = [n for n, t in steps if n == t]
+    assert sum(o.num_preemptions for o in got) > 0 and sum(o.num_cached_tokens for o in got) > 0
+    # every pure decode step replayed from its bucket's graph, each bucket captured once; mixed steps ran eagerly
+    assert fake.replays == eng.runner.graphs.num_replays == len(decodes) > 0
+    buckets = {next(b for b in (1, 2, 4, 8) if b >= n) for n in decodes}
+    assert sorted(fake.captured) == sorted(buckets) and len(buckets) > 1
+    assert len(decodes) < len(steps)
+    eng.kv_manager.check()
+
+
+def test_padding_rows_write_no_kv_and_read_allocated_blocks(tiny):
+    """A 3-row decode padded to 8: the padding rows' slots are all -1 and their tables are row 0's."""
+    fake = FakeGraphs()
+    eng = engine(tiny, fake, graph_batch_sizes=[8])
+    seen = []
+    real = eng.runner.graphs._pad
+
+    def pad(batch, size):
+        args = real(batch, size)
+        seen.append((int(batch.input_ids.shape[0]), args))
+        return args
+
+    eng.runner.graphs._pad = pad
+    for p in PROMPTS[:3]:
+        eng.add_request(p, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    while eng.has_unfinished():
+        eng.step()
+    assert seen and fake.captured == [8]
+    for n, args in seen:
+        per_group = args[4:]
+        for g in range(len(eng.specs)):
+            lens, table, slots = per_group[3 * g: 3 * g + 3]
+            assert bool((slots[n:] == -1).all())
+            assert torch.equal(table[n:], table[:1].expand(8 - n, -1)) and torch.equal(lens[n:], lens[:1].expand(8 - n))
+
+
+def test_a_failed_capture_turns_graphs_off_and_the_step_runs_eagerly(tiny):
+    want, _ = generate(engine(tiny, None), PARAMS["greedy"])
+    eng = engine(tiny, FakeGraphs(fail=True))
+    got, _ = generate(eng, PARAMS["greedy"])
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert "stream is capturing" in eng.runner.graphs.disabled and eng.runner.graphs.num_replays == 0
+
+
+def test_graphs_off_or_absent_run_eagerly_and_bad_sizes_are_refused(tiny):
+    assert engine(tiny, FakeGraphs(), graphs=False).runner.graphs is None
+    assert engine(tiny, None).runner.graphs is None  # the backend has no graph runner (the CPU backends)
+    assert tiny.runner.graphs is None
+    for bad in ([], [0, 4], ["x"]):
+        with pytest.raises(UserError, match="backend.graph_batch_sizes"):
+            engine(tiny, FakeGraphs(), graph_batch_sizes=bad)
