@@ -84,8 +84,8 @@ def host_rows(entry: dict, root: str) -> list[dict]:
     try:
         measured = _measured_rows(entry, root)
     except FileNotFoundError as exc:
-        return [{"kind": "host", "name": entry["name"], "error": f"recorded run not found: {exc} (run from the "
-                                                                  f"repository root, or pass plan calibrate a checkout)"}]
+        return [{"kind": "host", "name": entry["name"], "error": f"recorded run not found: {exc} (the recorded runs "
+                                                                  f"live in a checkout's docs/: run from its root)"}]
     out = []
     for m in measured:
         dtype = entry["engines"][m["engine"]]
