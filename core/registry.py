@@ -73,6 +73,14 @@ class ActiveBackend:
     def graph_runner(self) -> Any:
         return self.call("inferhal_graph_runner", profile=self.profile, config=self.config)
 
+    def batch_invariant_twin(self) -> "ActiveBackend":
+        """This backend selected again with batch-invariant ops (what ``deterministic=true`` runs), or a
+        :class:`BackendSelectionError` naming the ops that cannot honour it."""
+        if self.config.batch_invariant:
+            return self
+        self._registry.check_deterministic(self.config)
+        return self._registry.select(dataclasses.replace(self.config, batch_invariant=True))
+
     def batch_invariance(self) -> "dict[str, BatchInvariance] | None":
         """op ID -> this backend's declared batch invariance (``None``: it declares none per op)."""
         return self._registry.op_batch_invariance(self.name)

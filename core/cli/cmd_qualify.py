@@ -80,6 +80,9 @@ def run(cfg, words, registry=None) -> int:
         reference = active if active.name == "reference" else reg.select(BackendConfig(name="reference"))
     except BackendSelectionError as exc:
         rep = unavailable_report(reg, bcfg, str(exc), q.level)
+        from inferhal.core.qualify.manifest import manifest
+
+        rep["manifest"] = manifest(bcfg.name, {}, cfg)
         if recorded_data is None:
             paths = report_mod.write(rep, out_dir)
             raise UserError(f"{exc}\nnothing was qualified; report: {paths['html']}") from None
@@ -91,17 +94,30 @@ def run(cfg, words, registry=None) -> int:
         level=q.level, reruns=int(q.reruns), seed=int(q.seed), ops=tuple(q.ops), output_dir=str(out_dir),
         baseline=q.baseline, regression_threshold=float(q.regression_threshold), resume=bool(q.resume),
         progress=bool(q.progress), repeats=int(q.perf_repeats))
-    extra = None
-    if q.golden:
-        from inferhal.core.qualify import golden
+    from inferhal.core.qualify import audits, golden
+    from inferhal.core.qualify.manifest import manifest
 
-        extra = lambda: {"golden": golden.run(cfg, active)}  # noqa: E731
+    def extra() -> dict:
+        out = {"manifest": manifest(bcfg.name, reg.probe(bcfg.name, bcfg).details, cfg)}
+        if q.golden:  # the end-to-end section: golden token ids, then the MLPerf-style audits
+            out["golden"] = golden.run(cfg, active)
+            out["audits"] = audits.run(active, q.level)
+        else:
+            out["audits"] = audits.not_run("qualify.golden=false: the end-to-end runs were skipped", "not run")
+        return out
+
     rep = runner.run(active, reference, opts, extra_sections=extra)
     if recorded_data is not None:
         recorded.merge(rep, recorded_data, str(q.recorded))
     paths = report_mod.write(rep, out_dir)
     print_summary(rep, paths)
     return int(rep["summary"]["exit_status"])
+
+
+def audits_not_run(reason: str) -> dict:
+    from inferhal.core.qualify.audits import not_run
+
+    return not_run(f"the backend is unavailable here: {reason}", "absent")
 
 
 def unavailable_report(reg, bcfg: BackendConfig, reason: str, level: str) -> dict:
@@ -114,7 +130,7 @@ def unavailable_report(reg, bcfg: BackendConfig, reason: str, level: str) -> dic
     return {"schema": 1, "created": "", "options": {"level": level},
             "backend": {"name": bcfg.name, "device_name": "(unavailable)", "exec_level": "absent", "peak_flops": {},
                         "peak_bandwidth": 0.0},
-            "rows": [], "ops": ops,
+            "rows": [], "ops": ops, "audits": audits_not_run(reason),
             "summary": {"verdict": "unavailable", "exit_status": EXIT_INCOMPLETE, "failed_ops": [], "case_counts": {},
                         "not_qualified_ops": [op for op, o in ops.items() if o["claimed"]], "levels": [],
                         "notes": [reason]}}
@@ -145,6 +161,9 @@ def print_summary(rep: dict, paths: dict) -> None:
             con.print(f"[red]FAIL[/] {escape(r['message'])}")
     for g in rep.get("golden", []):
         con.print(f"golden {escape(g['name'])}: {escape(g['status'])} {escape(g.get('message', ''))}")
+    for a in rep.get("audits", {}).get("checks", []):
+        con.print(f"audit {a['name']} ({escape(a['title'])}) at level {escape(a['level'])}: {escape(a['status'])} "
+                  f"{escape(a.get('message', ''))}", soft_wrap=True)
     s = rep["summary"]
     from inferhal.core.qualify.recorded import summary_lines
 

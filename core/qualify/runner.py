@@ -221,15 +221,16 @@ def summarize(report: dict) -> dict:
     golden = report.get("golden", [])
     failed_ops = [op for op, s in ops.items() if s["status"] == "fail"]
     failed_golden = [g["name"] for g in golden if g.get("status") == "fail"]
+    failed_audits = [a["name"] for a in report.get("audits", {}).get("checks", []) if a.get("status") == "fail"]
     incomplete = [op for op, s in ops.items() if s["status"] in ("no-case", "not-run")]
-    if failed_ops or failed_golden:
+    if failed_ops or failed_golden or failed_audits:
         verdict, rc = "fail", EXIT_FAIL
     elif incomplete:
         verdict, rc = "incomplete", EXIT_INCOMPLETE
     else:
         verdict, rc = "pass", EXIT_PASS
     return {"verdict": verdict, "exit_status": rc, "case_counts": counts, "failed_ops": failed_ops,
-            "failed_golden": failed_golden, "not_qualified_ops": incomplete,
+            "failed_golden": failed_golden, "failed_audits": failed_audits, "not_qualified_ops": incomplete,
             "levels": sorted({r["level"] for r in report["rows"]}), "notes": []}
 
 
