@@ -91,8 +91,10 @@ def _moe_layers(inv: Inventory, prefix: str) -> int:
     return round(inv.params(prefix + "experts") / per_layer) if per_layer else 0
 
 
-def memory(s: Setup, cfg) -> dict:
-    """Bytes per device: weights by class and format, activations (estimate), reserve, what is left for KV."""
+def memory(s: Setup, cfg, step_rows: int = 1) -> dict:
+    """Bytes per device: weights by class and format, activations (estimate), reserve, what is left for KV.
+    Activations: the widest step, a prefill chunk (``scheduler.max_num_batched_tokens``) or ``step_rows``
+    decode rows (the largest swept batch x (drafts + 1)), and fp32 logits for ``step_rows`` rows."""
     inv, lay, f = s.inv, s.layout, s.formats
     drafts = int(cfg.plan.draft_tokens) > 0
     split_experts = lay.ep if lay.ep > 1 else lay.tp
@@ -102,8 +104,8 @@ def memory(s: Setup, cfg) -> dict:
     if drafts:
         w["mtp"] = (inv.bytes("mtp_dense", f["dense"]) / lay.tp + inv.bytes("mtp_experts", f["experts"]) / split_experts
                     + inv.bytes("mtp_small", inv.dtype))
-    tokens = int(cfg.scheduler.max_num_batched_tokens)
-    act = tokens * inv.act_bytes_per_token / lay.tp + int(cfg.scheduler.max_num_seqs) * inv.vocab * 4 / lay.tp
+    tokens = max(int(cfg.scheduler.max_num_batched_tokens), step_rows)
+    act = (tokens * inv.act_bytes_per_token + step_rows * inv.vocab * 4) / lay.tp
     usable = s.prof.memory_bytes * float(cfg.plan.memory_utilization)
     weights = sum(w.values())
     free = usable - weights - act - int(cfg.plan.reserved_bytes)
@@ -174,7 +176,7 @@ def plan(cfg, prof, inv: Inventory) -> dict:
     if n_fit > limit:
         raise UserError(f"plan.traffic: a request of {max(prompts)} + {max(outputs)} tokens exceeds model.max_model_len={limit}")
     n_mean, out_mean, in_mean = mean(prompts) + mean(outputs) / 2, mean(outputs), mean(prompts)
-    mem = memory(s, cfg)
+    mem = memory(s, cfg, max(batches) * (k + 1))
     free = mem["kv_free_bytes"]
     if free <= 0:
         raise UserError(f"{inv.name} does not fit on {prof.device_name} with layout tp={lay.tp} dp={lay.dp} ep={lay.ep}: "
