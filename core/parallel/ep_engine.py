@@ -2,7 +2,8 @@
 as an engine step hook.
 
 Every rank runs the same engine on the same requests (attention and everything outside the routed
-experts is replicated; data-parallel attention is out of scope), so every rank schedules the same batch
+experts is replicated; :mod:`.dp_engine` is the layout where each rank attends over its own requests),
+so every rank schedules the same batch
 at the same step and samples the same tokens. After each step the hook (:class:`EPRank`)
 
 1. checks that all ranks are at the same step (:class:`~.sync.StepSync`; a mismatch or a silent peer

@@ -1,7 +1,10 @@
 """``inferhal generate`` over EP ranks: ``parallel=ep2`` spawns the ranks itself (``launcher=local``) or
 runs as one rank under torchrun (``launcher=torchrun``); each rank builds the same engine, joins the
-process group through the backend's communicator and becomes an EP rank (:func:`.ep_engine.attach_ep`).
-Rank 0 prints; the other ranks run silently. A rank that fails ends the launch with its error.
+process group through the backend's communicator and becomes an EP rank (:func:`.ep_engine.attach_ep`),
+or with ``parallel.dp = parallel.ep > 1`` (``parallel=dep2``) a DP attention × EP MoE rank
+(:func:`.dp_engine.attach_dp`) behind the :class:`~.dp_engine.DPEngine` front end, which places the
+job's prompts over the ranks. Rank 0 prints; the other ranks run silently. A rank that fails ends the
+launch with its error.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from omegaconf import OmegaConf
 
 from inferhal.core.backend import ParallelLayout
 from inferhal.core.errors import UserError
+from inferhal.core.parallel.dp_engine import DPEngine, DPRank, attach_dp
 from inferhal.core.parallel.ep_engine import EPRank, attach_ep, check_expert_slots
 from inferhal.core.parallel.launch import check_layout, launch
 
@@ -28,6 +32,17 @@ def ep_llm(cfg: Any, layout: ParallelLayout) -> tuple[Any, EPRank]:
     return llm, attach_ep(llm.engine, comm, cfg.eplb)
 
 
+def dp_llm(cfg: Any, layout: ParallelLayout) -> tuple[Any, DPRank]:
+    """An LLM acting as DP/EP rank ``layout.rank``: its ``engine`` is the :class:`DPEngine` front end over
+    this rank's own engine (every rank must be handed the same prompts)."""
+    from inferhal.core.engine.llm import LLM
+
+    llm = LLM.from_config(cfg)
+    hook = attach_dp(llm.engine, llm.engine.backend.communicator(layout), cfg.eplb)
+    llm.engine = DPEngine(llm.engine, hook)
+    return llm, hook
+
+
 def run_rank(layout: ParallelLayout, cfg_node: dict) -> int:
     """One rank of ``inferhal generate``; returns the command's exit status."""
     import torch
@@ -36,7 +51,7 @@ def run_rank(layout: ParallelLayout, cfg_node: dict) -> int:
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // layout.world_size))  # ranks share this host's cores
     cfg = OmegaConf.create(cfg_node)
-    llm, ep = ep_llm(cfg, layout)
+    llm, _ = (dp_llm if int(cfg.parallel.dp) > 1 else ep_llm)(cfg, layout)
     if layout.rank == 0:
         return generate(cfg, llm, sys.stdout)
     with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):  # no second progress display
@@ -56,7 +71,8 @@ def _spawned_rank(layout: ParallelLayout, cfg_node: dict) -> None:
 def check_before_spawn(cfg: Any) -> int:
     """Every refusal a rank would meet that can be known from the config alone, before any process starts
     or any weight loads: the layout (:func:`~.launch.check_layout`), the spec config, the backend's
-    availability (probe only) and whether the model has routed experts that divide among the EP ranks.
+    availability (probe only), whether the model has routed experts that divide among the EP ranks and,
+    with DP attention, whether the job gives every DP rank a prompt and runs synchronous scheduling.
     Returns the world size."""
     from inferhal.core.config.schema import BackendConfig, SpecConfig
     from inferhal.core.models.registry import routed_experts
@@ -72,11 +88,36 @@ def check_before_spawn(cfg: Any) -> int:
                         f"needs a model with routed experts (e.g. model=deepseek_v4_tiny), or use parallel=single")
     if experts is not None:
         check_expert_slots(experts, cfg.eplb, world)
+    dp = int(cfg.parallel.dp)
+    if dp > 1:
+        if bool(cfg.scheduler.async_scheduling):
+            raise UserError("scheduler.async_scheduling=true does not run with data-parallel attention "
+                            f"(parallel.dp={dp}) yet; use scheduler.async_scheduling=false")
+        n = count_prompts(cfg)
+        if n < dp:
+            raise UserError(f"parallel.dp={dp} but the job has {n} prompt{'s' if n != 1 else ''}: {dp - n} DP "
+                            f"rank{'s' if dp - n != 1 else ''} would get no request; pass at least {dp} prompts "
+                            f"(prompts_file=x.jsonl) or use parallel.dp <= {n} (parallel=ep{dp} replicates "
+                            f"attention instead)")
     return world
 
 
+def count_prompts(cfg: Any) -> int:
+    """Prompts a ``generate`` job gives the front end: one (``prompt``, ``prompt_ids``, ``messages``, or the
+    default prompt), or the non-blank lines of ``prompts_file``."""
+    path = cfg.get("prompts_file")
+    if path is None:
+        return 1
+    try:
+        with open(str(path)) as f:
+            return sum(1 for ln in f if ln.strip())
+    except OSError as exc:
+        raise UserError(f"prompts_file={str(path)!r}: {exc.strerror}") from None
+
+
 def generate_parallel(cfg: Any) -> int:
-    """Run ``inferhal generate`` on ``parallel.tp * parallel.ep`` ranks; the exit status of rank 0 (or of
+    """Run ``inferhal generate`` on ``parallel.tp * parallel.ep`` ranks (with ``parallel.dp = parallel.ep``
+    each a DP attention rank); the exit status of rank 0 (or of
     the first rank that failed). :func:`check_before_spawn` runs first."""
     check_before_spawn(cfg)
     node = OmegaConf.to_container(cfg, resolve=True)

@@ -22,7 +22,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def world_size_of(parallel: Any) -> int:
-    """Processes a layout needs: EP ranks (attention is replicated on them) times TP."""
+    """Processes a layout needs: EP ranks (attention replicated on them, or one DP attention rank each)
+    times TP."""
     tp, ep = int(parallel.tp), int(parallel.ep)
     if tp < 1 or ep < 1:
         raise UserError(f"parallel.tp and parallel.ep must be >= 1, got tp={tp}, ep={ep}")
@@ -32,10 +33,10 @@ def world_size_of(parallel: Any) -> int:
 def check_layout(parallel: Any, env: Mapping[str, str] | None = None) -> int:
     """Refuse, before any process starts, every layout this build cannot run; returns the world size.
 
-    Checked: tp, ep, dp >= 1; tp = 1 and dp = 1 (tensor parallelism and data-parallel attention are not
-    implemented: attention is replicated on every EP rank); role = any (no prefill/decode
-    disaggregation); the launcher; under torchrun, that the environment is complete and its
-    ``WORLD_SIZE`` matches the layout.
+    Checked: tp, ep, dp >= 1; tp = 1 (no tensor parallelism); dp = 1 (attention replicated on every EP
+    rank) or dp = ep (DP attention × EP MoE, one attention rank per EP rank, as ``dep8`` = DP8 × EP8);
+    role = any (no prefill/decode disaggregation); the launcher; under torchrun, that the environment is
+    complete and its ``WORLD_SIZE`` matches the layout.
     """
     env = os.environ if env is None else env
     world = world_size_of(parallel)
@@ -44,15 +45,23 @@ def check_layout(parallel: Any, env: Mapping[str, str] | None = None) -> int:
         raise UserError(f"parallel.dp must be >= 1, got {dp}")
     if int(parallel.tp) != 1:
         raise UserError(f"parallel.tp={parallel.tp}: tensor parallelism is not supported yet (use parallel.tp=1)")
-    if dp != 1:
-        raise UserError(f"parallel.dp={dp}: data-parallel attention is not supported yet; attention is replicated "
-                        f"on every EP rank (use parallel.dp=1)")
+    if dp != 1 and dp != int(parallel.ep):
+        raise UserError(f"parallel.dp={dp} with parallel.ep={parallel.ep}: data-parallel attention runs one "
+                        f"attention rank per EP rank (parallel.dp = parallel.ep, e.g. parallel=dep8 is DP8 x EP8) "
+                        f"or none (parallel.dp=1: attention replicated on the EP ranks)")
     role = str(getattr(parallel, "role", "any"))
     if role != "any":
         raise UserError(f"parallel.role={role!r}: prefill/decode disaggregation is not supported yet (use parallel.role=any)")
     launcher = str(parallel.launcher)
     if launcher not in ("local", "torchrun"):
         raise UserError(f"parallel.launcher must be local|torchrun, got {launcher!r}")
+    if launcher == "local" and world > 1:  # the rendezvous the spawned ranks meet at
+        addr, port = str(getattr(parallel, "master_addr", "") or ""), int(getattr(parallel, "master_port", 0))
+        if not addr:
+            raise UserError(f"parallel.master_addr is empty: the {world} ranks need a rendezvous address "
+                            f"(127.0.0.1 on one host)")
+        if not 0 <= port <= 65535:
+            raise UserError(f"parallel.master_port={port} is not a TCP port (0 = any free port, else 1..65535)")
     from_env = layout_from_env(parallel, env)  # checks WORLD_SIZE against the layout
     if launcher == "torchrun" and from_env is None:
         raise UserError("parallel.launcher=torchrun but RANK/WORLD_SIZE are not set: run under torchrun, "

@@ -14,17 +14,18 @@ PROMPTS = [[1, 2, 3, 4, 5], [7, 150, 33, 9, 81, 2, 64, 11, 5, 99, 120, 17, 3], [
 # a later batch whose prefixes the first batch cached: load alone would send _A's and R's to rank 1 of dep2
 SECOND = [[42, 43], _A + [3, 1, 4, 1, 5], _B + [77, 78], R[:20] + [1, 2]]
 MAX_TOKENS = 7
-CHUNK_NGRAM = ["scheduler.max_num_batched_tokens=12", "scheduler.max_num_seqs=4", "spec=ngram",
+CHUNK_NGRAM = ["scheduler.max_num_batched_tokens=12", "spec=ngram",
                "spec.num_speculative_tokens=3", "spec.disable_by_batch_size=0"]
 # name -> (config overrides, prompt batches, sampling)
 SCENARIOS = {
-    "plain": ([], [PROMPTS], "greedy"),
-    "sampled": ([], [PROMPTS[:5]], "sampled"),
+    # greedy requests and sampled ones (seeded and not), EPLB rebalancing every 3 steps (10 slots: 2 redundant)
+    "plain": (["parallel=ep2", "eplb=default", "eplb.step_interval=3", "eplb.num_redundant_experts=2"], [PROMPTS],
+              "mixed"),
     "features": (["cache.num_blocks=14", *CHUNK_NGRAM], [PROMPTS, SECOND], "greedy"),  # prefix hits, chunks, drafts
     "preempt": (["cache.num_blocks=5", *CHUNK_NGRAM], [PROMPTS], "greedy"),  # 5 blocks a group: preemption
-    "eplb": (["parallel=ep2", "eplb=default", "eplb.step_interval=3", "eplb.num_redundant_experts=2"], [PROMPTS[:4]],
-             "greedy"),
     "lonely": ([], [[PROMPTS[1]]], "greedy"),  # one request: the other ranks never have a token
+    # MTP drafts: their MoE layer runs on the ranks with drafts only, the others serve it empty
+    "mtp": (["spec=mtp", "spec.num_speculative_tokens=2", "spec.disable_by_batch_size=0"], [PROMPTS[:3]], "greedy"),
 }
 
 
@@ -35,13 +36,15 @@ def tiny_cfg(overrides=()):
 
 
 def params(kind, i):
+    """Request ``i``'s sampling: greedy (``max_tokens`` varies, so ranks finish at different steps); in a
+    ``mixed`` batch every third request samples, unseeded (the engine derives its seed from the arrival)
+    or, for request 5, seeded."""
     from inferhal.core.sampling.params import SamplingParams
 
-    if kind == "greedy":
-        return SamplingParams(max_tokens=MAX_TOKENS + i % 3, temperature=0.0, ignore_eos=True, logprobs=1)
-    # unseeded (the engine derives a seed from the arrival) and one seeded request
-    return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.8, top_k=20, ignore_eos=True, logprobs=1,
-                          seed=123 if i == 2 else None)
+    if kind == "mixed" and i % 3 == 2:
+        return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.8, top_k=20, ignore_eos=True, logprobs=1,
+                              seed=123 if i == 5 else None)
+    return SamplingParams(max_tokens=MAX_TOKENS + i % 3, temperature=0.0, ignore_eos=True, logprobs=1)
 
 
 def run(llm, batches, kind):
@@ -104,3 +107,4 @@ def dp_suite(layout, out_dir, names):
     except RankDivergenceError as exc:
         got["mismatch"] = str(exc)
     torch.save(got, os.path.join(out_dir, f"rank{me}.pt"))
+

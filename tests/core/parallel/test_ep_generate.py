@@ -31,13 +31,14 @@ def test_the_ascend_prefill_layout_is_refused_at_once_by_the_cli(no_spawn, capsy
     assert main(["generate", "parallel=ascend_dsv4_prefill_dp4tp4", "model=deepseek_v4_tiny", "prompt_ids=[1,2]"]) == 2
     assert time.perf_counter() - t0 < 30  # was: 64 processes started on a 2-core host, then refused (> 5 min)
     err = capsys.readouterr().err
-    assert "parallel.tp=4 is refused" in err and "parallel.dp=4" in err and "Traceback" not in err
+    assert "parallel.tp=4 is refused" in err and "parallel.role='prefill'" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("overrides,needle", [
     # composed without the config check: what launch itself refuses (a layout built by hand or by a tool)
     (["parallel=ascend_dsv4_prefill_dp4tp4"], "parallel.tp=4: tensor parallelism is not supported yet"),
-    (["parallel=dep8"], "parallel.dp=8: data-parallel attention is not supported yet"),
+    (["parallel=dep8", "parallel.ep=4"], "parallel.dp=8 with parallel.ep=4: data-parallel attention runs one "
+                                         "attention rank per EP rank"),
     (["parallel=ep2", "parallel.role=decode"], "parallel.role='decode'"),
 ])
 def test_generate_parallel_checks_the_layout_before_spawning(no_spawn, overrides, needle):
@@ -62,6 +63,49 @@ def test_what_every_rank_would_refuse_is_refused_before_spawning(no_spawn, overr
     assert "Traceback" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("overrides,needle", [
+    (["prompt_ids=[1,2]"], "parallel.dp=2 but the job has 1 prompt: 1 DP rank would get no request"),
+    (["parallel=dep4", "prompts_file=JOBS"], "parallel.dp=4 but the job has 3 prompts: 1 DP rank would get"),
+    (["parallel=dep8", "prompts_file=JOBS"], "parallel.dp=8 but the job has 3 prompts: 5 DP ranks would get"),
+    (["prompts_file=JOBS", "parallel.ep=3", "parallel.dp=3"], "8 physical expert slots \\(routed experts\\) do not "
+                                                              "divide among parallel.ep=3"),
+    (["prompts_file=JOBS", "scheduler.async_scheduling=true"], "scheduler.async_scheduling=true does not run with "
+                                                               "data-parallel attention \\(parallel.dp=2\\)"),
+    (["prompts_file=/nonexistent.jsonl"], "prompts_file='/nonexistent.jsonl': No such file"),
+    (["prompts_file=JOBS", "parallel.master_addr="], "parallel.master_addr is empty: the 2 ranks need a rendezvous"),
+])
+def test_a_dp_layout_is_refused_before_spawning_with_the_numbers(no_spawn, overrides, needle, tmp_path, capsys):
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"prompt_token_ids": [1, 2]}\n\n{"prompt_token_ids": [3]}\n{"prompt_token_ids": [4]}\n')
+    overrides = [o.replace("JOBS", str(jobs)) for o in overrides]
+    args = ["model=deepseek_v4_tiny", "parallel=dep2", *overrides]
+    with pytest.raises(UserError, match=needle):
+        check_before_spawn(compose(args, "generate"))
+    assert main(["generate", *args]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_the_shipped_dep_layouts_pass_the_checks(no_spawn, tmp_path):
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("".join(f'{{"prompt_token_ids": [{i + 1}]}}\n' for i in range(8)))
+    for name, world in (("dep2", 2), ("dep4", 4), ("dep8", 8)):
+        cfg = compose(["model=deepseek_v4_tiny", f"parallel={name}", f"prompts_file={jobs}"], "generate")
+        assert (int(cfg.parallel.dp), int(cfg.parallel.ep)) == (world, world)
+        assert check_before_spawn(cfg) == world
+
+
 def test_a_runnable_layout_passes_the_checks(no_spawn):
     cfg = compose(["model=deepseek_v4_tiny", "parallel=ep2", "eplb=default", "eplb.num_redundant_experts=2"], "generate")
     assert check_before_spawn(cfg) == 2
+
+
+@pytest.mark.parametrize("name,needle", [
+    ("ascend_dsv4_ep16", "backend 'ascend950' is unavailable"),  # runs where torch_npu and CANN are
+    ("ascend_dsv4_colocated_dp4tp4", "parallel.tp=4 is refused"),
+    ("ascend_dsv4_decode_dp8tp2", "parallel.tp=2 is refused"),
+    ("ascend_dsv4_prefill_dp4tp4", "parallel.tp=4 is refused"),
+])
+def test_the_ascend_layouts_run_or_are_refused_before_spawning(no_spawn, name, needle, capsys):
+    assert main(["generate", f"parallel={name}", "backend=ascend950", "model=deepseek_v4_flash", "prompt_ids=[1,2]"]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err

@@ -38,6 +38,13 @@ def test_launch_under_torchrun_runs_this_rank_only():
         launch(lambda lay: None, par(launcher="mpirun"), env={})
 
 
+def test_dp_equal_to_ep_is_a_layout_of_ep_ranks(monkeypatch):
+    from inferhal.core.parallel.launch import check_layout
+
+    assert check_layout(par(dp=2), env={}) == 2  # dep2: one attention rank per EP rank
+    assert check_layout(par(ep=8, dp=8), env={}) == 8  # dep8 = DP8 x EP8: 8 processes
+
+
 def test_single_rank_runs_in_process():
     seen = []
     launch(lambda lay: seen.append(lay.world_size), par(ep=1), env={})
@@ -46,7 +53,9 @@ def test_single_rank_runs_in_process():
 
 @pytest.mark.parametrize("kw,needle", [
     (dict(tp=4), "parallel.tp=4: tensor parallelism is not supported yet"),
-    (dict(dp=4), "parallel.dp=4: data-parallel attention is not supported yet"),
+    (dict(dp=4), "parallel.dp=4 with parallel.ep=2: data-parallel attention runs one attention rank per EP rank"),
+    (dict(master_addr=""), "parallel.master_addr is empty: the 2 ranks need a rendezvous address"),
+    (dict(master_port=70000), "parallel.master_port=70000 is not a TCP port"),
     (dict(role="prefill"), "parallel.role='prefill': prefill/decode disaggregation"),
     (dict(ep=0), "must be >= 1"),
     (dict(dp=0), "parallel.dp must be >= 1"),
