@@ -37,6 +37,7 @@ class Setup:
     act: str
     main: roofline.Weights
     draft: roofline.Weights
+    notes: tuple = ()
 
 
 def _fmt(value: str, field: str, auto: str) -> str:
@@ -67,8 +68,13 @@ def setup(cfg, prof, inv: Inventory, layout: roofline.Layout | None = None) -> S
         raise UserError(f"parallel.ep={layout.ep}: {inv.name} has no routed experts to spread")
     up, out = hardware.links(prof)
     attn_dtype = inv.dtype if prof.peak_flops.get(inv.dtype) else ACT_FORMATS[act]
+    expert_rate, notes = 0.0, []
+    if formats["experts"] in ("fp4", "nvfp4") and not prof.supports("fp4_grouped_gemm"):
+        # the device stores FP4 experts but has no FP4 grouped GEMM: they are widened and multiplied in bf16
+        expert_rate = hardware.rate(prof, "bfloat16")
+        notes.append(f"{prof.device_name} lacks fp4_grouped_gemm: FP4 expert products counted at its bfloat16 peak")
     machine = roofline.Machine(hardware.bandwidth(prof), hardware.rate(prof, ACT_FORMATS[act]),
-                               hardware.rate(prof, attn_dtype), up, out)
+                               hardware.rate(prof, attn_dtype), up, out, expert_rate)
 
     def weights(prefix: str) -> roofline.Weights:
         return roofline.Weights(
@@ -79,7 +85,7 @@ def setup(cfg, prof, inv: Inventory, layout: roofline.Layout | None = None) -> S
             n_experts=inv.n_experts, top_k=inv.top_k, moe_layers=_moe_layers(inv, prefix), hidden=inv.hidden,
             act_bytes=_ACT_BYTES[act], kv_heads=inv.kv_heads, layers=inv.layers if not prefix else 1)
 
-    return Setup(inv, prof, layout, machine, formats, act, weights(""), weights("mtp_"))
+    return Setup(inv, prof, layout, machine, formats, act, weights(""), weights("mtp_"), tuple(notes))
 
 
 def _moe_layers(inv: Inventory, prefix: str) -> int:
@@ -240,7 +246,7 @@ def plan(cfg, prof, inv: Inventory) -> dict:
            "memory": mem, "kv_bytes_per_request_fit": inv.kv_stored(n_fit),
            "max_batch": max_batch(s, free, n_fit),
            "max_context": {str(b): max_context(s, free, b, limit) for b in batches},
-           "rows": rows, "pareto": front, "omitted": list(OMITTED), "notes": list(inv.notes)}
+           "rows": rows, "pareto": front, "omitted": list(OMITTED), "notes": [*inv.notes, *s.notes]}
     lam = float(tr.arrival_rate)
     if lam:
         need = lam * out_mean / devices

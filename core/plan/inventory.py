@@ -184,7 +184,7 @@ def _deepseek_v4(model_cfg, groups) -> Inventory:
         # hc_mult fp32 residual streams in and out, q in bf16, the routed tokens' gate|up in bf16
         act_bytes_per_token=2 * cfg.hc_mult * cfg.hidden_size * 4 + h * d * 2 + cfg.top_k * 2 * cfg.moe_intermediate * 2,
         mtp_kv_read=lambda n: min(n, win) * swa, mtp_attn_flops=lambda n: min(n, win) * 4 * h * d,
-        notes=["MTP layers attend their window only (their layer type is sliding in shapes.layer_tensors)"],
+        notes=["MTP layers attend their window only (V4Config.layer_type: sliding past the main layers)"],
     )
 
 

@@ -16,12 +16,11 @@ def print_plan(plan: dict, con) -> None:
     pd = f" + {lay['prefill_devices']} prefill devices" if lay["prefill_devices"] else ""
     con.print(f"plan: {plan['model']} on {plan['device']}, tp={lay['tp']} dp={lay['dp']} ep={lay['ep']} "
               f"({lay['decode_devices']} devices{pd}); weights {plan['formats']}, KV {plan['kv_dtype']}")
-    con.print(f"rates: {plan['rates']['bandwidth'] / 1e12:.3g} TB/s, products {plan['rates']['products'] / 1e12:,.4g} TFLOP/s, "
-              f"attention {plan['rates']['attention'] / 1e12:,.4g} TFLOP/s; links: "
-              + "; ".join(f"{k} {v['name']} {v['bandwidth'] / 1e9:,.0f} GB/s x{v['domain']}" for k, v in plan["links"].items() if v)
-              if any(plan["links"].values()) else
-              f"rates: {plan['rates']['bandwidth'] / 1e9:,.1f} GB/s, products {plan['rates']['products'] / 1e9:,.1f} GFLOP/s, "
-              f"attention {plan['rates']['attention'] / 1e9:,.1f} GFLOP/s (no links)")
+    r = plan["rates"]
+    links = "; ".join(f"{k} {v['name']} {v['bandwidth'] / 1e9:,.0f} GB/s x{v['domain']}"
+                      for k, v in plan["links"].items() if v) or "none"
+    con.print(f"rates: {r['bandwidth'] / 1e9:,.1f} GB/s, products {r['products'] / 1e12:,.4g} TFLOP/s, "
+              f"attention {r['attention'] / 1e12:,.4g} TFLOP/s; links: {links}")
     t = Table(title="memory per device")
     for c in ("part", "bytes"):
         t.add_column(c, justify="left" if c == "part" else "right")
@@ -59,6 +58,8 @@ def print_plan(plan: dict, con) -> None:
         con.print(f"arrival rate {a['rate']:g} req/s needs {a['output_tok_s_device_needed']:,.1f} output tok/s per device: "
                   + (f"batch {a['batch']} serves it at {a['tok_s_user']:,.1f} tok/s per user" if a["batch"] else
                      "no batch that fits serves it: add devices"))
+    for note in plan["notes"]:
+        con.print(f"note: {note}")
     con.print("left out of every step time: " + "; ".join(plan["omitted"]))
 
 

@@ -45,6 +45,7 @@ class Machine:
     attention_rate: float
     scale_up: Link | None = None
     scale_out: Link | None = None
+    expert_rate: float = 0.0  # routed-expert products, when they run at another rate (0: product_rate)
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def step(tokens: float, rows: float, kv_read: float, attn_flops: float, w: Weigh
             share = touched(w.n_experts, w.top_k, tokens)
             nbytes = w.n_experts * share * w.expert_bytes * w.moe_layers / tp
             flops = 2 * tokens * w.top_k * w.expert_params * w.moe_layers / tp
-        ph["experts"] = phase(nbytes, flops, m.bandwidth, m.product_rate)
+        ph["experts"] = phase(nbytes, flops, m.bandwidth, m.expert_rate or m.product_rate)
         t, sent, link = all_to_all_s(tokens / tp, w, layout, m)  # each device of a rank dispatches 1/tp of its tokens
         ph["all_to_all"] = {"bytes": sent * w.moe_layers, "flops": 0.0, "s": t * w.moe_layers, "bound": link}
     if tp > 1:  # attention output and FFN output reduced over the TP group: ring all-reduce of bf16 rows

@@ -129,3 +129,10 @@ def test_a_dtype_the_device_does_not_declare_is_refused():
 def test_a_prefill_pool_too_small_for_the_weights_is_refused():
     with pytest.raises(UserError, match="plan.prefill_gpus=1: 1 device"):
         planned("model=deepseek_v4_1_flash", "cache.kv_dtype=fp4", "plan.prefill_gpus=1")
+
+
+def test_fp4_experts_on_a_device_without_fp4_gemm_run_at_its_bf16_peak():
+    h200, _, _ = planned("plan.device=H200", "plan.traffic.batch_sizes=[1024]")
+    assert any("lacks fp4_grouped_gemm" in n for n in h200["notes"])
+    b200, _, _ = planned("plan.traffic.batch_sizes=[1024]")
+    assert not any("fp4_grouped_gemm" in n for n in b200["notes"])
