@@ -7,8 +7,8 @@
   promises bitwise logprobs, and the determinism matrix checks that).
 - ``TEST04`` no answer caching: identical requests, in one batch and again one after another, each give the
   first one's tokens (and, where the backend honours ``deterministic=true``, its logprobs bitwise); each
-  decodes every token itself (one streamed token per engine step) and its time per decoded token stays
-  above ``timing_bound`` x that of distinct requests. Prefix caching may shorten the prefill (reported as
+  decodes every token itself (one streamed token per engine step) and their fastest decode step stays above
+  ``timing_bound`` x that of distinct requests of the same length in a batch of the same size. Prefix caching may shorten the prefill (reported as
   cached prompt tokens): it reuses computed KV, not answers.
 - ``TEST06`` reported vs returned: streamed deltas join to the final tokens, the first streamed token is the
   first returned, ``finished`` / ``finish_reason`` appear once and last, the count of tokens and of
@@ -25,7 +25,6 @@ fallbacks. The plans (:data:`PLANS`) are fixed per ``qualify.level``.
 from __future__ import annotations
 
 import random
-import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -41,7 +40,7 @@ class AuditPlan:
     repeats: int = 3  # TEST04: identical requests
     batch_sizes: tuple[int, ...] = (2, 5)  # determinism: the needle among this many requests
     chunk: int = 32  # scheduler.max_num_batched_tokens of the performance and deterministic engines
-    timing_bound: float = 0.5  # TEST04: repeated time per decoded token >= bound x distinct
+    timing_bound: float = 0.5  # TEST04: identical requests' fastest decode step >= bound x distinct ones
 
 
 PLANS = {"quick": AuditPlan(), "full": AuditPlan(prompts=6, max_tokens=8, repeats=4, batch_sizes=(2, 5, 9, 17))}
@@ -150,7 +149,7 @@ def test04(eng: Engines, bitwise: bool) -> dict:
     bad = [f"batched copy {i}" for i, o in enumerate(fin_r.values()) if not _same(o, first, bitwise)]
     bad += [f"repeat {i}" for i, o in enumerate(again) if not _same(o, first, bitwise)]
     skipped = [rid for rid, ev in ev_r.items() if len(ev) != len(fin_r[rid].token_ids)]
-    t_r, t_d = statistics.median(gaps_r or [0.0]), statistics.median(gaps_d or [0.0])
+    t_r, t_d = min(gaps_r or [0.0]), min(gaps_d or [0.0])  # the fastest step of each: noise only adds time
     ratio = t_r / t_d if t_d else 1.0
     msgs = []
     if bad:
@@ -158,11 +157,11 @@ def test04(eng: Engines, bitwise: bool) -> dict:
     if skipped:
         msgs.append(f"{len(skipped)} identical request(s) got their tokens in fewer engine steps than tokens")
     if ratio < plan.timing_bound:
-        msgs.append(f"identical requests decode {1 / ratio:.1f}x faster per token than distinct ones (bound: at "
+        msgs.append(f"identical requests decode {1 / ratio:.1f}x faster per step than distinct ones (bound: at "
                     f"most {1 / plan.timing_bound:.1f}x)")
     return {"ok": not msgs, "message": "; ".join(msgs), "details": {
         "repeats": plan.repeats, "compared": "tokens and logprobs, bitwise" if bitwise else "tokens",
-        "engine": kind, "decode_s_per_token_identical": t_r, "decode_s_per_token_distinct": t_d,
+        "engine": kind, "fastest_decode_step_s_identical": t_r, "fastest_decode_step_s_distinct": t_d,
         "timing_ratio": ratio, "timing_bound": plan.timing_bound,
         "cached_prompt_tokens_of_repeats": [o.num_cached_tokens for o in again]}}
 

@@ -8,10 +8,10 @@ import json
 import math
 from pathlib import Path
 
+from inferhal.core.qualify import verdicts
 from inferhal.core.qualify.numerics import HIST_LABELS
 
-STATUS_COLOR = {"pass": "#1a7f37", "fail": "#cf222e", "not-run": "#9a6700", "skipped": "#57606a",
-                "no-case": "#9a6700", "incomplete": "#9a6700"}
+STATUS_COLOR = verdicts.STATUS_COLOR
 LEVEL_NOTE = {"device": "ran on the device", "interpreter": "ran in an emulator on the CPU: not a hardware result",
               "compiled": "compiled only, never executed", "wired-unrun": "wired to a device operator, never executed",
               "fallback": "the reference stood in"}
@@ -48,15 +48,18 @@ def render_html(report: dict) -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>inferhal qualify: {_e(b['name'])}</title>",
              "<style>body{font:14px system-ui,sans-serif;margin:24px;color:#1f2328}table{border-collapse:collapse;"
              "margin:8px 0 20px}td,th{border:1px solid #d0d7de;padding:3px 7px;text-align:left;vertical-align:top}"
-             "th{background:#f6f8fa}.b{color:#fff;border-radius:4px;padding:1px 6px;font-size:12px}"
-             ".m{font-family:monospace;font-size:12px}.charts{display:flex;flex-wrap:wrap;gap:12px}</style></head><body>",
+             "th{background:#f6f8fa}.b{color:#fff;border-radius:4px;padding:1px 6px;font-size:12px;white-space:nowrap}"
+             ".m{font-family:monospace;font-size:12px}.charts{display:flex;flex-wrap:wrap;gap:12px}"
+             "caption{text-align:left;font-size:16px;font-weight:600;padding:4px 0}.note{color:#57606a;font-size:12px}"
+             "</style></head><body>",
              f"<h1>inferhal qualify — {_e(b['name'])} ({_e(report['options']['level'])})</h1>",
-             f"<p>Verdict: {_badge(s['verdict'])} exit status {s['exit_status']} · {_e(report['created'])} · "
+             verdicts.verdict_table(report),
+             f"<h2>Details</h2><p>{_e(report['created'])} · "
              f"device: {_e(b['device_name'])} · execution level of the profile: <b>{_e(b['exec_level'])}</b> "
              f"({_e(LEVEL_NOTE.get(b['exec_level'], ''))})</p>"]
     for note in s.get("notes", []):
         parts.append(f"<p><i>{_e(note)}</i></p>")
-    if s["failed_ops"] or s.get("failed_golden"):
+    if s["failed_ops"] or s.get("failed_golden") or s.get("failed_audits"):
         parts.append("<h2>Failures</h2><ul>")
         for r in report["rows"]:
             if r["status"] == "fail":
@@ -65,8 +68,12 @@ def render_html(report: dict) -> str:
         for g in report.get("golden", []):
             if g.get("status") == "fail":
                 parts.append(f"<li class='m'><b>golden {_e(g['name'])}</b>: {_e(g.get('message', ''))}</li>")
+        for a in report.get("audits", {}).get("checks", []):
+            if a.get("status") == "fail":
+                parts.append(f"<li class='m'><b>audit {_e(a['name'])}</b>: {_e(a.get('message', ''))}</li>")
         parts.append("</ul>")
     parts.append(_ops_table(report))
+    parts.append(verdicts.audits_html(report))
     parts.append(_golden_table(report))
     parts.append(_recorded_html(report))
     parts.append("<h2>Error distributions</h2><p>|result − reference| / rms(reference), every element of every "
@@ -92,8 +99,8 @@ def render_html(report: dict) -> str:
             t = r["tolerance"]
             parts.append(f"<tr><td>{_e(r['op'])}</td><td>{_e(r['dtype'])}</td><td>{'exact' if t['exact'] else _fmt(t['rtol'])}"
                          f"</td><td>{'' if t['exact'] else _fmt(t['atol_rms'])}</td><td>{_e(t['why'])}</td></tr>")
-    parts.append("</table><h2>Backend profile</h2><pre class='m'>" + _e(json.dumps(b, indent=1, default=str)) +
-                 "</pre></body></html>")
+    parts.append("</table>" + verdicts.manifest_html(report) + "<h2>Backend profile</h2><pre class='m'>" +
+                 _e(json.dumps(b, indent=1, default=str)) + "</pre></body></html>")
     return "".join(parts)
 
 

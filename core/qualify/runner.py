@@ -77,7 +77,8 @@ def op_invariant(active, op_id: str) -> bool:
     """Whether ``op_id`` of ``active`` is batch invariant as selected, so qualify checks it bitwise: its own
     declaration (``inferhal_op_batch_invariance``: always, or in the batch-invariant mode when that is on), or,
     for a backend without per-op declarations, its profile's ``batch_invariant`` feature."""
-    declared = active.batch_invariance()
+    ask = getattr(active, "batch_invariance", None)  # an ActiveBackend-like object without it declares nothing
+    declared = ask() if ask is not None else None
     mode_on = active.profile.supports("batch_invariant")
     if declared is None:
         return mode_on
