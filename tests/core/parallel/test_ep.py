@@ -81,3 +81,27 @@ def test_step_divergence_is_reported_not_hung(tmp_path, mode):
         assert "diverged" in (tmp_path / "rank1.txt").read_text()
     else:
         assert "rank 0 at step 2: another EP rank did not reach this step" in msg0
+
+
+def test_dp_rounds_serve_each_rank_its_own_tokens_in_any_layer_order(suite):
+    """DPExperts: ranks bring different tokens, passes and layer orders (ranks 2+ none); each gets the
+    single-process experts of its own rows, every rank takes part in every round, and a step-count
+    mismatch is named on every rank."""
+    out, n = suite
+    wk = load_workers()
+    x, ids, w, gu, down = wk.problem(2)
+    p = ExpertsParams(swiglu_limit=10.0)
+    res = results(out / "dp", n)
+    for r, got in enumerate(res):
+        calls = wk.DP_CALLS.get(r, [])
+        assert len(got["ys"]) == len(calls)
+        for (l, a, b), y in zip(calls, got["ys"]):
+            torch.testing.assert_close(y, OPS["moe.experts"](x[a:b], w[a:b], ids[a:b], gu[l], down[l], p),
+                                       rtol=1e-5, atol=1e-6)
+        assert bool(got["busy"])  # rank 1 said it has unfinished requests: every rank hears it
+        assert int(got["rows"]) == sum(b - a for _, a, b in calls)
+        assert "DP ranks diverged in step count (rank 0: step 3, rank 1: step 2" in got["msg"]
+    # rounds: rank 0's layer 0 alone (rank 1 waits at layer 1), both at layer 1, both at layer 0, rank 0's
+    # last layer 1 alone: 4 rounds on every rank, the idle ones joining all of them empty
+    assert [int(g["rounds"]) for g in res] == [4] * n
+    assert [int(g["empty"]) for g in res] == [0, 2] + [4] * (n - 2)

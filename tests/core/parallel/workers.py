@@ -98,9 +98,36 @@ def diverge(layout, out_dir, mode):
     os._exit(0)  # skip the process-group teardown (the peer may be gone)
 
 
+#: DP rounds: per rank, the (layer, first token, last token) calls of one step, in its order. Rank 0 runs two
+#: passes, rank 1 one pass with its layers in the other order (so the rounds must serialise them), ranks 2+
+#: none (they only serve the others, with empty batches).
+DP_CALLS = {0: [(0, 0, 5), (1, 0, 5), (0, 5, 7), (1, 5, 7)], 1: [(1, 7, 11), (0, 7, 11)]}
+
+
+def dp_rounds(layout, out_dir):
+    from inferhal.core.parallel.dp_moe import DPExperts
+
+    comm = TorchDistCommunicator(layout, timeout_s=30)
+    me = layout.rank
+    x, ids, w, gu, down = problem(2)
+    R = 12
+    full = [(gu[l], down[l]) for l in range(L)]
+    runner = DPExperts(OPS, comm, Placement.identity(L, E, R), full, ExpertsParams(swiglu_limit=10.0), x.dtype)
+    ys = [runner(l, x[a:b], w[a:b], ids[a:b]) for l, a, b in DP_CALLS.get(me, [])]
+    busy = runner.drain(1, unfinished=me == 1)
+    traffic = runner.end_step()
+    try:
+        runner.drain(2 + (me == 0), unfinished=False)  # rank 0 counts one step more
+        msg = "no error"
+    except RankDivergenceError as exc:
+        msg = str(exc)
+    _save(out_dir, me, ys=ys, busy=torch.tensor(busy), rounds=torch.tensor(traffic.rounds),
+          empty=torch.tensor(traffic.empty_rounds), rows=torch.tensor(traffic.token_rows), msg=msg)
+
+
 def ep_suite(layout, out_dir):
-    """The three EP checks in one process group (one spawn per world size keeps the suite quick)."""
-    for name, fn in (("dc", dispatch_combine), ("mv", move_weights), ("ep", ep_experts)):
+    """The EP checks in one process group (one spawn per world size keeps the suite quick)."""
+    for name, fn in (("dc", dispatch_combine), ("mv", move_weights), ("ep", ep_experts), ("dp", dp_rounds)):
         sub = os.path.join(out_dir, name)
         os.makedirs(sub, exist_ok=True)
         fn(layout, sub)
