@@ -122,6 +122,9 @@ class QualifyConfig:
     ops: List[str] = field(default_factory=list)  # empty = every op the backend claims
     resume: bool = True  # skip the cases a killed run already journalled (same backend, level, seed)
     golden: bool = True  # end-to-end golden token ids on the tiny models
+    # MLPerf-style audits end to end on the tiny DeepSeek-V4 (core/qualify/audits.py): TEST01, TEST04, TEST06 and
+    # the determinism matrix, sized by level
+    audits: bool = True
     perf_repeats: int = 10  # timed calls per case (device runs with declared peaks only)
     progress: bool = True  # a progress bar on stderr
     # a device check JSON recorded on hardware this host lacks (docs/hardware/*.json): its rows join the

@@ -14,13 +14,15 @@ def _cli(*args, cwd):
 
 def test_multirun_jobs_write_separate_reports(tmp_path):
     out = _cli("-m", "backend=reference", "qualify=quick,full", "qualify.ops=[embed]", "qualify.progress=false",
-               "qualify.golden=false", f"qualify.output_dir={tmp_path}", cwd=tmp_path)
+               "qualify.golden=false", "qualify.audits=false", f"qualify.output_dir={tmp_path}", cwd=tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     quick = json.loads((tmp_path / "reference-quick" / "report.json").read_text())
     full = json.loads((tmp_path / "reference-full" / "report.json").read_text())
     assert quick["options"]["level"] == "quick" and full["options"]["level"] == "full"
     assert len(full["rows"]) > len(quick["rows"]) > 0
     assert (tmp_path / "reference-full" / "report.html").read_text().startswith("<!doctype html>")
+    assert {a["status"] for a in quick["audits"]["checks"]} == {"not-run"}  # qualify.audits=false, said so
+    assert quick["manifest"]["config_sha256"] != full["manifest"]["config_sha256"]
 
 
 def test_unavailable_backend_reports_declared_ops_as_not_run(tmp_path):
