@@ -20,7 +20,8 @@ from inferhal.core.config.errors import ConfigError
 REFUSED: dict[str, str] = {
     "parallel.tp": "tensor parallelism is not implemented",
     "parallel.dp": "data-parallel attention runs in `inferhal generate` only (core/parallel/dp_engine.py)",
-    "parallel.role": "prefill/decode disaggregation is not implemented; every process does both",
+    "parallel.role": ("prefill/decode roles run through the Python API only (core/disagg: Engine(role=...), "
+                      "disagg.local.generate); `inferhal serve` roles and the router are not implemented"),
     "experiment.name": "nothing records an experiment's label (no report or result file carries it)",
     "experiment.notes": "nothing records an experiment's notes (no report or result file carries them)",
 }

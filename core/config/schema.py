@@ -21,7 +21,7 @@ class BackendConfig:
     device_index: int = 0
     batch_invariant: bool = False  # ask for batch-invariant ops (a row's result never depends on its batch)
     # decode steps replayed from graphs captured per batch-size bucket, where the backend has a graph runner
-    # (cuda_sm100 on a device; none on the CPU backends or in an interpreter); false: always eager
+    # (device backends with a graph runner; none on the host backends or in an interpreter); false: always eager
     graphs: bool = True
     graph_batch_sizes: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256])
     options: Dict[str, Any] = field(default_factory=dict)  # backend-specific extras

@@ -12,6 +12,7 @@ every other request goes on untouched.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from typing import Any, Hashable, Iterable, Optional, Sequence, Union
@@ -28,10 +29,11 @@ from inferhal.core.paging import formats, planning
 from inferhal.core.paging.kv_manager import KVCacheManager
 from inferhal.core.sampling.params import SamplingParams, SamplingParamsError
 from inferhal.core.scheduler.request import Request
-from inferhal.core.scheduler.scheduler import RequestError, Scheduler
+from inferhal.core.scheduler.scheduler import NoRoomNow, RequestError, Scheduler
 from inferhal.core.spec.proposer import DraftContext, DraftWant, StepSeq, TargetStep, make_proposer
 
 Prompt = Union[str, Sequence[int]]
+ROLES = ("any", "prefill", "decode")
 
 
 def plan_num_blocks(specs, block_size: int, cache: CacheConfig, device: Any, scheduler: SchedulerConfig,
@@ -55,7 +57,7 @@ def plan_num_blocks(specs, block_size: int, cache: CacheConfig, device: Any, sch
 class Engine:
     def __init__(self, loaded: LoadedModel, backend: Any, scheduler: SchedulerConfig | None = None,
                  cache: CacheConfig | None = None, max_model_len: Optional[int] = None, seed: int = 0,
-                 spec: SpecConfig | None = None, deterministic: bool = False) -> None:
+                 spec: SpecConfig | None = None, deterministic: bool = False, role: str = "any") -> None:
         scheduler = scheduler or SchedulerConfig()
         cache = cache or CacheConfig()
         spec = spec or SpecConfig()
@@ -103,6 +105,16 @@ class Engine:
             self.scheduler.num_placeholder_drafts = self.proposer.num_speculative_tokens
             self.scheduler.spec_off_at = self.spec_off_at
         self.seed = seed
+        # prefill/decode disaggregation (core/disagg): a prefill engine hands each request off once its first
+        # token is sampled (take_handoffs); a decode engine also adopts requests prefilled elsewhere
+        if role not in ROLES:
+            raise UserError(f"parallel.role must be one of {', '.join(ROLES)}, got {role!r}")
+        if role == "prefill" and scheduler.async_scheduling:
+            raise UserError("parallel.role=prefill runs with scheduler.async_scheduling=false (a request's KV is "
+                            "read for its hand-off right after the step that sampled its first token)")
+        self.role = role
+        self._handoffs: list = []
+        self._transfers: collections.deque = collections.deque()
         self._grammars = None  # the structured-output grammar compiler, built on first use (grammars())
         self.deterministic = deterministic  # unseeded sampled requests all draw from `seed` (not their arrival)
         self.stream_text = False  # decode text on every step (streaming) or only when a request finishes
@@ -198,6 +210,64 @@ class Engine:
         self._sent[req.request_id] = 0
         return req.request_id
 
+    # ------------------------------------------------------------------ disaggregation (core/disagg)
+
+    def take_handoffs(self) -> list:
+        """Prefill role: the requests handed off since the last call (:class:`~inferhal.core.disagg.connector.KVPayload`),
+        for a connector to send to a decode instance."""
+        out, self._handoffs = self._handoffs, []
+        return out
+
+    def add_transferred(self, payload: Any) -> str:
+        """Decode side: adopt a request prefilled elsewhere. It joins the running batch now, or at the first
+        step where a sequence slot and its blocks are free (it waits here, in arrival order). A request this
+        engine can never run raises :class:`RequestError` (nothing changed)."""
+        st = payload.state
+        rid = str(st["request_id"])
+        if self._transfers or not self._try_adopt(payload):
+            if any(str(p.state["request_id"]) == rid for p in self._transfers):
+                raise RequestError(f"request id {rid!r} is already in use")
+            self.make_request(st["prompt_token_ids"], SamplingParams(**st["params"]), rid)  # checks, or raises
+            self._prompts.pop(rid, None)
+            self._transfers.append(payload)
+        return rid
+
+    def _try_adopt(self, payload: Any) -> bool:
+        from inferhal.core.disagg.handoff import import_request
+
+        try:
+            import_request(self, payload)
+        except NoRoomNow:
+            self._prompts.pop(str(payload.state["request_id"]), None)
+            return False
+        return True
+
+    def _adopt_transfers(self) -> None:
+        while self._transfers and self._try_adopt(self._transfers[0]):
+            self._transfers.popleft()
+
+    def adopted(self, req: Request, generator_state: Any, logprobs: list) -> None:
+        """Bookkeeping for a request the scheduler adopted (:func:`~inferhal.core.disagg.handoff.import_request`)."""
+        if req.params.temperature > 0:
+            req.generator = torch.Generator(device=self.device)
+            if generator_state is not None:
+                req.generator.set_state(generator_state)
+            else:
+                req.generator.manual_seed(int(req.params.seed if req.params.seed is not None else self.seed))
+        self._logprobs[req.request_id] = list(logprobs)
+        self._sent[req.request_id] = 0
+
+    def _hand_off(self, changed: Sequence[Request]) -> None:
+        from inferhal.core.disagg.handoff import export_request
+
+        for r in changed:
+            if r.is_finished or r.num_output_tokens < 1:
+                continue
+            self._handoffs.append(export_request(self, r, self._logprobs.get(r.request_id)))
+            if self.proposer is not None:
+                self.proposer.free(r.request_id)
+            self.scheduler.finish([r.request_id], "transferred")
+
     def abort(self, request_ids: Iterable[str]) -> list[RequestOutput]:
         done = self.scheduler.abort(list(request_ids))
         if self.runner_drafts:  # the drafter is the step thread's: freed before its next step, or now if idle
@@ -211,7 +281,7 @@ class Engine:
         return [self._output(r) for r in done]
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._transfers)
 
     # ------------------------------------------------------------------ the loop
 
@@ -220,6 +290,8 @@ class Engine:
         ``scheduler.async_scheduling`` it schedules and submits step N+1, then folds in step N (one step
         late), so the device runs N+1 while the host updates N and schedules N+2."""
         t0 = time.perf_counter()
+        if self._transfers:
+            self._adopt_transfers()
         ex = self.executor
         if ex.asynchronous:
             if not ex.in_flight:  # prime the pipeline
@@ -252,6 +324,8 @@ class Engine:
             self._free.extend(r.request_id for r in changed if r.is_finished)
         elif self.proposer is not None:
             self._draft(out, res, changed)
+        if self.role == "prefill":
+            self._hand_off(changed)
         outputs = [self._output(r) for r in changed]
         t3 = time.perf_counter()
         s = self.stats

@@ -1,9 +1,9 @@
-"""Decode steps replayed from device graphs, one capture per batch-size bucket (as vLLM's CUDA graphs).
+"""Decode steps replayed from device graphs, one capture per batch-size bucket (as vLLM's device graphs).
 
 The backend's optional ``graph_runner`` hook (:class:`~inferhal.core.backend.GraphRunner`) captures a
 callable for fixed-shape example tensors and returns a replay that copies new inputs into the captured
-buffers, runs the graph and returns the captured outputs. Core never names CUDA: cuda_sm100 returns a
-CUDA graph runner on a device; the CPU backends and the interpreter return none, and steps run eagerly.
+buffers, runs the graph and returns the captured outputs. Core names no device: a device backend returns
+its graph runner; the host backends and the interpreter return none, and steps run eagerly.
 
 A step is replayed when every sequence decodes one token (no drafts, no prompt chunk), the model's
 hidden states are not wanted (an MTP drafter reads them), and the batch fits the largest of

@@ -49,6 +49,10 @@ class RequestError(UserError, ValueError):
     """One request cannot be served as given (too long, does not fit the KV pool); the message says why."""
 
 
+class NoRoomNow(RequestError):
+    """The request fits this engine, but not beside what runs now (:meth:`Scheduler.adopt`): try again later."""
+
+
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, max_model_len: int) -> None:
         if cfg.policy not in POLICIES:
@@ -104,6 +108,27 @@ class Scheduler:
                 + "; raise cache.kv_cache_bytes (or cache.num_blocks) or lower max_tokens")
         if req.request_id in self.requests:
             raise RequestError(f"request id {req.request_id!r} is already in use")
+
+    def adopt(self, req: Request, num_computed: int) -> None:
+        """Take ``req`` as running with positions ``[0, num_computed)`` already computed elsewhere (a
+        disaggregated prefill, core/disagg): its blocks are allocated here (a sliding group's window only) for
+        the caller to fill, and its next step decodes. Raises :class:`RequestError` (nothing changed) when it
+        cannot run here or the pool has no room now."""
+        self.check_request(req)
+        if len(self.running) >= self.cfg.max_num_seqs:
+            raise NoRoomNow(f"request {req.request_id!r}: scheduler.max_num_seqs={self.cfg.max_num_seqs} "
+                               f"requests are running; try again after one finishes")
+        if not self.kv.allocate(req.request_id, num_computed, 0):
+            self.kv.free(req.request_id)
+            raise NoRoomNow(f"request {req.request_id!r}: the KV pool has no room for its {num_computed} "
+                               f"transferred positions now")
+        req.arrival = self._arrivals
+        self._arrivals += 1
+        req.num_computed_tokens = num_computed
+        req.status = Status.RUNNING
+        self.requests[req.request_id] = req
+        self.running.append(req)
+        self.kv.cache_blocks(req.request_id, req.all_token_ids, num_computed)
 
     def add_request(self, req: Request) -> None:
         self.check_request(req)
