@@ -51,11 +51,28 @@ def run_rank(layout: ParallelLayout, cfg_node: dict) -> int:
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // layout.world_size))  # ranks share this host's cores
     cfg = OmegaConf.create(cfg_node)
-    llm, _ = (dp_llm if int(cfg.parallel.dp) > 1 else ep_llm)(cfg, layout)
+    dp = int(cfg.parallel.dp) > 1
+    llm, hook = (dp_llm if dp else ep_llm)(cfg, layout)
     if layout.rank == 0:
-        return generate(cfg, llm, sys.stdout)
-    with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):  # no second progress display
-        return generate(cfg, llm, null)
+        rc = generate(cfg, llm, sys.stdout)
+    else:
+        with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):  # no second progress display
+            rc = generate(cfg, llm, null)
+    if dp:
+        work = dp_work(hook)  # collective: every rank gets here (the front end ends the job on all at once)
+        if layout.rank == 0:
+            print(work, file=sys.stderr)
+    return rc
+
+
+def dp_work(hook: DPRank) -> str:
+    """What each DP rank did over the job, counted (collective): a line for the user."""
+    from inferhal.core.parallel.sync import gather_objects
+
+    mine = (sum(s.attn_tokens for s in hook.log), sum(s.moe.a2a_bytes for s in hook.log), hook.step)
+    got = gather_objects(hook.comm, mine)
+    return (f"[dp{len(got)} ranks over {got[0][2]} steps: attention tokens {', '.join(str(g[0]) for g in got)} "
+            f"(each rank its own requests); all-to-all bytes sent {', '.join(str(g[1]) for g in got)}]")
 
 
 def _spawned_rank(layout: ParallelLayout, cfg_node: dict) -> None:

@@ -135,6 +135,7 @@ def test_ranks_given_different_requests_are_told_so(dep2):
 @pytest.mark.slow
 def test_cli_generate_parallel_dep2_prints_the_single_process_tokens(tmp_path):
     import json
+    import re
     import subprocess
     import sys
 
@@ -143,7 +144,8 @@ def test_cli_generate_parallel_dep2_prints_the_single_process_tokens(tmp_path):
     from inferhal.core.sampling.params import SamplingParams
 
     prompts = wk.PROMPTS[:3]
-    outs = LLM.from_config(wk.tiny_cfg()).generate(prompts, SamplingParams(max_tokens=5, temperature=0.0))
+    single = LLM.from_config(wk.tiny_cfg())
+    outs = single.generate(prompts, SamplingParams(max_tokens=5, temperature=0.0))
     jobs = tmp_path / "jobs.jsonl"
     jobs.write_text("".join(json.dumps({"prompt_token_ids": p}) + "\n" for p in prompts))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
@@ -155,6 +157,11 @@ def test_cli_generate_parallel_dep2_prints_the_single_process_tokens(tmp_path):
     rows = [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
     assert [r["token_ids"] for r in rows] == [list(o.outputs[0].token_ids) for o in outs]
     assert p.stdout.count("[3 done, 0 rejected") == 1  # rank 0 alone prints, every request's row
+    work = re.search(r"\[dp2 ranks over (\d+) steps: attention tokens (\d+), (\d+) \(each rank its own requests\); "
+                     r"all-to-all bytes sent (\d+), (\d+)\]", p.stderr)
+    assert work, p.stderr
+    steps, a0, a1, b0, b1 = map(int, work.groups())
+    assert a0 + a1 == single.engine.stats["tokens"] and a0 > 0 and a1 > 0 and b0 > 0 and b1 > 0
 
 
 # ------------------------------------------------------------------ the front end's placement, alone
