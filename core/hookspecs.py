@@ -180,6 +180,18 @@ def inferhal_communicator(layout: "ParallelLayout", profile: "DeviceProfile") ->
     """
 
 
+@hookspec(firstresult=True)
+def inferhal_kv_connector(peer: int, group: Any, profile: "DeviceProfile") -> Any:
+    """*Optional.* A KV connector (:class:`~inferhal.core.disagg.connector.KVConnector`: ``handshake``,
+    ``send``, ``recv``, ``close``) that moves requests' KV blocks and state from a prefill instance to a
+    decode instance (prefill/decode disaggregation), to rank ``peer`` of the torch.distributed ``group``
+    (``None``: the default group). Return ``None`` for the default transport, torch.distributed
+    point-to-point send/recv (:class:`~inferhal.core.disagg.connector.TorchDistConnector`); a backend
+    returns its own for a faster path (NIXL, Mooncake, RDMA). Blocks travel in their stored format
+    (quantised records stay records). firstresult.
+    """
+
+
 # --------------------------------------------------------------------------------------------------
 # Graphs
 # --------------------------------------------------------------------------------------------------

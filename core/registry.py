@@ -70,6 +70,16 @@ class ActiveBackend:
     def communicator(self, layout: Any) -> Any:
         return self.call("inferhal_communicator", layout=layout, profile=self.profile)
 
+    def kv_connector(self, peer: int, group: Any = None) -> Any:
+        """The backend's KV connector to rank ``peer`` (prefill/decode disaggregation), or the default one:
+        torch.distributed point-to-point."""
+        conn = self.call("inferhal_kv_connector", peer=peer, group=group, profile=self.profile)
+        if conn is None:
+            from inferhal.core.disagg.connector import TorchDistConnector
+
+            conn = TorchDistConnector(peer, group)
+        return conn
+
     def graph_runner(self) -> Any:
         return self.call("inferhal_graph_runner", profile=self.profile, config=self.config)
 

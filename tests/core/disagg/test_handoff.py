@@ -151,3 +151,24 @@ def test_loopback_connector_says_what_it_waited_for():
     a, _ = LoopbackConnector.pair()
     with pytest.raises(ConnectorError, match="no 'kv' message from the peer within 0.01 s"):
         a.recv(timeout=0.01)
+
+
+def test_two_processes_over_the_default_connector_give_the_colocated_tokens(tmp_path):
+    """Rank 0 prefills, rank 1 decodes; the KV moves through torch.distributed point-to-point (gloo)."""
+    import importlib.util
+    import os
+
+    import torch
+
+    from inferhal.core.parallel.launch import spawn_from_file
+
+    path = os.path.join(os.path.dirname(__file__), "workers.py")
+    spec = importlib.util.spec_from_file_location("disagg_workers", path)
+    wk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(wk)
+    want = {f"r{i}": list(o.outputs[0].token_ids) for i, o in enumerate(wk.tiny().generate(wk.PROMPTS, wk.params()))}
+    spawn_from_file(path, "pd_pair", 2, str(tmp_path))
+    pre, dec = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert dec["done"] == want and pre["done"] == {}
+    assert pre["bytes"] == dec["bytes"] and len(dec["bytes"]) == len(want)
+    assert pre["left"] == 0 and dec["left"] == 0
