@@ -23,6 +23,7 @@ class TransferStats:
     seconds: dict[str, float] = field(default_factory=dict)  # request id -> send + receive
     by_group: dict[str, int] = field(default_factory=dict)  # KV group -> bytes moved, all requests
     cached: dict[str, int] = field(default_factory=dict)  # request id -> prompt tokens the prefill side had cached
+    blocks: dict[str, dict[str, int]] = field(default_factory=dict)  # request id -> KV group -> blocks moved
 
 
 def connect(prefill: Any, decode: Any, pair: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
@@ -59,6 +60,7 @@ def generate(prefill: Any, decode: Any, prompts: Sequence[Any], params: Sequence
                 rid = decode.add_transferred(got)
                 stats.seconds[rid] = time.perf_counter() - t0
                 stats.bytes[rid] = got.nbytes
+                stats.blocks[rid] = {g: int(t.shape[1]) if t.dim() > 1 else 0 for g, t in got.blocks.items()}
                 for g, t in got.blocks.items():
                     stats.by_group[g] = stats.by_group.get(g, 0) + t.numel() * t.element_size()
         if decode.has_unfinished():
