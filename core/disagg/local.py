@@ -24,6 +24,8 @@ class TransferStats:
     by_group: dict[str, int] = field(default_factory=dict)  # KV group -> bytes moved, all requests
     cached: dict[str, int] = field(default_factory=dict)  # request id -> prompt tokens the prefill side had cached
     blocks: dict[str, dict[str, int]] = field(default_factory=dict)  # request id -> KV group -> blocks moved
+    first_token_s: dict[str, float] = field(default_factory=dict)  # request id -> start of generate -> first token
+    finish_s: dict[str, float] = field(default_factory=dict)  # request id -> start of generate -> last token
 
 
 def connect(prefill: Any, decode: Any, pair: tuple[Any, Any] | None = None) -> tuple[Any, Any]:
@@ -43,28 +45,36 @@ def generate(prefill: Any, decode: Any, prompts: Sequence[Any], params: Sequence
              pair: tuple[Any, Any] | None = None) -> tuple[list, TransferStats]:
     send, recv = connect(prefill, decode, pair)
     params = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+    t0 = time.perf_counter()
     ids = [prefill.add_request(p, sp) for p, sp in zip(prompts, params)]
     done: dict[str, Any] = {}
     stats = TransferStats()
+
+    def seen(o) -> None:
+        now = time.perf_counter() - t0
+        if o.outputs[0].token_ids:
+            stats.first_token_s.setdefault(o.request_id, now)
+        if o.finished and o.outputs[0].finish_reason != "transferred":
+            stats.finish_s[o.request_id] = now
+            done[o.request_id] = o
+
     while prefill.has_unfinished() or decode.has_unfinished():
         if prefill.has_unfinished():
             for o in prefill.step():
-                if o.finished and o.outputs[0].finish_reason != "transferred":
-                    done[o.request_id] = o
-                elif o.finished:
+                seen(o)
+                if o.finished and o.outputs[0].finish_reason == "transferred":
                     stats.cached[o.request_id] = o.num_cached_tokens
             for payload in prefill.take_handoffs():
-                t0 = time.perf_counter()
+                ts = time.perf_counter()
                 send.send(payload)
                 got = recv.recv(timeout=30.0)
                 rid = decode.add_transferred(got)
-                stats.seconds[rid] = time.perf_counter() - t0
+                stats.seconds[rid] = time.perf_counter() - ts
                 stats.bytes[rid] = got.nbytes
                 stats.blocks[rid] = {g: int(t.shape[1]) if t.dim() > 1 else 0 for g, t in got.blocks.items()}
                 for g, t in got.blocks.items():
                     stats.by_group[g] = stats.by_group.get(g, 0) + t.numel() * t.element_size()
         if decode.has_unfinished():
             for o in decode.step():
-                if o.finished:
-                    done[o.request_id] = o
+                seen(o)
     return [done[i] for i in ids], stats
