@@ -1,9 +1,12 @@
 """Rank bodies for the DP attention × EP MoE tests (loaded by file in each spawned process), and the
 scenarios both sides run: the test process runs each one in a single plain process, the ranks under DP."""
 
+import contextlib
+import io
 import os
 
 import torch
+from omegaconf import OmegaConf
 
 # shared prefixes (block_size 16): A* share 32 tokens, B* share 16; R repeats a pattern (n-gram drafts find it)
 _A = [(7 * i + 3) % 190 + 1 for i in range(32)]
@@ -99,6 +102,18 @@ def dp_suite(layout, out_dir, names):
                      "placements": llm.engine.placements, "own": own, "tokens": eng.stats["tokens"],
                      "preemptions": eng.scheduler.num_preemptions, "drafts": eng.stats["draft_tokens"],
                      "rebalances": [(r.step, r.received) for r in hook.rebalances]}
+    # `inferhal generate parallel=dep2 prompts_file=...` as each spawned rank runs it (run_rank), in this group
+    from inferhal.core.engine.llm import compose_config
+    from inferhal.core.parallel.ep_generate import run_rank
+
+    cfg = compose_config("deepseek_v4_tiny", "reference", overrides=[
+        f"parallel.dp={layout.world_size}", f"parallel.ep={layout.world_size}", f"prompts_file={out_dir}/jobs.jsonl",
+        "sampling.max_tokens=5", "sampling.temperature=0"])
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        got["cli"] = {"rc": run_rank(layout, OmegaConf.to_container(cfg, resolve=True))}
+    torch.set_num_threads(1)
+    got["cli"].update(stdout=out.getvalue(), stderr=err.getvalue())
     # a rank handed different requests is named on every rank, not left hanging
     llm, _ = dp_llm(layout, [])
     try:
