@@ -43,7 +43,7 @@ from inferhal.core.paging.hashing import extend_block_hashes
 from inferhal.core.parallel.dp_frontend import RankLoad, place_requests
 from inferhal.core.parallel.dp_moe import DPExperts, MoeTraffic
 from inferhal.core.parallel.ep_engine import Rebalance, check_expert_slots, eplb_controller
-from inferhal.core.parallel.sync import RankDivergenceError, gather_objects
+from inferhal.core.parallel.sync import RankDivergenceError, collective, gather_objects
 
 NEEDS = ("routed_expert_weights", "use_expert_runner", "experts_p", "dtype")
 
@@ -176,7 +176,7 @@ class DPEngine:
         if self.pending:
             self._place()
         outs = self.engine.step()
-        got = gather_objects(self.comm, outs)
+        got = gather_objects(self.comm, outs, f"the outputs of step {self.rank.step}")
         return [o for outs_r in got for o in outs_r]
 
     def _place(self) -> None:
@@ -188,7 +188,8 @@ class DPEngine:
         crc = zlib.crc32(repr([(r.request_id, r.prompt_token_ids) for r in self.pending]).encode())
         mine = torch.tensor([len(self.pending), crc, len(sched.waiting), len(sched.running),
                              round(1000 * (1.0 - kv.usage())), *cached], dtype=torch.long)
-        got = [mine] if n == 1 else comm.all_gather(mine) if _same_len(comm, mine) else None
+        got = [mine] if n == 1 else collective(comm, "placing new requests", comm.all_gather, mine) \
+            if _same_len(comm, mine) else None
         if got is None or any(int(g[1]) != crc for g in got):
             raise RankDivergenceError(f"DP rank {me}: the ranks were handed different new requests (each rank "
                                       f"must add the same requests in the same order)")
@@ -219,5 +220,5 @@ class DPEngine:
 def _same_len(comm: Any, mine: torch.Tensor) -> bool:
     """Whether every rank brings a header of this length (the number of new requests), before the
     all-gather that needs equal lengths."""
-    lens = comm.all_gather(torch.tensor([mine.numel()], dtype=torch.long))
+    lens = collective(comm, "placing new requests", comm.all_gather, torch.tensor([mine.numel()], dtype=torch.long))
     return len({int(v) for v in lens}) == 1

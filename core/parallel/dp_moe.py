@@ -34,7 +34,7 @@ import torch
 from inferhal.core.eplb.placement import Placement
 from inferhal.core.ops.params import ExpertsParams
 from inferhal.core.parallel.ep_moe import EPExperts, to_physical
-from inferhal.core.parallel.sync import RankDivergenceError
+from inferhal.core.parallel.sync import RankDivergenceError, collective
 
 
 @dataclass
@@ -103,13 +103,8 @@ class DPExperts(EPExperts):
         if self.comm.layout.world_size == 1:
             got = [mine]
         else:
-            try:
-                got = self.comm.all_gather(mine)
-            except RuntimeError as exc:
-                where = f"MoE layer {layer}" if layer is not None else f"the end of step {step}"
-                raise RankDivergenceError(
-                    f"rank {self.comm.layout.rank} at {where}: another DP rank did not join "
-                    f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc})") from exc
+            where = f"MoE layer {layer}" if layer is not None else f"the end of step {step}"
+            got = collective(self.comm, where, self.comm.all_gather, mine)
         active = [int(g[1]) for g in got if int(g[0])]
         return (active[0] if active else None), got
 
@@ -142,10 +137,10 @@ class DPExperts(EPExperts):
         local_rows = int((dest == me).sum())
         es = xs.element_size()
         tr.dispatch_bytes += (int(dest.numel()) - local_rows) * (self._dim * es + 8)
-        sent = ops["moe.dispatch"](xs, phys, comm, self.ep_p)
+        sent = collective(comm, f"MoE layer {layer} (dispatch)", ops["moe.dispatch"], xs, phys, comm, self.ep_p)
         tr.combine_bytes += (int(sent.x.shape[0]) - local_rows) * self._dim * es
         gu, down = self.local[layer]
         ones = torch.ones((sent.x.shape[0], 1), dtype=torch.float32, device=xs.device)
         y_local = ops["moe.experts"](sent.x, ones, sent.local_ids[:, None], gu, down, self.experts_p)
-        y = ops["moe.combine"](y_local, ws, sent.handle, comm, self.ep_p)
+        y = collective(comm, f"MoE layer {layer} (combine)", ops["moe.combine"], y_local, ws, sent.handle, comm, self.ep_p)
         return y[:t]

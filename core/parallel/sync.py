@@ -38,7 +38,21 @@ class StepSync:
         return all(int(g[1]) for g in got)
 
 
-def gather_objects(comm, obj) -> list:
+def collective(comm, where: str, fn, *args):
+    """``fn(*args)``, a collective on ``comm``: a ``RuntimeError`` from it (a peer that exited, or stayed
+    silent past the communicator's timeout) becomes a :class:`RankDivergenceError` naming this rank and
+    ``where``."""
+    try:
+        return fn(*args)
+    except RankDivergenceError:
+        raise
+    except RuntimeError as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise RankDivergenceError(f"rank {comm.layout.rank} at {where}: another rank did not answer "
+                                  f"({type(exc).__name__}: {first})") from exc
+
+
+def gather_objects(comm, obj, where: str = "an exchange of results") -> list:
     """Every rank's picklable ``obj``, in rank order, on every rank (two all-gathers: sizes, then the
     padded bytes); ``[obj]`` with one rank."""
     import pickle
@@ -47,7 +61,7 @@ def gather_objects(comm, obj) -> list:
     if n == 1:
         return [obj]
     data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-    sizes = [int(s) for s in comm.all_gather(torch.tensor([data.numel()], dtype=torch.long))]
+    sizes = [int(s) for s in collective(comm, where, comm.all_gather, torch.tensor([data.numel()], dtype=torch.long))]
     buf = torch.zeros(max(sizes), dtype=torch.uint8)
     buf[: data.numel()] = data
-    return [pickle.loads(b[:s].numpy().tobytes()) for b, s in zip(comm.all_gather(buf), sizes)]
+    return [pickle.loads(b[:s].numpy().tobytes()) for b, s in zip(collective(comm, where, comm.all_gather, buf), sizes)]

@@ -122,4 +122,15 @@ def dp_suite(layout, out_dir, names):
     except RankDivergenceError as exc:
         got["mismatch"] = str(exc)
     torch.save(got, os.path.join(out_dir, f"rank{me}.pt"))
+    # a rank that exits: the others are told at their next collective, where, instead of hanging
+    if me == 1:
+        os._exit(0)
+    try:
+        llm.generate([[1, 2, 3], [4, 5]], params("greedy", 0))
+        msg = "no error"
+    except RankDivergenceError as exc:
+        msg = str(exc)
+    with open(os.path.join(out_dir, f"exit{me}.txt"), "w") as f:
+        f.write(msg)
+    os._exit(0)  # skip the process group's teardown (a peer is gone)
 
