@@ -20,8 +20,8 @@ from inferhal.core.config.errors import ConfigError
 REFUSED: dict[str, str] = {
     "parallel.tp": "tensor parallelism is not implemented",
     "parallel.dp": "data-parallel attention runs in `inferhal generate` only (core/parallel/dp_engine.py)",
-    "parallel.role": ("prefill/decode roles run through the Python API only (core/disagg: Engine(role=...), "
-                      "disagg.local.generate); `inferhal serve` roles and the router are not implemented"),
+    "parallel.role": ("prefill/decode disaggregation runs in `inferhal serve parallel.role=pd` (one launch: "
+                      "prefill here, decode in a spawned process) and through the Python API (core/disagg)"),
     "experiment.name": "nothing records an experiment's label (no report or result file carries it)",
     "experiment.notes": "nothing records an experiment's notes (no report or result file carries them)",
 }
@@ -34,6 +34,7 @@ HONOURED_BY: dict[str, tuple[str, ...]] = {
                     # DP attention x EP MoE over spawned or torchrun ranks (core/parallel/dp_engine.py); the
                     # layouts it cannot run are refused before spawning (core/parallel/launch.py: check_layout)
                     "generate"),
+    "parallel.role": ("serve",),  # parallel.role=pd (core/disagg/service.py); serve refuses other values
 }
 
 _MISSING = object()

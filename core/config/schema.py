@@ -52,7 +52,7 @@ class ParallelConfig:
     launcher: str = "local"  # local (the CLI spawns the ranks) | torchrun (already launched)
     master_addr: str = "127.0.0.1"
     master_port: int = 29511
-    role: str = "any"  # any | prefill | decode (disaggregated layouts); only any until PD disaggregation exists
+    role: str = "any"  # any | pd (`inferhal serve`: prefill here, decode in a spawned process; core/disagg)
 
 
 @dataclass

@@ -114,6 +114,7 @@ class Engine:
                             "read for its hand-off right after the step that sampled its first token)")
         self.role = role
         self._handoffs: list = []
+        self.keep_local: set[str] = set()  # prefill role: requests decoded here all the same (a hand-off failed)
         self._transfers: collections.deque = collections.deque()
         self._grammars = None  # the structured-output grammar compiler, built on first use (grammars())
         self.deterministic = deterministic  # unseeded sampled requests all draw from `seed` (not their arrival)
@@ -255,13 +256,15 @@ class Engine:
             else:
                 req.generator.manual_seed(int(req.params.seed if req.params.seed is not None else self.seed))
         self._logprobs[req.request_id] = list(logprobs)
-        self._sent[req.request_id] = 0
+        self._sent[req.request_id] = req.num_output_tokens  # the prefill side streamed those
 
     def _hand_off(self, changed: Sequence[Request]) -> None:
         from inferhal.core.disagg.handoff import export_request
 
         for r in changed:
-            if r.is_finished or r.num_output_tokens < 1:
+            if r.is_finished:
+                self.keep_local.discard(r.request_id)
+            if r.is_finished or r.num_output_tokens < 1 or r.request_id in self.keep_local:
                 continue
             self._handoffs.append(export_request(self, r, self._logprobs.get(r.request_id)))
             if self.proposer is not None:

@@ -55,8 +55,34 @@ def make_app(llm, cfg):
         raise UserError("inferhal serve needs a model with a tokenizer (text in, text out)")
     settings = settings_of(cfg, str(cfg.model.name))
     metrics = ServerMetrics(settings.model_name)
-    engine = AsyncEngine(llm.engine, int(cfg.server.max_queued_requests), metrics)
+    inner = disaggregated(llm, cfg) if str(cfg.parallel.role) != "any" else llm.engine
+    engine = AsyncEngine(inner, int(cfg.server.max_queued_requests), metrics)
     return with_lifespan(build_app(engine, settings, metrics), engine), engine
+
+
+def disaggregated(llm, cfg):
+    """``parallel.role=pd``: this process prefills and routes, a spawned process decodes (core/disagg/service.py)."""
+    role = str(cfg.parallel.role)
+    if role != "pd":
+        raise UserError(f"parallel.role={role!r}: `inferhal serve` runs parallel.role=any (one engine) or "
+                        f"parallel.role=pd (one launch: prefill here, decode in a spawned process); prefill and "
+                        f"decode as separate launches behind a router are not implemented")
+    if bool(cfg.scheduler.async_scheduling):
+        raise UserError("parallel.role=pd runs with scheduler.async_scheduling=false (the prefill engine reads a "
+                        "request's KV for its hand-off right after the step that sampled its first token)")
+    if int(cfg.parallel.ep) > 1 or int(cfg.parallel.dp) > 1:
+        raise UserError(f"parallel.role=pd runs one prefill and one decode process (parallel.ep=1, parallel.dp=1); "
+                        f"got parallel.ep={cfg.parallel.ep}, parallel.dp={cfg.parallel.dp}")
+    from inferhal.core.config import schema
+    from inferhal.core.disagg.service import DisaggregatedEngine
+    from inferhal.core.engine.engine import Engine
+    from inferhal.core.engine.llm import _to
+
+    e = llm.engine
+    prefill = Engine(e.loaded, e.backend, e.scheduler.cfg, _to(schema.CacheConfig, cfg.cache), e.max_model_len,
+                     seed=int(cfg.seed), spec=_to(schema.SpecConfig, cfg.spec), role="prefill")
+    llm.engine = prefill  # (the colocated engine's KV pool goes)
+    return DisaggregatedEngine(prefill, cfg)
 
 
 def with_lifespan(app, engine):
@@ -68,6 +94,9 @@ def with_lifespan(app, engine):
             yield
         finally:
             engine.stop()
+            close = getattr(engine.engine, "close", None)  # a disaggregated engine's decode process
+            if close is not None:
+                close()
 
     app.router.lifespan_context = lifespan
     return app
