@@ -111,11 +111,12 @@ class DPExperts(EPExperts):
     def _exchange_empty(self, layer: int) -> None:
         dev, k = self.device, self._top_k
         self._exchange(layer, torch.zeros((0, self._dim), dtype=self.dtype, device=dev),
-                       torch.zeros((0, k), dtype=torch.float32, device=dev), torch.zeros((0, k), dtype=torch.long, device=dev))
+                       torch.zeros((0, k), dtype=torch.float32, device=dev),
+                       torch.zeros((0, k), dtype=torch.long, device=dev))
 
     def _exchange(self, layer: int, x: torch.Tensor, weights: torch.Tensor, logical_ids: torch.Tensor) -> torch.Tensor:
         ops, comm, p = self.ops, self.comm, self.placement
-        n, me = comm.layout.world_size, comm.layout.rank
+        me = comm.layout.rank
         t, k = logical_ids.shape
         tr = self.traffic
         tr.rounds += 1
@@ -142,5 +143,6 @@ class DPExperts(EPExperts):
         gu, down = self.local[layer]
         ones = torch.ones((sent.x.shape[0], 1), dtype=torch.float32, device=xs.device)
         y_local = ops["moe.experts"](sent.x, ones, sent.local_ids[:, None], gu, down, self.experts_p)
-        y = collective(comm, f"MoE layer {layer} (combine)", ops["moe.combine"], y_local, ws, sent.handle, comm, self.ep_p)
+        y = collective(comm, f"MoE layer {layer} (combine)", ops["moe.combine"], y_local, ws, sent.handle, comm,
+                       self.ep_p)
         return y[:t]

@@ -170,6 +170,36 @@ def test_the_generate_command_on_dep2_ranks_prints_the_single_process_tokens(dep
     assert a0 + a1 == single.engine.stats["tokens"] and min(a0, a1, b0, b1) > 0
 
 
+@pytest.mark.slow
+def test_dep4_over_two_torchrun_agents_on_loopback_gives_the_single_process_tokens(tmp_path):
+    """Two "nodes" (torchrun agents, --nnodes 2, static rendezvous on 127.0.0.1), two ranks each."""
+    import subprocess
+    import sys
+
+    from inferhal.core.engine.llm import LLM
+    from inferhal.core.parallel.launch import free_port
+    from inferhal.core.sampling.params import SamplingParams
+
+    prompts = wk.PROMPTS[:4]
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text("".join(json.dumps({"prompt_token_ids": p}) + "\n" for p in prompts))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    bin_dir = os.path.dirname(sys.executable)
+    port = free_port()
+    agents = [subprocess.Popen(
+        [os.path.join(bin_dir, "torchrun"), "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(node),
+         "--master-addr", "127.0.0.1", "--master-port", str(port), os.path.join(bin_dir, "inferhal"), "generate",
+         "model=deepseek_v4_tiny", "parallel=dep4", "parallel.launcher=torchrun", f"prompts_file={jobs}",
+         "sampling.max_tokens=5", "sampling.temperature=0"],
+        cwd="/tmp", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+    done = [a.communicate(timeout=300) for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], done[0][1][-2000:] + done[1][1][-2000:]
+    outs = LLM.from_config(wk.tiny_cfg()).generate(prompts, SamplingParams(max_tokens=5, temperature=0.0))
+    rows = [json.loads(ln) for ln in done[0][0].splitlines() if ln.startswith("{")]
+    assert [r["token_ids"] for r in rows] == [list(o.outputs[0].token_ids) for o in outs]
+    assert "[dp4 ranks over" in done[0][1] and done[1][0] == ""  # global rank 0 (node 0) alone prints
+
+
 # ------------------------------------------------------------------ the front end's placement, alone
 
 def test_placement_by_load_then_free_kv_then_rank():
