@@ -19,7 +19,8 @@
 
 Each check states its level: the backend's execution level as it ran (``device``, or ``interpreter`` for a
 kernel interpreter: correctness only, and timings there are no hardware result), with the count of reference
-fallbacks. The plans (:data:`PLANS`) are fixed per ``qualify.level``.
+fallbacks. The plans (:data:`PLANS`; :data:`INTERPRETER_PLANS` at the interpreter level) are fixed per
+``qualify.level``.
 """
 
 from __future__ import annotations
@@ -41,12 +42,23 @@ class AuditPlan:
     batch_sizes: tuple[int, ...] = (2, 5)  # determinism: the needle among this many requests
     chunk: int = 32  # scheduler.max_num_batched_tokens of the performance and deterministic engines
     timing_bound: float = 0.5  # TEST04: identical requests' fastest decode step >= bound x distinct ones
+    prompt_len: tuple[int, int] = (12, 40)  # token counts of the prompts [lo, hi)
+    other_len: tuple[int, int] = (3, 60)  # of the other requests beside the needle
+    needle_blocks: int = 3  # the needle: this many blocks + 5 tokens (the prefix cases reach 2 blocks + 3)
 
 
 PLANS = {"quick": AuditPlan(), "full": AuditPlan(prompts=6, max_tokens=8, repeats=4, batch_sizes=(2, 5, 9, 17))}
+#: in a kernel interpreter every token costs seconds (the tiny V4 on cuda_sm100 in Triton's interpreter: ~1-2.5 s
+#: per token on a 2-core VM, mostly mhc.pre's Sinkhorn and rope.apply, one program per token): the same checks
+#: on fewer, shorter requests; every prefix case kept
+INTERPRETER_PLANS = {
+    "quick": AuditPlan(prompts=2, max_tokens=2, repeats=2, batch_sizes=(2,), chunk=16, prompt_len=(4, 9),
+                       other_len=(3, 8), needle_blocks=2),
+    "full": AuditPlan(prompts=3, max_tokens=4, repeats=2, batch_sizes=(2, 4), prompt_len=(6, 20), other_len=(3, 20)),
+}
 
 
-def _prompts(n: int, seed: int, lo: int = 12, hi: int = 40) -> list[list[int]]:
+def _prompts(n: int, seed: int, lo: int, hi: int) -> list[list[int]]:
     r = random.Random(seed)
     return [[r.randrange(*VOCAB) for _ in range(r.randrange(lo, hi))] for _ in range(n)]
 
@@ -107,7 +119,7 @@ def _same(a, b, bitwise: bool) -> bool:
 
 
 def test01(eng: Engines) -> dict:
-    prompts, sp = _prompts(eng.plan.prompts, 1), _greedy(eng.plan.max_tokens)
+    prompts, sp = _prompts(eng.plan.prompts, 1, *eng.plan.prompt_len), _greedy(eng.plan.max_tokens)
     acc = [eng.get("accuracy").generate([p], sp)[0] for p in prompts]
     perf = eng.get("perf").generate(prompts, sp)
     bad = [i for i, (a, b) in enumerate(zip(acc, perf)) if a.token_ids != b.token_ids]
@@ -136,10 +148,10 @@ def _timed_stream(llm, prompts, sp) -> tuple[dict, dict, list[float]]:
 
 
 def test04(eng: Engines, bitwise: bool) -> dict:
-    plan, sp = eng.plan, _greedy(eng.plan.max_tokens + 4)
+    plan, sp = eng.plan, _greedy(eng.plan.max_tokens + 2)
     kind = "deterministic" if bitwise else "perf"
     llm = eng.get(kind)
-    prompt = _prompts(1, 4)[0]
+    prompt = _prompts(1, 4, *plan.prompt_len)[0]
     distinct = _prompts(plan.repeats, 5, len(prompt), len(prompt) + 1)  # same length, other tokens
     first = llm.generate([prompt], sp)[0]
     llm.generate(distinct, sp)  # warm-up at the timed batch shape (and the prefix cache, for both runs alike)
@@ -167,7 +179,7 @@ def test04(eng: Engines, bitwise: bool) -> dict:
 
 
 def test06(eng: Engines) -> dict:
-    prompts, plan = _prompts(eng.plan.prompts, 6), eng.plan
+    prompts, plan = _prompts(eng.plan.prompts, 6, *eng.plan.prompt_len), eng.plan
     from inferhal.core.sampling.params import SamplingParams
 
     params = [SamplingParams(max_tokens=plan.max_tokens + i, temperature=0.0, logprobs=1, ignore_eos=True)
@@ -206,18 +218,18 @@ def determinism(eng: Engines) -> dict:
     llm, solo, plan = eng.get("deterministic"), eng.get("alone"), eng.plan
     bs, sp = eng.block_size(), _greedy(plan.max_tokens)
     r = random.Random(7)
-    needle = [r.randrange(*VOCAB) for _ in range(3 * bs + 5)]
+    needle = [r.randrange(*VOCAB) for _ in range(plan.needle_blocks * bs + 5)]
     alone = solo.generate([needle], sp)[0]
     rows = []
     for size in plan.batch_sizes:
-        others = _prompts(size - 1, 100 + size, 3, 60)
+        others = _prompts(size - 1, 100 + size, *plan.other_len)
         at = random.Random(size).randrange(size)
         got = llm.generate(others[:at] + [needle] + others[at:], sp)[at]
         rows.append({"case": f"needle at {at} in a batch of {size}", "ok": _same(got, alone, True)})
     for prefix in sorted({1, bs - 1, plan.chunk + 1, 2 * bs + 3}):
-        prompt = needle[:prefix] + [r.randrange(*VOCAB) for _ in range(bs + 3)]
+        prompt = needle[:prefix] + [r.randrange(*VOCAB) for _ in range(3)]  # then its own tokens
         want = solo.generate([prompt], sp)[0]
-        got = llm.generate([prompt] + _prompts(2, prefix, 3, 40), sp)[0]
+        got = llm.generate([prompt] + _prompts(2, prefix, *plan.other_len), sp)[0]
         hit = got.num_cached_tokens
         rows.append({"case": f"prefix of {prefix} shared (cached {hit})",
                      "ok": _same(got, want, True) and hit >= (prefix // bs) * bs})
@@ -238,7 +250,8 @@ def run(active, level: str, make: Callable[..., Any] | None = None, plan: AuditP
     ``make(overrides) -> LLM`` and ``plan`` replace the engine factory and the level's plan (tests)."""
     from inferhal.core.errors import UserError
 
-    plan = plan or PLANS[level]
+    interpreted = active.profile.exec_level.value == "interpreter"
+    plan = plan or (INTERPRETER_PLANS if interpreted else PLANS)[level]
     n_fb = len(active.ops.fallbacks())
     exec_level = active.profile.exec_level.value
     where = exec_level + (f" (+{n_fb} reference fallbacks)" if n_fb else "")

@@ -73,7 +73,7 @@ class FakeLLM:
         return list(finals.values())
 
 
-def fake_run(flaws: dict, refuse: bool = False):
+def fake_run(flaws: dict, refuse: bool = False, plan=SMALL):
     engines = {}
 
     def make(kind, overrides):
@@ -86,7 +86,7 @@ def fake_run(flaws: dict, refuse: bool = False):
     active = types.SimpleNamespace(name="fake", config=BackendConfig(name="fake"),
                                    profile=types.SimpleNamespace(exec_level=types.SimpleNamespace(value="interpreter")),
                                    ops=types.SimpleNamespace(fallbacks=lambda: ["embed"]))
-    rep = audits.run(active, "quick", make=make, plan=SMALL)
+    rep = audits.run(active, "quick", make=make, plan=plan)
     return {c["name"]: c for c in rep["checks"]}, rep
 
 
@@ -108,6 +108,16 @@ def test_a_sound_engine_passes_every_audit_and_each_check_states_its_level():
 def test_each_audit_catches_its_flaw(flaws, failing):
     checks, _ = fake_run(flaws)
     assert {n for n, c in checks.items() if c["status"] == "fail"} == failing, {n: c["message"] for n, c in checks.items()}
+
+
+def test_an_interpreter_run_takes_the_interpreter_plan_and_keeps_every_prefix_case():
+    from dataclasses import asdict
+
+    checks, rep = fake_run({}, plan=None)
+    assert rep["plan"] == asdict(audits.INTERPRETER_PLANS["quick"])
+    cases = [c["case"].split(" (")[0] for c in checks["determinism"]["details"]["cases"]]
+    assert cases[-4:] == ["prefix of 1 shared", "prefix of 15 shared", "prefix of 17 shared", "prefix of 35 shared"]
+    assert all(c["status"] == "pass" for c in checks.values())
 
 
 def test_a_backend_that_refuses_deterministic_is_reported_refused_not_failed():
