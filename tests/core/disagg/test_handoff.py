@@ -51,7 +51,7 @@ def same(want, got, tol=1e-5):
     assert worst < tol, f"logprobs differ by up to {worst:.2e}"
 
 
-@pytest.mark.parametrize("overrides", [[], ["cache.kv_dtype=fp8"]], ids=["fp32", "fp8"])
+@pytest.mark.parametrize("overrides", [[], ["cache.kv_dtype=fp8"], ["cache.kv_dtype=fp4"]], ids=["fp32", "fp8", "fp4"])
 def test_disaggregated_outputs_equal_colocated(overrides):
     from inferhal.core.config.schema import CacheConfig, SchedulerConfig
 
@@ -64,11 +64,10 @@ def test_disaggregated_outputs_equal_colocated(overrides):
     # fp8: the same tokens; a record's rounding can flip where other batching moved a value by an fp32 ulp
     same(want, got, 1e-5 if not overrides else 2e-2)
     assert sum(stats.cached.values()) > 0  # prefix hits on the prefill side
-    # bytes: per group, the logical blocks a decode at position P reads, at the planner's block bytes
-    layouts = {g.name: g for g in planning.layouts(pre.specs, pre.kv_manager.block_size)}
+    # bytes: per group, the logical blocks a decode at position P reads, each layer's slots (no page padding)
     for p, o in zip(PROMPTS, got):
-        want_b = sum((lambda lo, hi: hi - lo)(*window_blocks(s, 16, len(p))) * planning.group_block_bytes(layouts[s.name])
-                     for s in pre.specs)
+        want_b = sum((lambda lo, hi: hi - lo)(*window_blocks(s, 16, len(p))) * len(s.layers) * s.slots_per_block(16)
+                     * s.slot_bytes() for s in pre.specs)
         assert stats.bytes[o.request_id] == want_b
     for e in (pre, dec):
         assert e.kv_manager.reqs == {} and not e.has_unfinished()
