@@ -102,6 +102,9 @@ def dp_suite(layout, out_dir, names):
                      "placements": llm.engine.placements, "own": own, "tokens": eng.stats["tokens"],
                      "preemptions": eng.scheduler.num_preemptions, "drafts": eng.stats["draft_tokens"],
                      "rebalances": [(r.step, r.received) for r in hook.rebalances]}
+        if hook.controller is not None:  # what EPLB counted since its last rebalance: own and all-reduced
+            rec = hook.controller.recorder
+            got[name]["load"] = (int(rec.local_load().sum()), int(rec.window_load(hook.comm).sum()), rec.steps)
     # `inferhal generate parallel=dep2 prompts_file=...` as each spawned rank runs it (run_rank), in this group
     from inferhal.core.engine.llm import compose_config
     from inferhal.core.parallel.ep_generate import run_rank

@@ -139,6 +139,12 @@ def test_eplb_rebalances_under_dp_move_weights_and_change_nothing(dep2):
     got = [rank["plain"]["rebalances"] for rank in dep2]
     assert [s for s, _ in got[0]] == [s for s, _ in got[1]] == [3, 6]
     assert sum(r for g in got for _, r in g) > 0  # weights crossed ranks
+    # the recorder counts each rank's own routing (top-2: two physical ids per token row) since the last
+    # rebalance, and the window load EPLB plans from is the sum over the ranks
+    last = got[0][-1][0]
+    own = [2 * sum(s[3].token_rows for s in rank["plain"]["log"] if s[0] > last) for rank in dep2]
+    assert [rank["plain"]["load"][0] for rank in dep2] == own and min(own) > 0
+    assert [rank["plain"]["load"][1] for rank in dep2] == [sum(own)] * 2
 
 
 @pytest.mark.slow
