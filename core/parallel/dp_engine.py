@@ -122,7 +122,7 @@ class DPEngine:
     def __init__(self, engine: Any, rank: DPRank) -> None:
         self.engine, self.rank, self.comm = engine, rank, rank.comm
         self.pending: list[Any] = []  # requests added since the last step, not placed yet (same on every rank)
-        self.owner: dict[str, int] = {}  # request id -> the DP rank serving it
+        self.owner: dict[str, int] = {}  # request id -> the DP rank serving it, until it finishes
         self.placements: list[list[int]] = []  # per placement, the rank of each request (in arrival order)
         self.num_added = 0
 
@@ -176,8 +176,11 @@ class DPEngine:
         if self.pending:
             self._place()
         outs = self.engine.step()
-        got = gather_objects(self.comm, outs, f"the outputs of step {self.rank.step}")
-        return [o for outs_r in got for o in outs_r]
+        got = [o for outs_r in gather_objects(self.comm, outs, f"the outputs of step {self.rank.step}") for o in outs_r]
+        for o in got:
+            if o.finished:
+                self.owner.pop(o.request_id, None)
+        return got
 
     def _place(self) -> None:
         eng, comm = self.engine, self.comm

@@ -97,7 +97,9 @@ def dp_suite(layout, out_dir, names):
         llm, hook = dp_llm(layout, over)
         res = run(llm, batches, kind)
         eng = llm.engine.engine
-        own = [r for r, o in llm.engine.owner.items() if o == me]
+        assert not llm.engine.owner  # forgotten once finished
+        # request ids count up from 0 in arrival order, as the placements list them
+        own = [str(i) for i, r in enumerate(r for pl in llm.engine.placements for r in pl) if r == me]
         got[name] = {"res": res, "log": [(s.step, s.attn_tokens, s.seqs, s.moe) for s in hook.log],
                      "placements": llm.engine.placements, "own": own, "tokens": eng.stats["tokens"],
                      "preemptions": eng.scheduler.num_preemptions, "drafts": eng.stats["draft_tokens"],
