@@ -106,8 +106,10 @@ def attach_dp(engine: Any, comm: Any, eplb: Any) -> DPRank:
     check_expert_slots(num_experts, eplb, n)
     ctl = eplb_controller(eplb, num_layers, num_experts, n)
     placement = ctl.placement if ctl is not None else Placement.identity(num_layers, num_experts)
+    # a forward of the main stack calls MoE layers 0 .. L-1 in order (MTP layers L.. are passes of their own)
+    main = int(model.num_moe_layers) - int(getattr(model, "num_mtp_layers", 0)) if hasattr(model, "num_moe_layers") else 0
     runner = DPExperts(engine.backend.ops, comm, placement, full, model.experts_p, model.dtype, engine.device,
-                       recorder=ctl.recorder if ctl is not None else None)
+                       recorder=ctl.recorder if ctl is not None else None, pass_layers=range(main))
     del full
     model.use_expert_runner(runner)
     hook = DPRank(comm, runner, ctl)

@@ -18,8 +18,15 @@ Ranks inside the same forward pass reach the same layers in the same order, so n
 serves every active rank; the lowest-rank rule only matters when ranks run different numbers of passes
 in a step (one rank's extra pass is served while the others drain), and it always makes progress.
 
-Counters (per step, reset by :meth:`DPExperts.end_step`): rounds, rounds this rank joined empty, token
-rows it routed, and the all-to-all payload bytes it sent: dispatch rows to other ranks (``D`` values
+**Pass plan** (``pass_layers``, the MoE layers a model's forward calls, in order, once each: layers
+``0 .. L-1`` of DeepSeek-V4's main stack): a round that runs ``pass_layers[0]`` starts a pass, so every
+rank knows the next ``len(pass_layers) - 1`` rounds without a header; the ranks that brought tokens to
+the first layer bring them to the rest, every other rank joins those rounds empty. One header per forward
+instead of one per layer. A rank of the pass whose next call is another layer, or that ends its step
+mid-pass, broke the model's side of the plan and raises (its peers then fail at their next exchange).
+
+Counters (per step, reset by :meth:`DPExperts.end_step`): rounds, rounds this rank joined empty, headers
+exchanged, token rows it routed, and the all-to-all payload bytes it sent: dispatch rows to other ranks (``D`` values
 plus one int64 slot id each) and combine rows returned to other ranks (``D`` values each); rows a rank
 sends to itself and the small size exchanges are not counted.
 """
@@ -43,6 +50,7 @@ class MoeTraffic:
 
     rounds: int = 0  # MoE layer calls this rank took part in
     empty_rounds: int = 0  # of which with no token of its own
+    headers: int = 0  # round headers all-gathered (rounds of a planned pass need none, the step's end does)
     token_rows: int = 0  # (token, layer) rows it routed
     dispatch_bytes: int = 0  # payload it sent to other ranks in moe.dispatch
     combine_bytes: int = 0  # payload it sent back to other ranks in moe.combine
@@ -55,34 +63,60 @@ class MoeTraffic:
 class DPExperts(EPExperts):
     """One DP/EP rank's routed experts: the model calls it with this rank's tokens only (see the module
     docstring for the round protocol). The arguments of :class:`EPExperts`, plus the activations' ``dtype``
-    and ``device``: a rank with no tokens sends empty rows of the same kind as its peers' rows."""
+    and ``device`` (a rank with no tokens sends empty rows of the same kind as its peers' rows) and the
+    model's ``pass_layers`` (empty: a header every round)."""
 
     def __init__(self, ops: Any, comm: Any, placement: Placement, full_weights: Sequence[tuple[Any, Any]],
                  experts_p: ExpertsParams, dtype: torch.dtype, device: torch.device | str = "cpu",
-                 recorder: Optional[Any] = None):
+                 recorder: Optional[Any] = None, pass_layers: Sequence[int] = ()):
         super().__init__(ops, comm, placement, full_weights, experts_p, recorder)
         self.traffic = MoeTraffic()
         self.dtype, self.device = dtype, torch.device(device)
+        self.pass_layers = tuple(int(l) for l in pass_layers)
         self._dim = int(full_weights[0][1].shape[1])  # down: [E, D, I]
         self._top_k = 1  # of the empty rows (any will do: they go nowhere)
+        self._pass: list[int] = []  # the layers left of the pass this rank brings tokens to
 
     def __call__(self, layer: int, x: torch.Tensor, weights: torch.Tensor, logical_ids: torch.Tensor) -> torch.Tensor:
         # x: [T, D] this rank's tokens, weights: [T, K] fp32, logical_ids: [T, K] -> y: [T, D] routed experts
+        if self._pass:  # inside a planned pass: no header, the layer is known
+            want = self._pass.pop(0)
+            if layer != want:
+                self._pass = []
+                raise RankDivergenceError(f"rank {self.comm.layout.rank}: MoE layer {layer} called inside a pass "
+                                          f"whose next layer is {want} (the model does not follow pass_layers)")
+            return self._exchange(layer, x, weights, logical_ids)
         while True:
             chosen, _ = self._round(layer)
+            starts = self._starts_pass(chosen)
             if chosen == layer:
+                self._pass = list(self.pass_layers[1:]) if starts else []
                 return self._exchange(layer, x, weights, logical_ids)
-            self._exchange_empty(chosen)  # another rank's layer first; ours in a later round
+            self._serve(chosen, starts)  # another rank's layer first; ours in a later round
+
+    def _starts_pass(self, layer: Optional[int]) -> bool:
+        return bool(self.pass_layers) and layer == self.pass_layers[0]
+
+    def _serve(self, layer: int, starts: bool) -> None:
+        """Join the round of ``layer`` empty, and the rest of its pass when it starts one."""
+        self._exchange_empty(layer)
+        if starts:
+            for nxt in self.pass_layers[1:]:
+                self._exchange_empty(nxt)
 
     def drain(self, step: int, unfinished: bool) -> bool:
         """End this rank's step: join every round the others still need, with no tokens, until all ranks
         are idle. Raises :class:`RankDivergenceError` when the ranks' step counters differ. Returns whether
         any rank still has unfinished requests."""
+        if self._pass:
+            left, self._pass = self._pass, []
+            raise RankDivergenceError(f"rank {self.comm.layout.rank}: step {step} ended inside a pass with MoE "
+                                      f"layers {left} left (the model does not follow pass_layers)")
         while True:
             chosen, got = self._round(None, step, unfinished)
             if chosen is None:
                 break
-            self._exchange_empty(chosen)
+            self._serve(chosen, self._starts_pass(chosen))
         steps = [int(g[2]) for g in got]
         if len(set(steps)) > 1:
             detail = ", ".join(f"rank {r}: step {s}" for r, s in enumerate(steps))
@@ -100,6 +134,7 @@ class DPExperts(EPExperts):
         """All-gather the headers; → (the layer this round runs, or None when every rank is idle; headers)."""
         mine = torch.tensor([int(layer is not None), -1 if layer is None else layer, step, int(unfinished)],
                             dtype=torch.long)
+        self.traffic.headers += 1
         if self.comm.layout.world_size == 1:
             got = [mine]
         else:

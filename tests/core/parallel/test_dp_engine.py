@@ -107,6 +107,7 @@ def test_each_rank_runs_attention_on_its_own_tokens_only(dep2, refs):
         for step, attn, seqs, moe in rank["plain"]["log"]:
             assert moe.token_rows == MOE_LAYERS * attn  # the MoE layers saw exactly this rank's tokens
             assert moe.rounds == MOE_LAYERS
+            assert moe.headers == 2  # the pass plan: one header per forward, one at the step's end
 
 
 @pytest.mark.slow
@@ -131,7 +132,7 @@ def test_a_rank_without_requests_joins_every_exchange_empty(dep2):
     assert len(idle["log"]) == len(busy["log"])  # every step, together
     for _, attn, seqs, moe in idle["log"]:
         assert attn == 0 and seqs == 0 and moe.token_rows == 0 and moe.dispatch_bytes == 0
-        assert moe.rounds == moe.empty_rounds == MOE_LAYERS
+        assert moe.rounds == moe.empty_rounds == MOE_LAYERS and moe.headers == 2
 
 
 @pytest.mark.slow
@@ -221,6 +222,29 @@ def test_placement_prefers_a_cached_prefix_within_the_slack():
     assert place_requests(loads, cached, [[b"a", b"b", b"c"]], slack=1) == [0]  # too busy for affinity
     # affinity within one batch: the second prompt shares a block with the first, placed on rank 0
     assert place_requests([RankLoad(0, 0, 1000)] * 2, [[0, 0], [0, 0]], [[b"x", b"y"], [b"x"]]) == [0, 0]
+
+
+def test_a_model_that_leaves_its_pass_plan_is_named():
+    from inferhal.backends.reference.comm import SingleProcessCommunicator
+    from inferhal.backends.reference.ops import OPS
+    from inferhal.core.backend import ParallelLayout
+    from inferhal.core.eplb.placement import Placement
+    from inferhal.core.ops.params import ExpertsParams
+    from inferhal.core.parallel.dp_moe import DPExperts
+    from inferhal.core.parallel.sync import RankDivergenceError
+
+    g = torch.Generator().manual_seed(0)
+    full = [(torch.randn(4, 16, 8, generator=g), torch.randn(4, 8, 8, generator=g)) for _ in range(3)]
+    runner = DPExperts(OPS, SingleProcessCommunicator(ParallelLayout()), Placement.identity(3, 4), full,
+                       ExpertsParams(), torch.float32, pass_layers=(0, 1, 2))
+    x, w, ids = torch.randn(5, 8, generator=g), torch.rand(5, 2, generator=g), torch.tensor([[0, 1]] * 5)
+    runner(0, x, w, ids)
+    with pytest.raises(RankDivergenceError, match="MoE layer 2 called inside a pass whose next layer is 1"):
+        runner(2, x, w, ids)
+    runner(0, x, w, ids)
+    with pytest.raises(RankDivergenceError, match=r"step 1 ended inside a pass with MoE layers \[1, 2\] left"):
+        runner.drain(1, False)
+    assert runner.drain(1, False) is False  # the plan was dropped: the next step starts clean
 
 
 def test_attach_dp_refuses_asynchronous_scheduling():

@@ -105,3 +105,10 @@ def test_dp_rounds_serve_each_rank_its_own_tokens_in_any_layer_order(suite):
     # last layer 1 alone: 4 rounds on every rank, the idle ones joining all of them empty
     assert [int(g["rounds"]) for g in res] == [4] * n
     assert [int(g["empty"]) for g in res] == [0, 2] + [4] * (n - 2)
+    # with the pass plan (rank 0: two passes over layers 0, 1; rank 1: one): the same results, 4 rounds
+    # each, 3 headers on every rank (one per pass, one at the step's end) instead of one per round
+    for r, got in enumerate(res):
+        for (l, a, b), y in zip(got["calls_plan"], got["ys_plan"]):
+            torch.testing.assert_close(y, OPS["moe.experts"](x[a:b], w[a:b], ids[a:b], gu[l], down[l], p),
+                                       rtol=1e-5, atol=1e-6)
+    assert [g["plan"].tolist() for g in res] == [[4, 0, 3], [4, 2, 3]] + [[4, 4, 3]] * (n - 2)

@@ -121,8 +121,16 @@ def dp_rounds(layout, out_dir):
         msg = "no error"
     except RankDivergenceError as exc:
         msg = str(exc)
+    # the pass plan (a forward calls layers 0, 1 in order): one header per pass, not per layer
+    planned = DPExperts(OPS, comm, Placement.identity(L, E, R), full, ExpertsParams(swiglu_limit=10.0), x.dtype,
+                        pass_layers=(0, 1))
+    calls = [c for c in DP_CALLS.get(me, []) if me == 0] or ([(0, 7, 11), (1, 7, 11)] if me == 1 else [])
+    ys_plan = [planned(l, x[a:b], w[a:b], ids[a:b]) for l, a, b in calls]
+    planned.drain(1, unfinished=False)
+    plan = planned.end_step()
     _save(out_dir, me, ys=ys, busy=torch.tensor(busy), rounds=torch.tensor(traffic.rounds),
-          empty=torch.tensor(traffic.empty_rounds), rows=torch.tensor(traffic.token_rows), msg=msg)
+          empty=torch.tensor(traffic.empty_rounds), rows=torch.tensor(traffic.token_rows), msg=msg,
+          ys_plan=ys_plan, calls_plan=calls, plan=torch.tensor([plan.rounds, plan.empty_rounds, plan.headers]))
 
 
 def ep_suite(layout, out_dir):
