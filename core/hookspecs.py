@@ -224,6 +224,9 @@ def inferhal_backend_extra(name: str, profile: "DeviceProfile") -> Any:
       ``compiled`` (bool), ``error``, ``registers``, ``spill_stack_bytes``, ``shared_bytes``,
       ``tmem_columns``, ``mma`` (the matrix-instruction family found in the assembly, as text) and
       ``mma_ok`` (the kernel needs tensor-core instructions and has them, or does not need them).
+    - ``"environment"``: a mapping of name → version or description (strings) of the toolchain and driver
+      the backend runs on, read without touching a device (package metadata, files): ``inferhal qualify``
+      puts it in its report's environment manifest.
     - ``"device_catalog"``: a mapping of device name → :class:`~inferhal.core.profile.DeviceProfile` for
       devices this backend has data for but that need not be present (datasheet numbers, each with its
       ``sources``; interconnect in ``extra["links"]``: ``scale_up``/``scale_out`` → ``name``, ``bandwidth``

@@ -6,6 +6,7 @@
 - ``"mc2"``: ``factory(comm, moe_expert_num, quant=False) -> Mc2Dispatcher`` (EP dispatch/combine);
 - ``"generations"``: the generation capability table (:data:`device.GENERATIONS`);
 - ``"tuning"``: the triton-ascend tuning table and its UB-budget check (``kernels/tuning_ascend950.py``).
+- ``"environment"``: torch-npu, triton-ascend and CANN versions for a qualification report (no torch_npu import).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def lookup(name: str, torch_npu: Callable[[], Any]) -> Any:
         from inferhal.backends.ascend950.comm import mc2_factory
 
         return mc2_factory(torch_npu())
+    if name == "environment":
+        return environment()
     if name == "generations":
         from inferhal.backends.ascend950.device import GENERATIONS
 
@@ -44,3 +47,25 @@ def lookup(name: str, torch_npu: Callable[[], Any]) -> Any:
 
         return tuning_ascend950
     return None
+
+
+def environment() -> dict[str, str]:
+    """The toolchain for a qualification report, without importing torch_npu: torch-npu and triton-ascend from
+    package metadata, CANN from the toolkit that ASCEND_HOME_PATH points at (its version file), or why none."""
+    import os
+    from pathlib import Path
+
+    from inferhal.core.qualify.manifest import package_version
+
+    env = {"torch-npu": package_version("torch-npu"), "triton-ascend": package_version("triton-ascend")}
+    home = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
+    if not home:
+        env["CANN"] = "absent: ASCEND_HOME_PATH is unset"
+        return env
+    env["CANN"] = f"{home} (no version file found)"
+    for name in ("version.cfg", "ascend_toolkit_install.info", "compiler/version.info"):
+        p = Path(home) / name
+        if p.is_file():
+            env["CANN"] = f"{home}: " + " ".join(p.read_text(errors="replace").split())[:200]
+            break
+    return env

@@ -186,6 +186,23 @@ def query_device(index: int = 0) -> CudaDeviceInfo:
     return CudaDeviceInfo(name, int(major), int(minor), int(mem), int(sms), int(version))
 
 
+def environment() -> dict[str, str]:
+    """The toolchain and driver for a qualification report, without touching a device: triton and cuda-python
+    from package metadata; the driver's version (cuDriverGetVersion, which needs no cuInit), or why none."""
+    from inferhal.core.qualify.manifest import package_version
+
+    env = {"triton": package_version("triton"), "cuda-python": package_version("cuda-python")}
+    try:
+        from cuda.bindings import driver
+
+        err, version = driver.cuDriverGetVersion()
+        env["driver"] = (f"CUDA {int(version) // 1000}.{int(version) % 1000 // 10} ({int(version)})" if int(err) == 0
+                         else f"unknown: cuDriverGetVersion returned {err}")
+    except Exception as exc:  # no cuda-python, or no libcuda (DynamicLibNotFoundError, a RuntimeError)
+        env["driver"] = f"absent: no CUDA driver could be loaded ({type(exc).__name__})"
+    return env
+
+
 def probe(interpret: bool, index: int = 0) -> Probe:
     if interpret:
         if importlib.util.find_spec("triton") is None:

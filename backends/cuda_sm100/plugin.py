@@ -95,6 +95,10 @@ def inferhal_backend_extra(name, profile):
         from inferhal.kernels.aot import AotCompiler
 
         return AotCompiler()
+    if name == "environment":
+        from inferhal.backends.cuda_sm100.device import environment
+
+        return environment()
     if name == "capabilities":
         from inferhal.backends.cuda_sm100.device import ARCHS, CHIPS
 

@@ -73,3 +73,12 @@ def inferhal_communicator(layout):
 @hookimpl
 def inferhal_graph_runner():
     return None
+
+
+@hookimpl
+def inferhal_backend_extra(name):
+    if name == "environment":  # for a qualification report's manifest: which path runs the CPU's products
+        from inferhal.backends.reference.matmul import describe
+
+        return {"products": describe()}
+    return None

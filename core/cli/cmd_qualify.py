@@ -82,7 +82,7 @@ def run(cfg, words, registry=None) -> int:
         rep = unavailable_report(reg, bcfg, str(exc), q.level)
         from inferhal.core.qualify.manifest import manifest
 
-        rep["manifest"] = manifest(bcfg.name, {}, cfg)
+        rep["manifest"] = manifest(bcfg.name, {}, cfg, _toolchain(reg, bcfg.name))
         if recorded_data is None:
             paths = report_mod.write(rep, out_dir)
             raise UserError(f"{exc}\nnothing was qualified; report: {paths['html']}") from None
@@ -98,7 +98,7 @@ def run(cfg, words, registry=None) -> int:
     from inferhal.core.qualify.manifest import manifest
 
     def extra() -> dict:
-        out = {"manifest": manifest(bcfg.name, reg.probe(bcfg.name, bcfg).details, cfg)}
+        out = {"manifest": manifest(bcfg.name, reg.probe(bcfg.name, bcfg).details, cfg, _toolchain(reg, bcfg.name))}
         if q.golden:
             out["golden"] = golden.run(cfg, active)
         out["audits"] = (audits.run(active, q.level) if q.audits else
@@ -111,6 +111,14 @@ def run(cfg, words, registry=None) -> int:
     paths = report_mod.write(rep, out_dir)
     print_summary(rep, paths)
     return int(rep["summary"]["exit_status"])
+
+
+def _toolchain(reg, name: str):
+    """The backend's ``environment`` extra (no device touched), or None; a failing extra is reported, not fatal."""
+    try:
+        return reg.extra(name, "environment")
+    except Exception as exc:  # a broken extra must not cost the report
+        return {"(error)": f"the 'environment' extra raised {type(exc).__name__}: {exc}"}
 
 
 def audits_not_run(reason: str) -> dict:

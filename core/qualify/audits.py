@@ -48,7 +48,7 @@ class AuditPlan:
 
 
 PLANS = {"quick": AuditPlan(), "full": AuditPlan(prompts=6, max_tokens=8, repeats=4, batch_sizes=(2, 5, 9, 17))}
-#: in a kernel interpreter every token costs seconds (the tiny V4 on cuda_sm100 in Triton's interpreter: ~1-2.5 s
+#: in a kernel interpreter every token costs seconds (the tiny V4 with GPU kernels emulated on the CPU: ~1-2.5 s
 #: per token on a 2-core VM, mostly mhc.pre's Sinkhorn and rope.apply, one program per token): the same checks
 #: on fewer, shorter requests; every prefix case kept
 INTERPRETER_PLANS = {

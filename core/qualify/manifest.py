@@ -1,6 +1,7 @@
-"""The environment a qualification report was made in: versions (torch, triton, the backend's distribution, the
-GPU driver or Ascend CANN when the backend reports one), the hash of the resolved config, and the host CPU's
-flags. Read from package metadata, the backend's probe and /proc: nothing here imports a device library."""
+"""The environment a qualification report was made in: torch, Python and inferhal versions; the backend's own
+(its distribution, version and commit, what its probe reported, and its ``environment`` extra: the kernel
+compiler, driver or vendor toolkit it runs on); the hash of the resolved config; and the host CPU's model and
+flags. Read from package metadata, the backend's hooks and /proc: nothing here touches a device."""
 
 from __future__ import annotations
 
@@ -74,30 +75,16 @@ def cpu_info(path: str = "/proc/cpuinfo") -> dict:
     return {"model": model, "logical_cpus": os.cpu_count() or 0, "simd_flags": simd, "flags": sorted(flags)}
 
 
-def driver_and_cann(probe_details: Any) -> dict:
-    """The GPU driver the backend's probe reported (cuda_sm100 on a GPU), and CANN where ASCEND_HOME_PATH
-    points at a toolkit; each says why it is absent otherwise."""
-    details = dict(probe_details or {})
-    driver = str(details["driver"]) if "driver" in details else "not reported: no GPU driver probed for this run"
-    home = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
-    cann = "absent: ASCEND_HOME_PATH unset"
-    if home:
-        cann = f"ASCEND_HOME_PATH={home} (version file not found)"
-        for name in ("version.cfg", "ascend_toolkit_install.info", "compiler/version.info"):
-            p = Path(home) / name
-            if p.is_file():
-                cann = f"{home}: " + " ".join(p.read_text(errors="replace").split())[:200]
-                break
-    return {"driver": driver, "cann": cann}
-
-
-def manifest(backend: str, probe_details: Any, cfg: Any) -> dict:
-    """The report's ``manifest`` section."""
+def manifest(backend: str, probe_details: Any, cfg: Any, toolchain: Any = None) -> dict:
+    """The report's ``manifest`` section. ``probe_details``: what the backend's probe reported (e.g. a driver
+    version); ``toolchain``: its ``environment`` extra (``None``: it reports none)."""
     return {
-        "torch": package_version("torch"), "triton": package_version("triton"),
-        "inferhal": package_version("inferhal"), "python": platform.python_version(),
-        **driver_and_cann(probe_details),
+        "torch": package_version("torch"), "inferhal": package_version("inferhal"),
+        "python": platform.python_version(),
         "backend": backend_version(backend),
+        "probe": {str(k): str(v) for k, v in dict(probe_details or {}).items()},
+        "toolchain": ({str(k): str(v) for k, v in dict(toolchain).items()} if toolchain else
+                      {"(none)": "the backend reports no toolchain (no 'environment' extra)"}),
         "config_sha256": config_hash(cfg),
         "host": {"os": platform.platform(), "cpu": cpu_info()},
     }

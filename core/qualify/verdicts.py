@@ -116,11 +116,12 @@ def manifest_html(report: dict) -> str:
     if not m:
         return ""
     b, cpu = m.get("backend", {}), m.get("host", {}).get("cpu", {})
-    rows = [("torch", m.get("torch")), ("triton", m.get("triton")), ("inferhal", m.get("inferhal")),
-            ("python", m.get("python")), ("GPU driver", m.get("driver")), ("Ascend CANN", m.get("cann")),
+    rows = [("torch", m.get("torch")), ("inferhal", m.get("inferhal")), ("python", m.get("python")),
             ("backend", f"{b.get('name')} from {b.get('distribution')} {b.get('version')}"
-                        + (f" at {b['commit']}" if b.get("commit") else "")),
-            ("config sha256", m.get("config_sha256")), ("host", m.get("host", {}).get("os")),
+                        + (f" at {b['commit']}" if b.get("commit") else ""))]
+    rows += [(f"backend toolchain: {k}", v) for k, v in m.get("toolchain", {}).items()]
+    rows += [(f"backend probe: {k}", v) for k, v in m.get("probe", {}).items()]
+    rows += [("config sha256", m.get("config_sha256")), ("host", m.get("host", {}).get("os")),
             ("CPU", f"{cpu.get('model')} ({cpu.get('logical_cpus')} logical)"),
             ("CPU SIMD flags", " ".join(cpu.get("simd_flags", [])) or "(none read)")]
     out = ["<h2 id='manifest'>Environment</h2><table>"]

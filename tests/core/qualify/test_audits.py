@@ -5,6 +5,7 @@ streamed counts that disagree with the result, a backend that refuses determinis
 
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
@@ -158,10 +159,16 @@ def test_the_manifest_names_versions_config_hash_and_cpu_flags(tmp_path):
     from omegaconf import OmegaConf
 
     from inferhal.core.qualify.manifest import config_hash, cpu_info, manifest
+    from inferhal.core.registry import BackendRegistry
 
     cfg = OmegaConf.create({"a": 1, "b": {"c": 2}})
-    m = manifest("reference", {"driver": "13.0"}, cfg)
-    assert m["torch"][0].isdigit() and m["triton"] and m["driver"] == "13.0" and m["cann"].startswith("absent")
+    reg = BackendRegistry.discover()
+    m = manifest("cuda_sm100", {"driver": "13000"}, cfg, reg.extra("cuda_sm100", "environment"))
+    assert m["torch"][0].isdigit() and m["probe"] == {"driver": "13000"}
+    assert m["toolchain"]["triton"][0].isdigit() and "cuda-python" in m["toolchain"]
+    assert m["toolchain"]["driver"].startswith(("CUDA ", "absent: no CUDA driver"))
+    assert reg.extra("ascend950", "environment")["CANN"].startswith("absent") or "ASCEND_HOME_PATH" in os.environ
+    assert "products" in manifest("reference", {}, cfg, reg.extra("reference", "environment"))["toolchain"]
     assert m["backend"]["distribution"] == "inferhal" and m["backend"]["commit"]
     assert m["config_sha256"] == config_hash(OmegaConf.create({"b": {"c": 2}, "a": 1})) != config_hash(
         OmegaConf.create({"a": 2, "b": {"c": 2}}))
@@ -169,4 +176,4 @@ def test_the_manifest_names_versions_config_hash_and_cpu_flags(tmp_path):
     fake.write_text("processor\t: 0\nmodel name\t: Test CPU\nflags\t\t: fpu sse4_2 avx2 avx512f amx_tile fma\n")
     info = cpu_info(str(fake))
     assert info["model"] == "Test CPU" and info["simd_flags"] == ["amx_tile", "avx2", "avx512f", "fma", "sse4_2"]
-    assert "not reported" in manifest("reference", {}, cfg)["driver"]
+    assert "no 'environment' extra" in manifest("x", {}, cfg)["toolchain"]["(none)"]

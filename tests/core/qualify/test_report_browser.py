@@ -52,7 +52,8 @@ def page(tmp_path_factory):
     reg = BackendRegistry.discover()
     ref = reg.select(BackendConfig(name="reference"))
     _, aud = fake_run({"perf": "batch"})
-    extra = lambda: {"audits": aud, "manifest": manifest("reference", {}, OmegaConf.create({"x": 1}))}  # noqa: E731
+    extra = lambda: {"audits": aud, "manifest": manifest("reference", {}, OmegaConf.create({"x": 1}),  # noqa: E731
+                                                         reg.extra("reference", "environment"))}
     rep = runner.run(ref, ref, runner.QualifyOptions(ops=("embed",), output_dir=str(out), progress=False),
                      extra_sections=extra)
     return rep, report.write(rep, out)["html"]
@@ -72,7 +73,7 @@ def test_the_verdict_table_comes_first_and_names_every_area_with_its_level(page)
     assert first.count("<tr>") == 1 + 6  # header + ops, invariance, four audits
     assert "interpreter (+1 reference fallbacks)" in first and ">fail<" in first  # the toy engine's level, TEST01
     assert rep["summary"]["verdict"] == "fail" and rep["summary"]["failed_audits"] == ["TEST01"]
-    assert "id=\"manifest\"" in text and "config sha256" in text
+    assert "id=\"manifest\"" in text and "config sha256" in text and "backend toolchain: products" in text
 
 
 def test_the_screenshot_shows_the_verdicts(page, tmp_path):
