@@ -120,6 +120,11 @@ def test_all_to_all_bytes_are_per_step_and_agree_between_ranks(dep2):
             assert ma.dispatch_bytes // (D * 4 + 8) == mb.combine_bytes // (D * 4)
             assert mb.dispatch_bytes // (D * 4 + 8) == ma.combine_bytes // (D * 4)
             assert ma.dispatch_bytes % (D * 4 + 8) == 0 and mb.combine_bytes % (D * 4) == 0
+    # over the whole run, the rows that crossed ranks are what the planner's all-to-all figure assumes
+    # (core/plan/roofline.all_to_all_s: each token-layer row to top_k experts, (ep - 1) / ep of them remote)
+    crossed = sum(s[3].dispatch_bytes // (D * 4 + 8) for rank in dep2 for s in rank["plain"]["log"])
+    uniform = sum(s[3].token_rows * 2 * (2 - 1) / 2 for rank in dep2 for s in rank["plain"]["log"])
+    assert abs(crossed - uniform) <= 0.1 * uniform
     decode = [s[3].a2a_bytes for s in dep2[0]["plain"]["log"][2:]]
     prefill = dep2[0]["plain"]["log"][0][3].a2a_bytes
     assert max(decode) < prefill  # sized by the step's tokens, not a fixed buffer
