@@ -27,6 +27,8 @@ SCENARIOS = {
     "features": (["cache.num_blocks=14", *CHUNK_NGRAM], [PROMPTS, SECOND], "greedy"),  # prefix hits, chunks, drafts
     "preempt": (["cache.num_blocks=5", *CHUNK_NGRAM], [PROMPTS], "greedy"),  # 5 blocks a group: preemption
     "lonely": ([], [[PROMPTS[1]]], "greedy"),  # one request: the other ranks never have a token
+    # batch-invariant ops: the single process's logprobs bit for bit (its reference runs the mode too)
+    "deterministic": (["deterministic=true"], [PROMPTS], "mixed"),
     # MTP drafts: their MoE layer runs on the ranks with drafts only, the others serve it empty
     "mtp": (["spec=mtp", "spec.num_speculative_tokens=2", "spec.disable_by_batch_size=0"], [PROMPTS[:3]], "greedy"),
 }
@@ -65,12 +67,12 @@ def run(llm, batches, kind):
 
 
 def reference(name):
-    """The scenario in one plain process (no parallel layout, none of the scenario's features): its
-    outputs and the tokens its engine scheduled."""
+    """The scenario in one plain process (no parallel layout, none of the scenario's features but
+    ``deterministic``): its outputs and the tokens its engine scheduled."""
     from inferhal.core.engine.llm import LLM
 
-    _, batches, kind = SCENARIOS[name]
-    llm = LLM.from_config(tiny_cfg())
+    over, batches, kind = SCENARIOS[name]
+    llm = LLM.from_config(tiny_cfg([o for o in over if o == "deterministic=true"]))
     return run(llm, batches, kind), llm.engine.stats["tokens"]
 
 

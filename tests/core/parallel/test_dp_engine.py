@@ -1,5 +1,5 @@
 """DP attention × EP MoE (dep2 over gloo on 127.0.0.1): the tiny DeepSeek-V4 in fp32 gives a single
-process's tokens (logprobs within 1e-5), also with prefix caching, chunked prefill, n-gram and MTP drafts,
+process's tokens (logprobs within 1e-5; bitwise with deterministic=true), also with prefix caching, chunked prefill, n-gram and MTP drafts,
 preemption, sampling and EPLB rebalances; each rank's attention runs on its own tokens only; the MoE
 all-to-all bytes agree between senders and receivers; a rank with no request joins every exchange with
 an empty batch; the front end places by load and prefix affinity. One spawned group runs every scenario.
@@ -68,6 +68,23 @@ def test_dep2_gives_the_single_process_outputs(dep2, refs, name):
         assert [g["tokens"] for g in got] == [w["tokens"] for w in want]
         for g, w in zip(got, want):
             assert g["logprobs"] == pytest.approx(w["logprobs"], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_dep2_with_batch_invariant_ops_gives_the_single_process_logprobs_bitwise(dep2, refs):
+    want, _ = refs["deterministic"]
+    for rank in dep2:
+        assert [(g["tokens"], g["logprobs"]) for g in rank["deterministic"]["res"]] == \
+            [(w["tokens"], w["logprobs"]) for w in want]
+
+
+def test_deterministic_runs_with_dp_attention_and_stays_refused_with_replicated_attention():
+    from inferhal.core.cli.main import compose
+    from inferhal.core.config.errors import ConfigError
+
+    assert compose(["model=deepseek_v4_tiny", "parallel=dep2", "deterministic=true"], "generate").deterministic
+    with pytest.raises(ConfigError, match="deterministic=true is refused with parallel.ep=2: .* replicated attention"):
+        compose(["model=deepseek_v4_tiny", "parallel=ep2", "deterministic=true"], "generate")
 
 
 @pytest.mark.slow
