@@ -31,6 +31,10 @@ def test_unavailable_backend_reports_declared_ops_as_not_run(tmp_path):
     rep = json.loads((tmp_path / "ascend950-quick" / "report.json").read_text())
     assert rep["summary"]["verdict"] == "unavailable" and rep["rows"] == []
     assert all(o["status"] != "pass" for o in rep["ops"].values())
+    assert {(a["status"], a["level"]) for a in rep["audits"]["checks"]} == {("not-run", "absent")}
+    assert "CANN" in rep["manifest"]["toolchain"] and rep["manifest"]["config_sha256"]
+    page = (tmp_path / "ascend950-quick" / "report.html").read_text()
+    assert page.index("id='verdicts'") < page.index("<h2>Details")
 
 
 def test_broken_backend_through_the_command(registry, tmp_path, capsys):
