@@ -27,8 +27,9 @@ SCENARIOS = {
     "features": (["cache.num_blocks=14", *CHUNK_NGRAM], [PROMPTS, SECOND], "greedy"),  # prefix hits, chunks, drafts
     "preempt": (["cache.num_blocks=5", *CHUNK_NGRAM], [PROMPTS], "greedy"),  # 5 blocks a group: preemption
     "lonely": ([], [[PROMPTS[1]]], "greedy"),  # one request: the other ranks never have a token
-    # batch-invariant ops: the single process's logprobs bit for bit (its reference runs the mode too)
-    "deterministic": (["deterministic=true"], [PROMPTS], "mixed"),
+    # batch-invariant ops: the single process's logprobs bit for bit (its reference runs the mode too), through
+    # preemption, chunks, drafts, prefix hits and sampling
+    "deterministic": (["deterministic=true", "cache.num_blocks=5", *CHUNK_NGRAM], [PROMPTS, SECOND], "mixed"),
     # MTP drafts: their MoE layer runs on the ranks with drafts only, the others serve it empty
     "mtp": (["spec=mtp", "spec.num_speculative_tokens=2", "spec.disable_by_batch_size=0"], [PROMPTS[:3]], "greedy"),
 }

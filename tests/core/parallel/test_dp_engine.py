@@ -76,6 +76,9 @@ def test_dep2_with_batch_invariant_ops_gives_the_single_process_logprobs_bitwise
     for rank in dep2:
         assert [(g["tokens"], g["logprobs"]) for g in rank["deterministic"]["res"]] == \
             [(w["tokens"], w["logprobs"]) for w in want]
+    assert sum(rank["deterministic"]["preemptions"] for rank in dep2) > 0
+    assert all(rank["deterministic"]["drafts"] > 0 for rank in dep2)
+    assert sum(g["cached"] for g in dep2[0]["deterministic"]["res"]) > 0
 
 
 def test_deterministic_runs_with_dp_attention_and_stays_refused_with_replicated_attention():
