@@ -13,8 +13,9 @@
 - ``TEST06`` reported vs returned: streamed deltas join to the final tokens, the first streamed token is the
   first returned, ``finished`` / ``finish_reason`` appear once and last, the count of tokens and of
   logprob entries match, ``length`` means ``max_tokens`` tokens, cached prompt tokens never exceed the prompt.
-- ``determinism``: with ``deterministic=true``, a needle prompt alone vs inside batches of other sizes, and
-  after prefix-cache hits of 1, block-1, chunk+1 and several blocks: bitwise the same tokens and logprobs. A
+- ``determinism``: with ``deterministic=true``, a needle prompt alone vs inside batches of other sizes (greedy,
+  and sampled with a per-request seed beside other sampling requests), and after prefix-cache hits of 1,
+  block-1, chunk+1 and several blocks: bitwise the same tokens and logprobs. A
   backend that refuses the mode (its ops declare no batch invariance) is reported as ``refused``, naming them.
 
 Each check states its level: the backend's execution level as it ran (``device``, or ``interpreter`` for a
@@ -213,7 +214,7 @@ def test06(eng: Engines) -> dict:
 def determinism(eng: Engines) -> dict:
     """The determinism matrix. The oracle: each prompt alone on a deterministic engine without prefix caching,
     one request at a time; the engine under audit (chunked prefill, prefix caching) runs the needle inside
-    batches, then prompts sharing its first 1, block-1, chunk+1 and several blocks of tokens, which hit the
+    batches (greedy; and sampled with its own seed beside other sampling requests), then prompts sharing its first 1, block-1, chunk+1 and several blocks of tokens, which hit the
     blocks its runs cached (a hit covers whole blocks: (prefix // block) * block tokens)."""
     llm, solo, plan = eng.get("deterministic"), eng.get("alone"), eng.plan
     bs, sp = eng.block_size(), _greedy(plan.max_tokens)
@@ -226,6 +227,16 @@ def determinism(eng: Engines) -> dict:
         at = random.Random(size).randrange(size)
         got = llm.generate(others[:at] + [needle] + others[at:], sp)[at]
         rows.append({"case": f"needle at {at} in a batch of {size}", "ok": _same(got, alone, True)})
+    # mixed: sampled with its own seed, between an unseeded sampled request and a greedy one
+    from inferhal.core.sampling.params import SamplingParams
+
+    seeded = SamplingParams(max_tokens=plan.max_tokens, temperature=0.8, top_p=0.9, seed=1234, logprobs=1,
+                            ignore_eos=True)
+    unseeded = SamplingParams(max_tokens=plan.max_tokens, temperature=1.0, logprobs=1, ignore_eos=True)
+    want = solo.generate([needle], seeded)[0]
+    got = llm.generate([*_prompts(1, 98, *plan.other_len), needle, *_prompts(1, 97, *plan.other_len)],
+                       [unseeded, seeded, sp])[1]
+    rows.append({"case": "needle sampled with a seed among a sampled and a greedy request", "ok": _same(got, want, True)})
     for prefix in sorted({1, bs - 1, plan.chunk + 1, 2 * bs + 3}):
         prompt = needle[:prefix] + [r.randrange(*VOCAB) for _ in range(3)]  # then its own tokens
         want = solo.generate([prompt], sp)[0]
