@@ -272,6 +272,26 @@ def test_a_model_that_leaves_its_pass_plan_is_named():
     assert runner.drain(1, False) is False  # the plan was dropped: the next step starts clean
 
 
+def test_one_dp_rank_in_process_streams_aborts_and_forgets(refs):
+    """The front end over a world of one: streaming, aborting a queued and a placed request."""
+    from inferhal.core.backend import ParallelLayout
+    from inferhal.core.sampling.params import SamplingParams
+
+    llm, hook = wk.dp_llm(ParallelLayout(), [])
+    want = [w["tokens"] for w in refs["lonely"][0]]
+    streamed = [o.new_token_ids for o in llm.stream([wk.PROMPTS[1]], wk.params("greedy", 0))]
+    assert [t for new in streamed for t in new] == want[0] and len(streamed) == len(want[0])
+    front = llm.engine
+    a = front.add_request([1, 2, 3], SamplingParams(max_tokens=4))
+    assert front.abort([a]) == [] and not front.pending and not front.has_unfinished()  # queued: just dropped
+    b = front.add_request([1, 2, 3], SamplingParams(max_tokens=4))
+    front.step()
+    assert front.owner == {b: 0} and front.has_unfinished()
+    out = front.abort([b])
+    assert [o.outputs[0].finish_reason for o in out] == ["abort"]
+    assert hook.log[-1].attn_tokens == 3 and hook.log[-1].moe.headers == 2
+
+
 def test_attach_dp_refuses_asynchronous_scheduling():
     from inferhal.core.engine.llm import LLM
     from inferhal.core.errors import UserError
