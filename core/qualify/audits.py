@@ -251,7 +251,8 @@ def determinism(eng: Engines) -> dict:
 
 TITLES = {"TEST01": "accuracy in performance mode", "TEST04": "no answer caching (results, decode steps, timing)",
           "TEST06": "reported vs returned: tokens, first token, finish", "determinism": "determinism matrix "
-          "(deterministic=true): needle alone vs in batches, prefix hits of 1 / block-1 / chunk+1 / several blocks"}
+          "(deterministic=true): needle alone vs in batches, mixed with sampling, prefix hits of 1 / block-1 / "
+          "chunk+1 / several blocks"}
 
 
 def run(active, level: str, make: Callable[..., Any] | None = None, plan: AuditPlan | None = None) -> dict:
