@@ -156,6 +156,19 @@ SCHEMAS: dict[str, str] = {
         "int ori_mask_mode=4, int cmp_mask_mode=3, int ori_win_left=127, int ori_win_right=0, "
         "str layout_q='BSND', str layout_kv='PA_ND', bool return_softmax_lse=False) -> (Tensor out, Tensor softmax_lse)"
     ),
+    "npu_kv_quant_sparse_attn_sharedkv_metadata": (
+        "npu_kv_quant_sparse_attn_sharedkv_metadata(int num_heads_q, int num_heads_kv, int head_dim, "
+        "int kv_quant_mode, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_ori_kv=None, "
+        "Tensor? cu_seqlens_cmp_kv=None, Tensor? seqused_q=None, Tensor? seqused_kv=None, int batch_size=0, "
+        "int max_seqlen_q=0, int max_seqlen_kv=0, int ori_topk=0, int cmp_topk=0, int tile_size=0, "
+        "int rope_head_dim=0, int cmp_ratio=-1, int ori_mask_mode=4, int cmp_mask_mode=3, int ori_win_left=127, "
+        "int ori_win_right=0, str layout_q='BSND', str layout_kv='PA_ND', bool has_ori_kv=True, "
+        "bool has_cmp_kv=True, str device='npu') -> Tensor"
+    ),
+    "kv_compress_epilog": (
+        "kv_compress_epilog(Tensor(a!) kv_compress_cache, Tensor x, Tensor slot_mapping, int quant_group_size, "
+        "int quant_mode, bool round_scale_flag, int layout) -> ()"
+    ),
     "npu_hc_pre_v2": (
         "npu_hc_pre_v2(Tensor x, Tensor hc_fn, Tensor hc_scale, Tensor hc_base, int hc_mult, int hc_sinkhorn_iters, "
         "float norm_eps, float hc_eps) -> (Tensor out0, Tensor out1, Tensor out2)"
@@ -188,7 +201,8 @@ _ATEN = "PyTorch 2.13 aten/src/ATen/native/native_functions.yaml (schema); NPU k
 #: (``torch.ops.aten`` on npu tensors). Operators absent here live in ``torch_npu``.
 NAMESPACES: dict[str, str] = {
     **{op: "_C_ascend" for op in ("npu_sparse_attn_sharedkv", "npu_sparse_attn_sharedkv_metadata",
-                                  "npu_kv_quant_sparse_attn_sharedkv", "npu_hc_pre_v2", "npu_hc_post",
+                                  "npu_kv_quant_sparse_attn_sharedkv", "npu_kv_quant_sparse_attn_sharedkv_metadata",
+                                  "kv_compress_epilog", "npu_hc_pre_v2", "npu_hc_post",
                                   "moe_gating_top_k_hash")},
     **{op: "aten" for op in SCHEMAS if op.startswith("aten_")},
 }
@@ -207,9 +221,30 @@ CITATIONS: dict[str, str] = {
         f"N1=64, KV_N=1, K2=512, ori_win_left 127, metadata required); called through device_op.py get_dsa_sparse_attn_op"),
     "npu_sparse_attn_sharedkv_metadata": f"{_BINDING}; csrc/attention/sparse_attn_sharedkv/README.md (metadata [1024] int32)",
     "npu_kv_quant_sparse_attn_sharedkv": (
-        f"{_BINDING}; csrc/attention/kv_quant_sparse_attn_sharedkv/README.md (950PR/DT only; kv_quant_mode 1, "
-        f"tile_size 64, rope_head_dim 64, 640-byte records: bf16 rope | e4m3 nope 448 | e8m0 scales 7 | pad). "
-        f"Recorded, not called: core/paging/formats.py has no such record"),
+        f"{_BINDING}; semantics and limits: csrc/attention/kv_quant_sparse_attn_sharedkv/README.md (950PR/DT only; q "
+        f"bf16 D 512, N1 64|128; ori_kv/cmp_kv float8_e4m3fn [NB, BS, 1, 640] PA_ND, BS a multiple of 16 <= 1024, one "
+        f"record = bf16 rope 64 (128 B) | e4m3 nope 448 | 7 e8m0 scales (tile 64) | zero pad to 640; kv_quant_mode 1, "
+        f"tile_size 64, rope_head_dim 64; sinks fp32 required; softmax_scale required; cmp_ratio 4|128, 1 without "
+        f"cmp_kv; cmp_sparse_indices int32 [T, 1, K2], K2 512|1024, valid entries first; ori_win_left 127, "
+        f"ori_win_right 0, mask modes 4/3); called as in {_VLLM_ASCEND} vllm_ascend/attention/dsa_v1.py (attn_op "
+        f"kwargs: cmp_ratio max(ratio, 1), cmp_sparse_indices only at ratio 4) with "
+        f"vllm_ascend/device/device_op.py A5DeviceAdaptor.get_dsa_sparse_attn_base_kwargs (kv_quant_mode 1, "
+        f"tile_size 64, rope_head_dim 64). The logical vector is [nope 448 | rope 64] (q's order; the rope part is "
+        f"x's last 64 channels in kv_compress_epilog), stored rope first"),
+    "npu_kv_quant_sparse_attn_sharedkv_metadata": (
+        f"{_BINDING} (returns int32 [1024]); csrc/attention/kv_quant_sparse_attn_sharedkv_metadata/README.md; called as "
+        f"in vllm_ascend/attention/dsa_v1.py (head_dim = the model's 512, cmp_ratio 1 | 4 | 128, cmp_topk = index_topk "
+        f"at ratio 4 else 0, has_cmp_kv = ratio > 1) with A5DeviceAdaptor.get_dsa_sparse_attn_metadata_kwargs "
+        f"(kv_quant_mode 1)"),
+    "kv_compress_epilog": (
+        f"{_BINDING} and its shape checks in torch_binding.cpp validate_kv_compress_epilog_inputs (x bf16 2-D, "
+        f"slot_mapping int32|int64 [T], cache float8_e4m3fn|e5m2, 4-D with head dim 1 squeezed; -1 slots skipped: "
+        f"op_kernel/kv_compress_epilog.h Process); called as in {_VLLM_ASCEND} vllm_ascend/device/device_op.py "
+        f"A5DeviceAdaptor.dsa_kv_compress_scatter (cache.view(-1, 1, D), quant_group_size 64, quant_mode 2, "
+        f"round_scale_flag True, layout 1). Semantics of that mode from op_kernel/kv_compress_epilog_common.h "
+        f"(group-64 MXFP8 path): per 64 channels of x[:, :448] scale = 2**ceil(log2(max(amax, 1e-4) / 448)) "
+        f"(amax times the fp32 reciprocal of 448), codes x / scale clamped to +-448 in e4m3, scale byte = its "
+        f"biased exponent; row = x[:, 448:] bf16 | codes | scales | zeros, at slot * row stride"),
     "npu_hc_pre_v2": (
         f"{_BINDING}; limits from its shape check in torch_binding.cpp (hc_mult 4, d 4096 or 7168, x bf16, "
         f"hc_fn fp32 [24, 4d], hc_scale [3], hc_base [24]; outputs y bf16, post fp32, comb fp32); called as in "

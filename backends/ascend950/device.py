@@ -140,12 +140,13 @@ def generation_of(soc_name: str) -> Generation:
     )
 
 
-# kv_dtype:fp8/fp4: FP8/FP4 KV records are written and read by the reference, visibly (a fallback event per
-# kv.write, attn.sparse_topk and indexer.scores call that meets records): vllm-ascend's quantised sparse
-# attention (npu_kv_quant_sparse_attn_sharedkv, kv_quant_mode=1) reads its own 640-byte FP8 record, which
-# core/paging/formats.py does not define, so it is recorded in the contract but not called
+# cache.kv_dtype: FP8 KV records (kv_dtype:fp8) only where the quantised operators exist (the 950:
+# kv_compress_epilog writes and npu_kv_quant_sparse_attn_sharedkv reads DeepSeek-V4's 640-byte record; the
+# storage pages the core's 584-byte fp8_ds_mla records in that arrangement, see kv_quant.py). A2/A3 have no
+# operator that reads FP8 records and no generation has one for FP4 (NVFP4/MXFP4) records: those values are
+# refused at start-up (cache.kv_dtype, by formats.check_backend) instead of running every KV op on the reference
 FEATURES_ALL = frozenset({"paged_attention", "fused_moe_routing", "grouped_gemm", "mc2_dispatch_combine",
-                          "hash_routing_table", "kv_dtype:fp8", "kv_dtype:fp4"})
+                          "hash_routing_table"})
 DTYPES = frozenset({"float16", "bfloat16", "float32", "int8"})
 
 
@@ -174,6 +175,8 @@ def profile_for(soc_name: str, device_index: int = 0, memory_bytes: int | None =
         dtypes |= {"fp4_e2m1"}
     if not gen.name.startswith("950"):  # bf16 sparse attention over shared KV: A2/A3 (its README: not 950)
         features.add("sparse_attn_sharedkv")
+    else:  # its quantised-KV variant and the MXFP8 KV write: 950PR/DT only (their READMEs / kernel config)
+        features |= {"kv_quant_sparse_attn_sharedkv", "kv_dtype:fp8"}
     return DeviceProfile(
         backend="ascend950",
         device_name=f"{soc_name} ({gen.name})",
@@ -307,12 +310,17 @@ class AscendKVStorage:
     handed out as the permuted view ``[NB, BS, 2, Hk, D]``: the logical layout of the op vocabulary,
     while ``cache[:, :, 0]`` and ``cache[:, :, 1]`` are each contiguous ``(blocknum, blocksize, Hk, D)``
     tensors, as ``npu_fused_infer_attention_score`` (page attention, ``(blocknum, blocksize, H)``) and
-    ``npu_scatter_pa_kv_cache`` (``cache_mode='Norm'``) require ("不支持非连续"). Other slots are plain
-    contiguous ``[NB, BS, *slot]``, ``NB`` being the group's own pool (``request.blocks_of(group)``).
+    ``npu_scatter_pa_kv_cache`` (``cache_mode='Norm'``) require ("不支持非连续"). With ``operator_records``
+    (the 950) a 584-byte uint8 slot (an FP8 ``fp8_ds_mla`` record of a 512-dim latent) gets a 640-byte row and
+    is handed out as its first 584 bytes, in the quantised operators' byte order (:mod:`.kv_quant`); ``nbytes``
+    counts the whole rows. Other slots are plain contiguous ``[NB, BS, *slot]``, ``NB`` being the group's own
+    pool (``request.blocks_of(group)``).
     """
 
-    def __init__(self, request: Any, device: str) -> None:
+    def __init__(self, request: Any, device: str, operator_records: bool = False) -> None:
         import torch
+
+        from inferhal.backends.ascend950 import kv_quant
 
         self.request = request
         self._caches: dict[tuple[str, int], torch.Tensor] = {}
@@ -323,6 +331,11 @@ class AscendKVStorage:
                 if len(g.slot_shape) == 3 and g.slot_shape[0] == 2:
                     planes = torch.zeros((2, nb, g.slots_per_block, *g.slot_shape[1:]), dtype=g.dtype, device=device)
                     cache = planes.permute(1, 2, 0, 3, 4)
+                elif operator_records and g.dtype == torch.uint8 and tuple(g.slot_shape) == (kv_quant.CORE_ROW,):
+                    # FP8 main records in the quantised operators' 640-byte rows (kv_quant.py)
+                    rows = torch.zeros((nb, g.slots_per_block, kv_quant.ROW), dtype=g.dtype, device=device)
+                    cache = rows[:, :, :kv_quant.CORE_ROW]
+                    self._bytes += rows.numel() - cache.numel()
                 else:
                     cache = torch.zeros((nb, g.slots_per_block, *g.slot_shape), dtype=g.dtype, device=device)
                 self._caches[(g.name, layer)] = cache

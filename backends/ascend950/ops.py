@@ -63,6 +63,8 @@ from inferhal.backends.ascend950.preconditions import HALF
 from inferhal.backends.reference import ops as ref
 from inferhal.backends.reference import attention as ref_attn
 from inferhal.backends.reference import moe as ref_moe
+from inferhal.backends.reference import kv_records
+from inferhal.backends.ascend950 import kv_quant
 from inferhal.core.ops.params import AttnBatch, AttnParams, ExpertsParams, KVWriteParams, RmsNormParams, RopeParams, RouteParams
 from inferhal.core.ops.quant import QuantWeight
 
@@ -76,10 +78,11 @@ NPU_OPS: dict[str, tuple[str, ...]] = {
     "lm_head": ("aten_linear",),
     "lm_head.argmax": ("aten_linear", "aten_argmax"),
     "attn.paged": ("npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2"),
-    "attn.sparse_topk": ("npu_sparse_attn_sharedkv_metadata", "npu_sparse_attn_sharedkv"),
+    "attn.sparse_topk": ("npu_sparse_attn_sharedkv_metadata", "npu_sparse_attn_sharedkv",
+                         "npu_kv_quant_sparse_attn_sharedkv_metadata", "npu_kv_quant_sparse_attn_sharedkv"),
     "indexer.scores": ("npu_lightning_indexer",),
     "topk.select": ("aten_sort_stable",),
-    "kv.write": ("npu_scatter_pa_kv_cache", "npu_scatter_nd_update_"),
+    "kv.write": ("npu_scatter_pa_kv_cache", "npu_scatter_nd_update_", "kv_compress_epilog"),
     "moe.route": ("npu_moe_gating_top_k", "moe_gating_top_k_hash"),
     "moe.experts": ("npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_swiglu", "npu_clipped_swiglu",
                     "npu_moe_finalize_routing"),
@@ -105,7 +108,7 @@ TRITON_OPS: dict[str, str] = {
 TRITON_TARGET = "ascend950"
 
 #: every feature a wrapper asks about (a profile without one makes that wrapper fall back)
-ALL_FEATURES = frozenset({"sparse_attn_sharedkv"})
+ALL_FEATURES = frozenset({"sparse_attn_sharedkv", "kv_quant_sparse_attn_sharedkv"})
 
 CAUSAL_MASK_SIZE = 2048  # sparse_mode 2/3/4 take an optimised (2048, 2048) mask
 
@@ -298,9 +301,10 @@ class NpuOps(V4Ops, DenseOps, EpOps):
     def kv_write(self, values: torch.Tensor, cache: torch.Tensor, slot_mapping: torch.Tensor,
                  p: KVWriteParams = KVWriteParams(), scale_cache: torch.Tensor | None = None) -> None:
         # values: [T, *slot]; cache: [NB, BS, *slot]; slot_mapping: [T], -1 = skip
-        if p.quant != "none" or p.record is not None:
-            what = f"{p.record.name} records" if p.record is not None else f"quant={p.quant!r}"
-            self._fallback("kv.write", f"{what}: quantising scatter is not wired")
+        if p.record is not None:
+            return self._kv_write_records(values, cache, slot_mapping, p)
+        if p.quant != "none":
+            self._fallback("kv.write", f"quant={p.quant!r}: the per-entry fp32-scale FP8 scatter is not wired")
             return ref.kv_write(values, cache, slot_mapping, p, scale_cache)
         keep = slot_mapping >= 0
         slots, v = slot_mapping[keep], values[keep].to(cache.dtype)
@@ -317,6 +321,40 @@ class NpuOps(V4Ops, DenseOps, EpOps):
             return ref.kv_write(values, cache, slot_mapping, p, scale_cache)
         flat = cache.view(nb * bs, -1)
         self.npu.npu_scatter_nd_update_(flat, slots.long().view(-1, 1), v.reshape(v.shape[0], -1).contiguous())
+        return None
+
+    def _kv_write_records(self, values, cache, slot_mapping, p: KVWriteParams) -> None:
+        """kv.write of FP8 records: kv_compress_epilog quantises and scatters into the 950's 640-byte rows
+        (kv_quant.py); outside its limits the reference encodes, in the rows' byte order when the cache has them."""
+        fmt = p.record
+        why = ""
+        if "kv_quant_sparse_attn_sharedkv" not in self.features:
+            why = f"{fmt.name} records: this generation has no quantising KV scatter (950 only)"
+        elif not self._has("kv_compress_epilog"):
+            why = "vllm-ascend's custom-op library (kv_compress_epilog) is not loadable"
+        elif not kv_quant.is_operator_record(fmt):
+            why = (f"{fmt.name} records of {fmt.dims} dims ({fmt.raw_dims} RoPE): kv_compress_epilog writes 448 e4m3 "
+                   f"+ 64 bf16 RoPE channels with e8m0 scales per 64")
+        elif not kv_quant.arranged(cache) or cache.shape[2] != fmt.nbytes:
+            why = "the cache is not in the operator's 640-byte rows (allocate through the ascend950 kv_storage)"
+        elif values.dtype != torch.bfloat16:
+            why = f"values {values.dtype}: kv_compress_epilog takes bf16"
+        if why:
+            self._fallback("kv.write", why)
+            if not kv_quant.arranged(cache) or cache.shape[2] != fmt.nbytes:
+                return ref.kv_write(values, cache, slot_mapping, p)
+            keep = slot_mapping >= 0  # the reference's bytes, laid out as the operator's rows
+            slots = slot_mapping[keep].long()
+            full = kv_quant.operator_pages(cache)
+            recs = kv_records.encode(values[keep].reshape(int(keep.sum()), -1), fmt)
+            full[slots // full.shape[1], slots % full.shape[1]] = kv_quant.from_core(recs, fmt)
+            return None
+        if values.shape[0] == 0:
+            return None
+        full = kv_quant.operator_pages(cache)
+        rows = full.view(torch.float8_e4m3fn).view(-1, 1, kv_quant.ROW)  # as vllm-ascend's cache.view(-1, 1, D)
+        self.npu.kv_compress_epilog(rows, values.reshape(values.shape[0], -1).contiguous(),
+                                    slot_mapping.to(torch.int32).contiguous(), 64, 2, True, 1)
         return None
 
     # ------------------------------------------------------------------------------------ moe.route

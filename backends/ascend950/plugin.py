@@ -74,7 +74,8 @@ def inferhal_provide_ops(profile, config):
 def inferhal_kv_storage(request, profile):
     from inferhal.backends.ascend950.device import AscendKVStorage
 
-    return AscendKVStorage(request, profile.torch_device)
+    return AscendKVStorage(request, profile.torch_device,
+                           operator_records=profile.supports("kv_quant_sparse_attn_sharedkv"))
 
 
 @hookimpl

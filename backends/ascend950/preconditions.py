@@ -237,6 +237,69 @@ def _check_sparse_meta(b: dict) -> None:
     require(b["num_heads_q"] == 64 and b["num_heads_kv"] == 1, op, "64 query heads over 1 KV head")
 
 
+def _check_kv_quant_sparse_attn(b: dict) -> None:
+    op = "npu_kv_quant_sparse_attn_sharedkv"
+    q = b["q"]
+    require(q.dtype == torch.bfloat16 and q.is_contiguous(), op, "q bf16, contiguous")
+    require(b["kv_quant_mode"] == 1, op, "kv_quant_mode 1 (per-tile e4m3 nope)")
+    require(b.get("tile_size", 0) == 64 and b.get("rope_head_dim", 0) == 64, op, "tile_size 64, rope_head_dim 64")
+    lq = b.get("layout_q", "BSND")
+    require(lq in ("TND", "BSND") and b.get("layout_kv", "PA_ND") == "PA_ND", op, "layout_q TND|BSND, layout_kv PA_ND")
+    require(q.shape[-1] == 512 and q.shape[-2] in (64, 128), op, "q D 512, N1 64|128")
+    if lq == "TND":
+        require(q.dim() == 3 and b.get("cu_seqlens_q") is not None, op, "TND q [T, N1, D] with cu_seqlens_q")
+    require(b.get("metadata") is not None and tuple(b["metadata"].shape) == (1024,), op, "metadata [1024] is required")
+    require(b.get("ori_win_left", 127) == 127 and b.get("ori_win_right", 0) == 0, op, "ori_win_left 127, ori_win_right 0")
+    require(b.get("ori_mask_mode", 4) == 4 and b.get("cmp_mask_mode", 3) == 3, op, "mask modes 4 (band) / 3 (causal)")
+    require(not b.get("return_softmax_lse", False), op, "return_softmax_lse False (reserved)")
+    require(b.get("softmax_scale", 0.0) > 0, op, "softmax_scale is required")
+    s = b.get("sinks")
+    require(s is not None and s.dtype == torch.float32 and tuple(s.shape) == (q.shape[-2],), op,
+            "sinks fp32 [N1] are required")
+    require(b.get("ori_kv") is not None, op, "ori_kv is required (every scenario has the window)")
+    for kv, table in (("ori_kv", "ori_block_table"), ("cmp_kv", "cmp_block_table")):
+        c = b.get(kv)
+        if c is None:
+            continue
+        require(c.dim() == 4 and c.shape[2] == 1 and c.shape[3] == 640, op, f"{kv} [NB, BS, 1, 640]")
+        require(c.dtype == torch.float8_e4m3fn and c.is_contiguous(), op, f"{kv} contiguous float8_e4m3fn")
+        require(c.shape[1] % 16 == 0 and c.shape[1] <= 1024, op, f"{kv} block size a multiple of 16 up to 1024")
+        t = b.get(table)
+        require(t is not None and t.dtype == torch.int32 and t.dim() == 2, op, f"{table} int32 [B, M]")
+    ratio = b.get("cmp_ratio", 0)
+    require(ratio in (4, 128) if b.get("cmp_kv") is not None else ratio == 1, op,
+            "cmp_ratio 4|128 with cmp_kv, 1 without")
+    idx = b.get("cmp_sparse_indices")
+    if idx is not None:
+        require(b.get("cmp_kv") is not None, op, "cmp_sparse_indices needs cmp_kv")
+        require(idx.dtype == torch.int32 and idx.dim() == 3 and idx.shape[1] == 1 and idx.shape[2] in (512, 1024),
+                op, "cmp_sparse_indices int32 [T, 1, 512|1024]")
+
+
+def _check_kv_quant_sparse_meta(b: dict) -> None:
+    op = "npu_kv_quant_sparse_attn_sharedkv_metadata"
+    require(b["num_heads_q"] in (64, 128) and b["num_heads_kv"] == 1 and b["head_dim"] == 512, op,
+            "64|128 query heads over 1 KV head, head_dim 512")
+    require(b["kv_quant_mode"] == 1, op, "kv_quant_mode 1")
+    require(b.get("cmp_ratio", -1) in ((4, 128) if b.get("has_cmp_kv", True) else (1,)), op,
+            "cmp_ratio 4|128 with compressed KV, 1 without")
+
+
+def _check_kv_compress_epilog(b: dict) -> None:
+    op = "kv_compress_epilog"
+    c, x, sm = b["kv_compress_cache"], b["x"], b["slot_mapping"]
+    require(x.dim() == 2 and min(x.shape) > 0 and x.dtype == torch.bfloat16, op, "x bf16 [T, D], T and D > 0")
+    require(sm.dim() == 1 and sm.shape[0] == x.shape[0] and sm.dtype in (torch.int32, torch.int64), op,
+            "slot_mapping int32|int64 [T]")
+    require(c.dtype in (torch.float8_e4m3fn, torch.float8_e5m2), op, "cache float8_e4m3fn|e5m2")
+    require(c.dim() in (3, 4) and (c.dim() == 3 or c.shape[2] == 1), op, "cache [N, 1, W] or [NB, BS, 1, W]")
+    require(b["quant_mode"] == 2 and b["quant_group_size"] == 64 and b["round_scale_flag"] is True
+            and b["layout"] == 1, op, "the mode DeepSeek-V4's window/compressed KV uses: quant_mode 2 (MXFP8), "
+                                      "group 64, round_scale_flag True, layout 1")
+    require(x.shape[1] == 512 and c.shape[-1] == 640, op, "x [T, 512] (448 quantised + 64 rope) into 640-byte rows")
+    require(c.dtype == torch.float8_e4m3fn, op, "e4m3 codes (the sparse attention reads e4m3)")
+
+
 def _check_hc_pre(b: dict) -> None:
     op = "npu_hc_pre_v2"
     x, fn, sc, base = b["x"], b["hc_fn"], b["hc_scale"], b["hc_base"]
@@ -321,6 +384,9 @@ CHECKS.update({
     "npu_lightning_indexer": [_check_lightning_indexer], "npu_sparse_attn_sharedkv": [_check_sparse_attn],
     "npu_sparse_attn_sharedkv_metadata": [_check_sparse_meta], "npu_hc_pre_v2": [_check_hc_pre],
     "npu_hc_post": [_check_hc_post], "moe_gating_top_k_hash": [_check_gating_hash],
+    "npu_kv_quant_sparse_attn_sharedkv": [_check_kv_quant_sparse_attn],
+    "npu_kv_quant_sparse_attn_sharedkv_metadata": [_check_kv_quant_sparse_meta],
+    "kv_compress_epilog": [_check_kv_compress_epilog],
     "npu_moe_distribute_dispatch": [_check_mc2_dispatch], "npu_moe_distribute_combine": [_check_mc2_combine],
     "aten_linear": [_check_aten_linear], "aten_embedding": [_check_aten_embedding],
     "aten_sort_stable": [_check_aten_sort], "aten_multinomial": [_check_aten_multinomial],

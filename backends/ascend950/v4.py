@@ -43,6 +43,7 @@ from inferhal.backends.reference import deepseek as ref_ds
 from inferhal.backends.reference import mhc as ref_mhc
 from inferhal.backends.reference import moe as ref_moe
 from inferhal.backends.reference.attention import gather_slots, token_seqs
+from inferhal.backends.ascend950 import kv_quant
 from inferhal.backends.ascend950.preconditions import HALF
 
 INDEXER_HEADS = (8, 16, 24, 32, 64)  # 950's allowed query head counts (A2/A3 take any count <= 64)
@@ -52,6 +53,8 @@ SPARSE_HEADS = 64
 SPARSE_TOPK = 512
 SPARSE_WINDOW = 128  # ori_win_left 127 + the query's own token
 SPARSE_RATIOS = (4, 128)
+QUANT_HEADS = (64, 128)  # npu_kv_quant_sparse_attn_sharedkv's N1
+QUANT_TOPK = (512, 1024)  # its K2
 HC_MULT = 4
 HC_DIMS = (4096, 7168)
 HC_MIX = (2 + HC_MULT) * HC_MULT  # 24
@@ -110,6 +113,8 @@ class V4Ops:
 
     def attn_sparse_topk(self, q, kv_cache, batch, comp_cache, comp_batch, topk_idx, p, sinks=None):
         # q: [T, H, D]; kv_cache: [NB, BS, D]; comp_cache: [NB', BS', D]; topk_idx: [T, K] -> [T, H, D]
+        if p.kv_format is not None:  # FP8 records: the 950's quantised-KV variant
+            return self._attn_sparse_quant(q, kv_cache, batch, comp_cache, comp_batch, topk_idx, p, sinks)
         t, h, d = q.shape
         use_cmp = comp_batch is not None and topk_idx is not None and topk_idx.shape[1] > 0
         # HCA passes every causally closed entry: the operator's scenario 2 (no indices, any count) is that
@@ -120,8 +125,6 @@ class V4Ops:
                    "whose 640-byte FP8 record core/paging/formats.py lacks)")
         elif not self._has("npu_sparse_attn_sharedkv"):
             why = "vllm-ascend's custom-op library (npu_sparse_attn_sharedkv) is not loadable"
-        elif p.kv_format is not None:
-            why = f"{p.kv_format.name} KV records: the quantised-KV variant is not wired"
         elif q.dtype not in HALF or kv_cache.dtype != q.dtype or (use_cmp and comp_cache.dtype != q.dtype):
             why = f"query {q.dtype} / caches {kv_cache.dtype}: the operator takes one fp16/bf16 dtype"
         elif p.window != SPARSE_WINDOW:
@@ -165,6 +168,76 @@ class V4Ops:
             if not every:
                 call["cmp_sparse_indices"] = _valid_first(topk_idx, SPARSE_TOPK).view(t, 1, SPARSE_TOPK)
         out, _lse = self.npu.npu_sparse_attn_sharedkv(qp, **call)
+        return out[:, :h].contiguous()
+
+    def _attn_sparse_quant(self, q, kv_cache, batch, comp_cache, comp_batch, topk_idx, p, sinks):
+        """attn.sparse_topk over FP8 records: npu_kv_quant_sparse_attn_sharedkv(_metadata) reads the 640-byte
+        rows of this backend's storage (kv_quant.py); any call outside its documented limits falls back."""
+        t, h, d = q.shape
+        fmt = p.kv_format
+        use_cmp = comp_batch is not None and topk_idx is not None and topk_idx.shape[1] > 0
+        every = use_cmp and _every_visible(topk_idx, batch.positions, comp_batch.tokens_per_slot)
+        ratio = int(comp_batch.tokens_per_slot) if use_cmp else 1
+        k2 = next((k for k in QUANT_TOPK if k >= topk_idx.shape[1]), 0) if use_cmp and not every else 0
+        why = ""
+        if "kv_quant_sparse_attn_sharedkv" not in self.features:
+            why = f"{fmt.name} KV records: this generation has no quantised-KV sparse attention (950 only)"
+        elif not self._has("npu_kv_quant_sparse_attn_sharedkv"):
+            why = "vllm-ascend's custom-op library (npu_kv_quant_sparse_attn_sharedkv) is not loadable"
+        elif not kv_quant.is_operator_record(fmt) or d != fmt.dims:
+            why = (f"{fmt.name} records of {fmt.dims} dims ({fmt.raw_dims} RoPE, {fmt.block}-channel {fmt.scale} "
+                   f"scales): the operator reads 448 e4m3 + 64 bf16 RoPE channels with e8m0 scales per 64")
+        elif not kv_quant.arranged(kv_cache) or (use_cmp and not kv_quant.arranged(comp_cache)):
+            why = "the caches are not in the operator's 640-byte rows (allocate through the ascend950 kv_storage)"
+        elif q.dtype != torch.bfloat16:
+            why = f"query {q.dtype}: the operator takes bf16"
+        elif p.window != SPARSE_WINDOW:
+            why = f"window {p.window}: the operator's band is fixed at {SPARSE_WINDOW} (ori_win_left 127)"
+        elif h > QUANT_HEADS[-1] or p.softcap > 0:
+            why = f"{h} heads / softcap {p.softcap}: the operator takes <= 128 heads (padded to 64|128), no softcap"
+        elif kv_cache.shape[1] % 16 or kv_cache.shape[1] > 1024:
+            why = f"block size {kv_cache.shape[1]}: the operator takes multiples of 16 up to 1024"
+        elif use_cmp and (ratio not in SPARSE_RATIOS or (not every and (ratio != 4 or not k2))
+                          or comp_cache.shape[1] % 16 or comp_cache.shape[1] > 1024):
+            why = (f"compression {ratio} / top-k {topk_idx.shape[1]}: the operator takes ratio 4 with <= "
+                   f"{QUANT_TOPK[-1]} selected entries or ratio 4|128 over every closed entry, 16-aligned blocks "
+                   f"<= 1024")
+        if why:
+            self._fallback("attn.sparse_topk", why)
+            return ref_ds.attn_sparse_topk(q, kv_quant.core_view(kv_cache, fmt), batch,
+                                           None if comp_cache is None else kv_quant.core_view(comp_cache, fmt),
+                                           comp_batch, topk_idx, p, sinks)
+        if t == 0:
+            return q.new_zeros(0, h, d)
+        heads = next(n for n in QUANT_HEADS if n >= h)
+        qp = q.new_zeros(t, heads, d)
+        qp[:, :h] = q
+        sk = torch.zeros(heads, dtype=torch.float32, device=q.device)
+        if sinks is not None:
+            sk[:h] = sinks.float()
+        else:  # the operator needs sinks: -inf adds nothing to the softmax denominator
+            sk[:] = float("-inf")
+        cu_q = batch.query_start_loc.to(torch.int32).contiguous()
+        used_kv = batch.seq_lens.to(torch.int32).contiguous()
+        qlens = batch.query_start_loc[1:] - batch.query_start_loc[:-1]
+        kw = dict(cu_seqlens_q=cu_q, seqused_kv=used_kv, cmp_ratio=ratio, ori_mask_mode=4, cmp_mask_mode=3,
+                  ori_win_left=127, ori_win_right=0, layout_q="TND", layout_kv="PA_ND")
+        meta = self.npu.npu_kv_quant_sparse_attn_sharedkv_metadata(
+            heads, 1, d, 1, batch_size=batch.num_seqs, max_seqlen_q=int(qlens.max()),
+            max_seqlen_kv=int(used_kv.max()), cmp_topk=k2, has_ori_kv=True, has_cmp_kv=use_cmp, **kw)
+
+        def rows(cache):  # [NB, BS, 1, 640] float8_e4m3fn over this backend's pages
+            full = kv_quant.operator_pages(cache)
+            return full.view(torch.float8_e4m3fn).view(*full.shape[:2], 1, kv_quant.ROW)
+
+        call = dict(ori_kv=rows(kv_cache), ori_block_table=batch.block_table.to(torch.int32).contiguous(), sinks=sk,
+                    metadata=meta, tile_size=kv_quant.TILE, rope_head_dim=kv_quant.ROPE, softmax_scale=float(p.scale),
+                    **kw)
+        if use_cmp:
+            call.update(cmp_kv=rows(comp_cache), cmp_block_table=comp_batch.block_table.to(torch.int32).contiguous())
+            if not every:
+                call["cmp_sparse_indices"] = _valid_first(topk_idx, k2).view(t, 1, k2)
+        out, _lse = self.npu.npu_kv_quant_sparse_attn_sharedkv(qp, 1, **call)
         return out[:, :h].contiguous()
 
     # ------------------------------------------------------------------------------------ mhc

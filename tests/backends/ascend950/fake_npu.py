@@ -258,6 +258,58 @@ class FakeNpu:
                 out[r] = (p[:, : kv.shape[0]] if sinks is not None else p) @ kv
         return out.to(q.dtype), torch.zeros(1)
 
+    # ------------------------------------------------------------------ the 950's FP8 KV (contract.CITATIONS)
+    def kv_compress_epilog(self, kv_compress_cache, x, slot_mapping, quant_group_size, quant_mode, round_scale_flag,
+                           layout):
+        # quant_mode 2, layout 1 (kernel header): per group of x[:, :448] scale = 2**ceil(log2(max(amax, 1e-4) *
+        # fp32(1/448))), codes = x / scale clamped to +-448 as e4m3, scale byte = biased exponent; row = x[:, 448:]
+        # as bf16 | codes | scales | zeros, written at row slot (slot -1: skipped)
+        assert quant_mode == 2 and layout == 1 and round_scale_flag
+        rows = kv_compress_cache.view(torch.uint8).view(-1, kv_compress_cache.shape[-1])
+        g, nope = quant_group_size, x.shape[1] - 64
+        keep = slot_mapping >= 0
+        xf = x[keep].float()
+        blocks = xf[:, :nope].reshape(xf.shape[0], nope // g, g)
+        s = blocks.abs().amax(-1).clamp(min=1e-4) * torch.tensor(1 / 448, dtype=torch.float32)
+        mant, exp = torch.frexp(s)
+        e = torch.where(mant == 0.5, exp - 1, exp)  # a power of two is its own ceiling
+        codes = (blocks / torch.exp2(e.float())[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+        out = torch.zeros(xf.shape[0], rows.shape[1], dtype=torch.uint8)
+        out[:, :128] = x[keep][:, nope:].to(torch.bfloat16).contiguous().view(torch.uint8)
+        out[:, 128:128 + nope] = codes.view(torch.uint8).reshape(xf.shape[0], nope)
+        out[:, 128 + nope:128 + nope + nope // g] = (e + 127).to(torch.uint8)
+        rows[slot_mapping[keep].long()] = out
+
+    def npu_kv_quant_sparse_attn_sharedkv_metadata(self, num_heads_q, num_heads_kv, head_dim, kv_quant_mode, **unused):
+        return torch.zeros(1024, dtype=torch.int32)  # the AI-CPU core split: opaque, only its shape is documented
+
+    def npu_kv_quant_sparse_attn_sharedkv(self, q, kv_quant_mode, ori_kv=None, cmp_kv=None, ori_sparse_indices=None,
+                                          cmp_sparse_indices=None, ori_block_table=None, cmp_block_table=None,
+                                          cu_seqlens_q=None, seqused_kv=None, sinks=None, metadata=None, tile_size=0,
+                                          rope_head_dim=0, softmax_scale=0.0, cmp_ratio=0, ori_win_left=127,
+                                          layout_q="BSND", **unused):
+        # README: as npu_sparse_attn_sharedkv, over 640-byte rows dequantised first: rope bf16 (128 B) | e4m3 nope
+        # 448 | e8m0 scales, one per tile_size; K~ = V~ = [nope * scale | rope] (q's channel order)
+        def dequant(c, table):  # the blocks the table lists (the rest of the pool is never read)
+            used = table[table >= 0].long().unique()
+            out = torch.zeros(c.shape[0], c.shape[1], 1, 512)
+            r = c[used].view(torch.uint8).reshape(len(used), c.shape[1], c.shape[-1])
+            nope = 512 - rope_head_dim
+            rope = r[..., :2 * rope_head_dim].contiguous().view(torch.bfloat16).float()
+            codes = r[..., 2 * rope_head_dim:2 * rope_head_dim + nope].contiguous().view(torch.float8_e4m3fn).float()
+            sb = r[..., 2 * rope_head_dim + nope:2 * rope_head_dim + nope + nope // tile_size].float()
+            scale = torch.where(sb == 0, torch.zeros(()), torch.exp2(sb - 127))
+            vals = codes.view(*codes.shape[:2], nope // tile_size, tile_size) * scale[..., None]
+            out[used] = torch.cat((vals.reshape(*codes.shape), rope), -1)[:, :, None]
+            return out  # [NB, BS, 1, 512]
+
+        return self.npu_sparse_attn_sharedkv(
+            q, ori_kv=dequant(ori_kv, ori_block_table),
+            cmp_kv=None if cmp_kv is None else dequant(cmp_kv, cmp_block_table),
+            cmp_sparse_indices=cmp_sparse_indices, ori_block_table=ori_block_table, cmp_block_table=cmp_block_table,
+            cu_seqlens_q=cu_seqlens_q, seqused_kv=seqused_kv, sinks=sinks, softmax_scale=softmax_scale,
+            cmp_ratio=cmp_ratio, ori_win_left=ori_win_left, layout_q=layout_q)
+
     def npu_hc_pre_v2(self, x, hc_fn, hc_scale, hc_base, hc_mult, hc_sinkhorn_iters, norm_eps, hc_eps):
         # mHC entry as transformers' DeepSeek-V4 computes it: RMS-normalised flat streams times hc_fn, then
         # pre = sigmoid + eps, post = 2 sigmoid, comb = softmax + eps, Sinkhorn (columns first); y = sum pre*x

@@ -196,7 +196,7 @@ def test_kv_write_planes_and_latent(npu_ops, recorder):
     assert torch.equal(latent, expect) and recorder.calls[-1].op == "npu_scatter_nd_update_"
     npu_ops.kv_write(lv, latent, torch.tensor([0, 9, 33]), KVWriteParams(quant="fp8"), torch.zeros(4, 16))
     assert npu_ops.events[-1][0] == "kv.write"
-    # FP8/FP4 KV records (cache.kv_dtype): not wired to torch_npu; the reference writes them, visibly
+    # FP4 KV records: no Ascend operator writes them; the reference does, visibly (FP8: test_kv_quant.py)
     from inferhal.core.paging import formats
 
     fmt = formats.record("fp4", 64, 16, role="main")
@@ -205,7 +205,8 @@ def test_kv_write_planes_and_latent(npu_ops, recorder):
     npu_ops.kv_write(lv[:, 0], rec, torch.tensor([0, 9, 33]), KVWriteParams(record=fmt))
     ref.kv_write(lv[:, 0], expect, torch.tensor([0, 9, 33]), KVWriteParams(record=fmt))
     assert torch.equal(rec, expect) and len(recorder.calls) == n
-    assert npu_ops.events[-1] == ("kv.write", "nvfp4 records: quantising scatter is not wired")
+    assert npu_ops.events[-1] == ("kv.write", "nvfp4 records of 64 dims (0 RoPE): kv_compress_epilog writes 448 "
+                                              "e4m3 + 64 bf16 RoPE channels with e8m0 scales per 64")
 
 
 # ------------------------------------------------------------------------------------------ MoE
