@@ -187,6 +187,11 @@ class Engine:
         self._prompts[rid] = text
         return req
 
+    def discard(self, request_id: str) -> None:
+        """Forget a request made by :meth:`make_request` but never added (e.g. one checked here and run
+        elsewhere): nothing of it stays."""
+        self._prompts.pop(str(request_id), None)
+
     def grammars(self):
         """The structured-output grammar compiler of this engine's tokenizer and vocabulary (built once)."""
         if self._grammars is None:
@@ -229,7 +234,7 @@ class Engine:
             if any(str(p.state["request_id"]) == rid for p in self._transfers):
                 raise RequestError(f"request id {rid!r} is already in use")
             self.make_request(st["prompt_token_ids"], SamplingParams(**st["params"]), rid)  # checks, or raises
-            self._prompts.pop(rid, None)
+            self.discard(rid)
             self._transfers.append(payload)
         return rid
 
@@ -239,7 +244,7 @@ class Engine:
         try:
             import_request(self, payload)
         except NoRoomNow:
-            self._prompts.pop(str(payload.state["request_id"]), None)
+            self.discard(str(payload.state["request_id"]))
             return False
         return True
 

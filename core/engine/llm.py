@@ -104,6 +104,11 @@ class LLM:
                  **options: Any) -> None:
         cfg = compose_config(model if loaded_model is None else None,
                              backend if active_backend is None else None, overrides, **options)
+        ep, dp = int(cfg.parallel.ep), int(cfg.parallel.dp)
+        if ep > 1 or dp > 1:  # this object is one process: the layout would be ignored, so it is refused
+            raise UserError(f"LLM(...) runs in one process; parallel.ep={ep} parallel.dp={dp} needs one process per "
+                            f"rank: `inferhal generate parallel=...` spawns them (or, on each rank, "
+                            f"inferhal.core.parallel.ep_generate.ep_llm / dp_llm)")
         self._build(cfg, loaded_model, active_backend, "max_model_len" in options)
 
     @classmethod

@@ -205,7 +205,7 @@ class DPEngine:
             if r == me:
                 eng.add(req)
             else:
-                eng._prompts.pop(req.request_id, None)  # make_request kept its text for an output made elsewhere
+                eng.discard(req.request_id)  # made here only to be checked: it runs on another rank
         self.placements.append(ranks)
         self.pending = []
 

@@ -84,3 +84,13 @@ def test_bad_request_leaves_others_untouched(llm):
         for o in eng.step():
             outs[o.request_id] = o
     assert outs[good].token_ids == llm.generate(["fine prompt"], GREEDY)[0].token_ids
+
+
+def test_llm_refuses_a_parallel_layout_it_would_run_in_one_process():
+    import pytest
+
+    from inferhal import LLM
+    from inferhal.core.errors import UserError
+
+    with pytest.raises(UserError, match=r"LLM\(\.\.\.\) runs in one process; parallel.ep=2 parallel.dp=2"):
+        LLM("deepseek_v4_tiny", overrides=["parallel=dep2"])
