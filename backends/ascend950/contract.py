@@ -103,6 +103,10 @@ SCHEMAS: dict[str, str] = {
         "npu_dynamic_quant(Tensor input, *, Tensor? smooth_scales=None, Tensor? group_index=None, "
         "int? dst_type=None, str quant_mode=\"pertoken\", float dst_type_max=0.0) -> (Tensor, Tensor)"
     ),
+    "npu_dynamic_mx_quant": (
+        "npu_dynamic_mx_quant(Tensor input, *, int axis=-1, str round_mode=\"rint\", ScalarType dst_type, "
+        "int? scale_alg=None, float dst_type_max=0.0) -> (Tensor, Tensor)"
+    ),
     "npu_grouped_matmul_swiglu_quant": (
         "npu_grouped_matmul_swiglu_quant(Tensor x, Tensor weight, Tensor group_list, Tensor weight_scale, "
         "Tensor x_scale, *, Tensor? bias=None, Tensor? offset=None) -> (Tensor, Tensor, Tensor)"
@@ -256,6 +260,22 @@ CITATIONS: dict[str, str] = {
         f"{_BINDING}; norm_type 2 = sqrt(softplus), renorm 0 only, group_count 1 with norm_type 2: "
         f"csrc/moe/moe_gating_top_k_hash/op_host/moe_gating_top_k_hash_tiling.cpp; called as in "
         f"vllm_ascend/ops/fused_moe/router/fused_topk_router.py (sqrtsoftplus, input_ids int64, tid2eid int32)"),
+    "npu_dynamic_mx_quant": (
+        "op-plugin 26.0.0 op_plugin/ops/opapi/DynamicMxQuantKernelNpuOpApi.cpp (arguments input, axis, round_mode, "
+        "dst_type, block size 32 by default, scale_alg, dst_type_max; the block-size keyword is not recorded: it is "
+        "never passed); semantics: CANN ops-nn quant/dynamic_mx_quant/docs/aclnnDynamicMxQuant.md (950PR/DT only; "
+        "scale_alg 0: per 32 values along axis mxscale = 2**(floor(log2(amax)) - emax), emax 8 for e4m3, y = "
+        "cast(x / mxscale)); called as in vllm-ascend@182b75ea84 vllm_ascend/ops/fused_moe/prepare_finalize.py "
+        "(W8A8MXFP / W4A8MXFP: dst_type=torch.float8_e4m3fn) with the scale's [M, K/64, 2] layout of "
+        "device_op.py A5DeviceAdaptor.maybe_normalize_mxfp_scale_layout"),
+    "npu_grouped_matmul": (
+        f"{SOURCE}; the MXFP8 use (W8A8MXFP) as in {_VLLM_ASCEND} vllm_ascend/device/device_op.py "
+        f"A5DeviceAdaptor.npu_grouped_matmul_gmm2 (x e4m3 with per_token_scale [M, K/64, 2] e8m0, weight e4m3 "
+        f"[E, K, N] (the checkpoint's [E, N, K] transposed) with scale [E, K/64, N, 2] e8m0, as "
+        f"vllm_ascend/quantization/methods/w8a8_mxfp8.py process_weights_after_loading lays them out; split_item 2, "
+        f"group_type 0). vllm-ascend passes uint8 scales with scale_dtype / per_token_scale_dtype = "
+        f"float8_e8m0fnu; the wrapper passes float8_e8m0fnu tensors instead (torch 2.13's own dtype): that reading "
+        f"is the first thing a hardware run of the MX path must confirm"),
     "npu_gelu": ("hiascend.com Pytorch 7.0.0 API reference, torch_npu.npu_gelu (ptaoplist_001234): approximate "
                  "'none' (erf) | 'tanh'; fp16/bf16/fp32; it notes that torch's own gelu on the NPU ignores "
                  "approximate and uses tanh, hence this operator"),
@@ -366,6 +386,7 @@ def _check_kind(op: str, p: Param, v: Any) -> None:
         "SymInt[]": lambda x: isinstance(x, (list, tuple)) and all(isinstance(i, int) for i in x),
         "SymInt": lambda x: isinstance(x, int) and not isinstance(x, bool),
         "Generator": lambda x: isinstance(x, torch.Generator),
+        "ScalarType": lambda x: isinstance(x, torch.dtype),
     }[p.kind]
     if not ok(v):
         raise ContractError(f"torch_npu.{op}: {p.name} must be {p.kind}, got {type(v).__name__}")

@@ -64,7 +64,7 @@ from inferhal.backends.reference import ops as ref
 from inferhal.backends.reference import attention as ref_attn
 from inferhal.backends.reference import moe as ref_moe
 from inferhal.backends.reference import kv_records
-from inferhal.backends.ascend950 import kv_quant
+from inferhal.backends.ascend950 import kv_quant, mx
 from inferhal.core.ops.params import AttnBatch, AttnParams, ExpertsParams, KVWriteParams, RmsNormParams, RopeParams, RouteParams
 from inferhal.core.ops.quant import QuantWeight
 
@@ -85,7 +85,7 @@ NPU_OPS: dict[str, tuple[str, ...]] = {
     "kv.write": ("npu_scatter_pa_kv_cache", "npu_scatter_nd_update_", "kv_compress_epilog"),
     "moe.route": ("npu_moe_gating_top_k", "moe_gating_top_k_hash"),
     "moe.experts": ("npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_swiglu", "npu_clipped_swiglu",
-                    "npu_moe_finalize_routing"),
+                    "npu_moe_finalize_routing", "npu_dynamic_mx_quant"),
     "moe.dispatch": ("npu_moe_distribute_dispatch",),
     "moe.combine": ("npu_moe_distribute_combine",),
     "mhc.pre": ("npu_hc_pre_v2",),
@@ -108,7 +108,7 @@ TRITON_OPS: dict[str, str] = {
 TRITON_TARGET = "ascend950"
 
 #: every feature a wrapper asks about (a profile without one makes that wrapper fall back)
-ALL_FEATURES = frozenset({"sparse_attn_sharedkv", "kv_quant_sparse_attn_sharedkv"})
+ALL_FEATURES = frozenset({"sparse_attn_sharedkv", "kv_quant_sparse_attn_sharedkv", "mxfp8"})
 
 CAUSAL_MASK_SIZE = 2048  # sparse_mode 2/3/4 take an optimised (2048, 2048) mask
 
@@ -126,6 +126,7 @@ class NpuOps(V4Ops, DenseOps, EpOps):
         if group_name is not None:
             self.group_name = group_name
         self.events: list[tuple[str, str]] = []
+        self._mx_cache: dict[int, tuple[Any, Any]] = {}
         self._masks: dict[tuple[str, str], torch.Tensor] = {}
 
     def table(self) -> dict[str, Callable[..., Any]]:
@@ -389,11 +390,19 @@ class NpuOps(V4Ops, DenseOps, EpOps):
     def moe_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gate_up, w_down,
                     p: ExpertsParams) -> torch.Tensor:
         # x: [T, D]; w_gate_up: [E, 2I, D]; w_down: [E, D, I]
-        if isinstance(w_gate_up, QuantWeight) or isinstance(w_down, QuantWeight):
-            self._fallback("moe.experts", "QuantWeight experts: MXFP4/MXFP8 repacking for npu_grouped_matmul is not wired")
-            return ref_moe.moe_experts(x, weights, ids, w_gate_up, w_down, p)
+        quant = isinstance(w_gate_up, QuantWeight) or isinstance(w_down, QuantWeight)
+        why = ""
         if x.dtype not in HALF:
-            self._fallback("moe.experts", f"dtype {x.dtype}: grouped matmul is wired for fp16/bf16")
+            why = f"dtype {x.dtype}: grouped matmul is wired for fp16/bf16"
+        elif quant:
+            mx13, mx2 = self._mx(w_gate_up), self._mx(w_down)
+            why = next((f"{name}: {m}" for name, m in (("gate/up", mx13), ("down", mx2)) if isinstance(m, str)), "")
+            if not why and "mxfp8" not in self.features:
+                why = "MX experts: this generation has no MXFP8 grouped matmul (950 only)"
+            elif not why and not self._has("npu_dynamic_mx_quant"):
+                why = "npu_dynamic_mx_quant is not available in this torch_npu"
+        if why:
+            self._fallback("moe.experts", why)
             return ref_moe.moe_experts(x, weights, ids, w_gate_up, w_down, p)
         t, k = ids.shape
         e = w_gate_up.shape[0]
@@ -404,15 +413,40 @@ class NpuOps(V4Ops, DenseOps, EpOps):
             x, ids32, active_num=t * k, expert_num=e, drop_pad_mode=0, expert_tokens_num_type=1,
             expert_tokens_num_flag=True, quant_mode=-1, active_expert_range=[0, e], row_idx_type=0)
         gmm = dict(group_list=counts, split_item=2, group_type=0, group_list_type=1)
-        gu = self.npu.npu_grouped_matmul([expanded_x], [w_gate_up.to(x.dtype).transpose(1, 2)], **gmm)[0]
+        if quant:  # W8A8MXFP: activations MX-quantised per 32 along K, weights MXFP8 [E, K, N]
+            gu = self._gmm_mx(expanded_x, mx13, gmm)
+        else:
+            gu = self.npu.npu_grouped_matmul([expanded_x], [w_gate_up.to(x.dtype).transpose(1, 2)], **gmm)[0]
         if p.swiglu_limit > 0:
             act = self.npu.npu_clipped_swiglu(gu, dim=-1, alpha=1.0, limit=float(p.swiglu_limit), bias=0.0,
                                               interleaved=False)
         else:
             act = self.npu.npu_swiglu(gu, dim=-1)
-        y = self.npu.npu_grouped_matmul([act], [w_down.to(x.dtype).transpose(1, 2)], **gmm)[0]
+        if quant:
+            y = self._gmm_mx(act, mx2, gmm)
+        else:
+            y = self.npu.npu_grouped_matmul([act], [w_down.to(x.dtype).transpose(1, 2)], **gmm)[0]
         return self.npu.npu_moe_finalize_routing(y, None, None, None, scales.to(x.dtype), src_to_dst, ids32,
                                                  drop_pad_mode=0, k=k)
+
+    def _mx(self, w):
+        """A QuantWeight's MXFP8 form (converted once per weight object), or why it has none."""
+        if not isinstance(w, QuantWeight):
+            return "a bf16 weight beside a quantised one (the MX path takes both quantised)"
+        hit = self._mx_cache.get(id(w))
+        if hit is None or hit[0] is not w:
+            hit = self._mx_cache[id(w)] = (w, mx.mx_weight(w))
+        return hit[1]
+
+    def _gmm_mx(self, h: torch.Tensor, w_mx, gmm: dict) -> torch.Tensor:
+        # h: [M, K] fp16/bf16 -> npu_dynamic_mx_quant -> e4m3 [M, K] + e8m0 [M, K/64, 2] -> [M, N] in h's dtype
+        hq, hs = self.npu.npu_dynamic_mx_quant(h.contiguous(), dst_type=torch.float8_e4m3fn)
+        if hs.dim() == 2:  # the [M, K/64, 2] pairs, as vllm-ascend's maybe_normalize_mxfp_scale_layout
+            hs = hs.reshape(hs.shape[0], -1, 2)
+        data, scale = w_mx
+        out_dtype = 1 if h.dtype == torch.float16 else 27  # aclDataType: ACL_FLOAT16=1, ACL_BF16=27
+        return self.npu.npu_grouped_matmul([hq], [data], scale=[scale], per_token_scale=[hs], output_dtype=out_dtype,
+                                           **gmm)[0]
 
     def experts_w8a8(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13_nz: torch.Tensor,
                      w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> torch.Tensor:

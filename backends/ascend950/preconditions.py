@@ -134,7 +134,19 @@ def _check_gmm(b: dict) -> None:
     require(gl is not None and gl.dim() == 1 and gl.shape[0] == w.shape[0] and gl.dtype == torch.int64, op,
             "group_list int64 [E]")
     require(b.get("group_list_type") == 1, op, "group_list_type 1 (per-group counts)")
-    if x.dtype != torch.int8:
+    if x.dtype == torch.float8_e4m3fn:  # MXFP8 (W8A8MXFP): e8m0 scales per 32 along K, in pairs
+        e8 = torch.float8_e8m0fnu
+        sc, pt = b.get("scale"), b.get("per_token_scale")
+        require(w.dtype == x.dtype, op, "MXFP8: weight e4m3 like x")
+        require(x.shape[1] % 64 == 0, op, "MXFP8: K a multiple of 64 (scales [.., K/64, .., 2])")
+        require(sc is not None and len(sc) == 1 and sc[0].dtype == e8 and
+                tuple(sc[0].shape) == (w.shape[0], x.shape[1] // 64, w.shape[2], 2), op,
+                "MXFP8: scale [E, K/64, N, 2] float8_e8m0fnu")
+        require(pt is not None and len(pt) == 1 and pt[0].dtype == e8 and
+                tuple(pt[0].shape) == (x.shape[0], x.shape[1] // 64, 2), op,
+                "MXFP8: per_token_scale [M, K/64, 2] float8_e8m0fnu")
+        require(b.get("output_dtype") in (1, 27), op, "MXFP8: output_dtype fp16 (1) | bf16 (27)")
+    elif x.dtype != torch.int8:
         require(w.dtype == x.dtype, op, "x and weight share a floating dtype")
 
 
@@ -160,6 +172,15 @@ def _check_finalize(b: dict) -> None:
 
 def _check_dyn_quant(b: dict) -> None:
     require(b["input"].dtype in HALF, "npu_dynamic_quant", "input must be fp16/bf16")
+
+
+def _check_dyn_mx_quant(b: dict) -> None:
+    op = "npu_dynamic_mx_quant"
+    x = b["input"]
+    require(x.dtype in HALF + (torch.float32,) and 1 <= x.dim() <= 7, op, "input fp16/bf16/fp32, 1-7 dims")
+    require(b["dst_type"] == torch.float8_e4m3fn, op, "dst_type float8_e4m3fn (the MXFP8 activations wired)")
+    require(b.get("axis", -1) in (-1, x.dim() - 1), op, "axis -1 (per row, along K)")
+    require(b.get("scale_alg") in (None, 0), op, "scale_alg 0 (OCP MX: floor(log2(amax)) - emax)")
 
 
 def _check_gmm_swiglu_quant(b: dict) -> None:
@@ -400,5 +421,6 @@ CHECKS.update({
     "npu_moe_gating_top_k": [_check_gating], "npu_moe_init_routing_v2": [_check_init_routing],
     "npu_grouped_matmul": [_check_gmm], "npu_swiglu": [_check_swiglu], "npu_clipped_swiglu": [_check_swiglu],
     "npu_moe_finalize_routing": [_check_finalize], "npu_dynamic_quant": [_check_dyn_quant],
+    "npu_dynamic_mx_quant": [_check_dyn_mx_quant],
     "npu_grouped_matmul_swiglu_quant": [_check_gmm_swiglu_quant],
 })

@@ -151,6 +151,16 @@ class FakeNpu:
         xx, w = x[0], weight[0]
         out = torch.zeros(xx.shape[0], w.shape[2], dtype=torch.float32)
         start = 0
+        if xx.dtype == torch.float8_e4m3fn:  # MXFP8: x [M, K] with e8m0 [M, K/64, 2], weight [E, K, N] with
+            # e8m0 [E, K/64, N, 2]: each operand times 2**(byte - 127) per 32 along K, products summed in fp32
+            def e8(t):
+                return torch.exp2(t.view(torch.uint8).float() - 127)
+
+            k = xx.shape[1]
+            xs = e8(per_token_scale[0]).reshape(xx.shape[0], k // 32).repeat_interleave(32, -1)
+            ws = e8(scale[0]).permute(0, 1, 3, 2).reshape(w.shape[0], k // 32, w.shape[2]).repeat_interleave(32, 1)
+            xx, w = xx.float() * xs, w.float() * ws
+            scale = per_token_scale = None
         for e, n in enumerate(group_list.tolist()):
             seg = xx[start:start + n].float() @ w[e].float()
             if scale is not None:
@@ -172,6 +182,19 @@ class FakeNpu:
     def npu_dynamic_quant(self, input, *, smooth_scales=None, group_index=None, dst_type=None, **unused):
         scale = input.float().abs().amax(-1).clamp(min=1e-12) / 127.0
         return torch.round(input.float() / scale[:, None]).clamp(-128, 127).to(torch.int8), scale
+
+    def npu_dynamic_mx_quant(self, input, *, axis=-1, round_mode="rint", dst_type, scale_alg=None, dst_type_max=0.0):
+        # aclnnDynamicMxQuant, scale_alg 0: per 32 values of the last axis mxscale = 2**(floor(log2(amax)) - 8)
+        # (emax of e4m3), y = x / mxscale cast to e4m3 (saturated at 448: the reading of the cast this fake takes);
+        # an all-zero block gets the smallest scale. mxscale as e8m0, in pairs: [..., K/64, 2]
+        x = input.float()
+        blocks = x.reshape(*x.shape[:-1], x.shape[-1] // 32, 32)
+        amax = blocks.abs().amax(-1)
+        _, ex = torch.frexp(amax)  # amax = m * 2**ex with m in [0.5, 1): floor(log2 amax) = ex - 1
+        e = torch.where(amax > 0, ex - 1 - 8, torch.full_like(ex, -127)).clamp(-127, 127)
+        y = (blocks / torch.exp2(e.float())[..., None]).clamp(-448, 448).to(torch.float8_e4m3fn)
+        sc = (e + 127).to(torch.uint8).view(torch.float8_e8m0fnu)
+        return y.reshape(x.shape), sc.reshape(*x.shape[:-1], x.shape[-1] // 64, 2)
 
     # ------------------------------------------------------------------ MC2 (single EP rank)
     def npu_moe_distribute_dispatch(self, x, expert_ids, group_ep, ep_world_size, ep_rank_id, moe_expert_num, *,
