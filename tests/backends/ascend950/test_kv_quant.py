@@ -170,3 +170,27 @@ def test_quantised_sparse_attention_falls_back_per_call_and_says_why(recorder, c
     assert torch.equal(got, ref_ds.attn_sparse_topk(q, core, batch, ccore, cbatch, idx, p, sinks))
     assert len(ops.events) == 1 and ops.events[0][0] == "attn.sparse_topk" and why in ops.events[0][1]
     assert not recorder.calls
+
+
+def test_out_of_limits_call_under_strict_is_an_error_naming_the_limit(recorder):
+    from inferhal.backends.ascend950.ops import NpuOps
+    from inferhal.core.ops.table import StrictFallbackError
+
+    g = torch.Generator().manual_seed(5)
+    q, _, (rows, crows), batch, cbatch, idx, p, sinks = quant_case(g)
+    strict = NpuOps(recorder, strict=True)
+    with pytest.raises(StrictFallbackError, match="window 64: the operator's band is fixed at 128"):
+        strict.attn_sparse_topk(q, rows, batch, crows, cbatch, idx, dataclasses.replace(p, window=64), sinks)
+    with pytest.raises(StrictFallbackError, match="kv_compress_epilog takes bf16"):
+        strict.kv_write(torch.randn(2, 512), rows, torch.tensor([0, 1]), KVWriteParams(record=FMT))
+    assert not recorder.calls and not strict.events
+
+
+@pytest.mark.parametrize("soc,kv_dtype", [("Ascend910_9392", "fp8"), ("Ascend950PR_9589", "fp4"),
+                                          ("Ascend910B2", "fp4")])
+def test_kv_formats_no_operator_reads_are_refused_at_start_up(soc, kv_dtype):
+    from inferhal.core.errors import UserError
+
+    with pytest.raises(UserError, match=f"cache.kv_dtype={kv_dtype} is refused: backend 'ascend950' reads KV caches in"):
+        formats.check_backend("ascend950", profile_for(soc), kv_dtype)
+    formats.check_backend("ascend950", profile_for(soc), "auto")
