@@ -25,6 +25,8 @@ kv.write           npu_scatter_pa_kv_cache (K,V planes)            key/value [T,
                    npu_scatter_nd_update_ (other slots)            cache_mode='Norm' (ND), slot_mapping int32 in
                                                                    [0, NB*BS) unique; nd_update: self [NB*BS, F],
                                                                    indices [n,1] int64, updates [n, F]
+(FP8 records)      kv_compress_epilog (_C_ascend, 950)             bf16 [T, 512] -> 640-byte rows (kv_quant.py):
+                                                                   group 64, quant_mode 2, round scale, layout 1
 moe.route          npu_moe_gating_top_k                            x [T,E] E <= 2048, norm_type 0 softmax / 1 sigmoid,
                                                                    x and bias [E] in fp32 (y_out takes x's dtype),
                                                                    returns (y_out x.dtype, expert_idx int32, norm_out)
@@ -36,6 +38,9 @@ moe.experts        npu_moe_init_routing_v2 → npu_grouped_matmul    init: exper
                                                                    counts (group_list_type 1), weight [E, K, N];
                                                                    clipped_swiglu alpha 1, bias 0, interleaved False;
                                                                    finalize scales [T,K], k=K
+(MX weights)       npu_dynamic_mx_quant → npu_grouped_matmul       W8A8MXFP (950): e4m3 activations with e8m0 [M,
+                   (MXFP8) → swiglu → again → finalize             K/64, 2], weight e4m3 [E, K, N] with e8m0 [E,
+                                                                   K/64, N, 2] (mx.py), output_dtype 27 | 1
 (W8A8, extra)      npu_dynamic_quant, npu_grouped_matmul_swiglu_   see :meth:`NpuOps.experts_w8a8`; int8 weights in the
                    quant                                           FRACTAL_NZ layout vllm-ascend's w8a8 checkpoints use
 =================  =============================================  ==================================================

@@ -19,6 +19,10 @@ attn.sparse_topk   npu_sparse_attn_sharedkv_metadata →             A2/A3 only 
                                                                    caller lists every closed entry (HCA: scenario 2,
                                                                    any count), cmp_ratio 4 or 128, fp32
                                                                    sinks [64]; seqused_kv = tokens per sequence
+attn.sparse_topk   npu_kv_quant_sparse_attn_sharedkv_metadata →    950, FP8 records (p.kv_format): the same with
+(FP8 KV)           npu_kv_quant_sparse_attn_sharedkv (_C_ascend)   640-byte e4m3 rows [NB, BS, 1, 640] (kv_quant.py),
+                                                                   bf16 q padded to 64|128 heads, K2 512|1024,
+                                                                   cmp_ratio 1 without compressed KV, sinks required
 mhc.pre            npu_hc_pre_v2 (_C_ascend)                       hc_mult 4, D 4096 | 7168, streams bf16, fn fp32
                                                                    [24, 4D]; returns (x bf16, post fp32, comb fp32)
 mhc.head           npu_hc_pre_v2 (_C_ascend)                       the head's fn [4, 4D] / base [4] / scale [1] padded
