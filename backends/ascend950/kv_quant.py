@@ -84,3 +84,37 @@ def core_view(cache: torch.Tensor, fmt: KVFormat | None) -> torch.Tensor:
     if fmt is None or not arranged(cache) or cache.shape[2] != fmt.nbytes:
         return cache
     return to_core(operator_pages(cache), fmt)
+
+
+def repage(cache: torch.Tensor, batch, block: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """The entries ``batch`` reads from an :func:`arranged` cache, copied into fresh ``block``-entry pages:
+    ``(rows [B * M, block, 640] uint8, block_table int32 [B, M])``, sequence b's entry e at page ``b * M + e //
+    block``. For pages the operators cannot take (HCA at 128 tokens per entry leaves one entry per 128-token
+    block; they want 16-aligned blocks); costs one 640-byte copy per entry read."""
+    full = operator_pages(cache)
+    bs = full.shape[1]
+    lens = batch.seq_lens.long()
+    nseq = lens.numel()
+    m = max(1, -(-int(lens.max()) // block)) if nseq else 1
+    e = torch.arange(m * block, device=cache.device)
+    keep = e[None, :] < lens[:, None]  # [B, M * block]
+    src = batch.block_table.long().gather(1, (e // bs).clamp(max=batch.block_table.shape[1] - 1)[None, :].expand(nseq, -1))
+    out = torch.zeros(nseq, m * block, ROW, dtype=torch.uint8, device=cache.device)
+    out[keep] = full[src[keep], (e % bs)[None, :].expand(nseq, -1)[keep]]
+    table = torch.arange(nseq * m, dtype=torch.int32, device=cache.device).view(nseq, m)
+    return out.view(nseq * m, block, ROW), table
+
+
+def compact_core(cache: torch.Tensor, batch, fmt: KVFormat):
+    """For a fallback: the blocks ``batch`` lists, copied in the core's byte order, and ``batch`` with its block
+    table renumbered to them (cost: the blocks read, not the pool). Caches not :func:`arranged` pass through."""
+    if not arranged(cache) or cache.shape[2] != fmt.nbytes:
+        return cache, batch
+    import dataclasses
+
+    t = batch.block_table.long()
+    used = t[t >= 0].unique()
+    remap = torch.full((cache.shape[0],), -1, dtype=torch.long, device=cache.device)
+    remap[used] = torch.arange(used.numel(), device=cache.device)
+    table = torch.where(t >= 0, remap[t.clamp(min=0)], t)
+    return to_core(operator_pages(cache)[used], fmt), dataclasses.replace(batch, block_table=table)

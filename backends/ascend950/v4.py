@@ -201,16 +201,15 @@ class V4Ops:
             why = f"{h} heads / softcap {p.softcap}: the operator takes <= 128 heads (padded to 64|128), no softcap"
         elif kv_cache.shape[1] % 16 or kv_cache.shape[1] > 1024:
             why = f"block size {kv_cache.shape[1]}: the operator takes multiples of 16 up to 1024"
-        elif use_cmp and (ratio not in SPARSE_RATIOS or (not every and (ratio != 4 or not k2))
-                          or comp_cache.shape[1] % 16 or comp_cache.shape[1] > 1024):
+        elif use_cmp and (ratio not in SPARSE_RATIOS or (not every and (ratio != 4 or not k2))):
             why = (f"compression {ratio} / top-k {topk_idx.shape[1]}: the operator takes ratio 4 with <= "
-                   f"{QUANT_TOPK[-1]} selected entries or ratio 4|128 over every closed entry, 16-aligned blocks "
-                   f"<= 1024")
+                   f"{QUANT_TOPK[-1]} selected entries or ratio 4|128 over every closed entry")
         if why:
             self._fallback("attn.sparse_topk", why)
-            return ref_ds.attn_sparse_topk(q, kv_quant.core_view(kv_cache, fmt), batch,
-                                           None if comp_cache is None else kv_quant.core_view(comp_cache, fmt),
-                                           comp_batch, topk_idx, p, sinks)
+            kv, b = kv_quant.compact_core(kv_cache, batch, fmt)
+            ckv, cb = (comp_cache, comp_batch) if comp_cache is None or comp_batch is None else \
+                kv_quant.compact_core(comp_cache, comp_batch, fmt)
+            return ref_ds.attn_sparse_topk(q, kv, b, ckv, cb, topk_idx, p, sinks)
         if t == 0:
             return q.new_zeros(0, h, d)
         heads = next(n for n in QUANT_HEADS if n >= h)
@@ -238,7 +237,12 @@ class V4Ops:
                     metadata=meta, tile_size=kv_quant.TILE, rope_head_dim=kv_quant.ROPE, softmax_scale=float(p.scale),
                     **kw)
         if use_cmp:
-            call.update(cmp_kv=rows(comp_cache), cmp_block_table=comp_batch.block_table.to(torch.int32).contiguous())
+            if comp_cache.shape[1] % 16 or comp_cache.shape[1] > 1024:  # e.g. HCA: one entry per 128-token block
+                pages, table = kv_quant.repage(comp_cache, comp_batch)
+                call.update(cmp_kv=pages.view(torch.float8_e4m3fn).view(*pages.shape[:2], 1, kv_quant.ROW),
+                            cmp_block_table=table)
+            else:
+                call.update(cmp_kv=rows(comp_cache), cmp_block_table=comp_batch.block_table.to(torch.int32).contiguous())
             if not every:
                 call["cmp_sparse_indices"] = _valid_first(topk_idx, k2).view(t, 1, k2)
         out, _lse = self.npu.npu_kv_quant_sparse_attn_sharedkv(qp, 1, **call)

@@ -194,3 +194,21 @@ def test_kv_formats_no_operator_reads_are_refused_at_start_up(soc, kv_dtype):
     with pytest.raises(UserError, match=f"cache.kv_dtype={kv_dtype} is refused: backend 'ascend950' reads KV caches in"):
         formats.check_backend("ascend950", profile_for(soc), kv_dtype)
     formats.check_backend("ascend950", profile_for(soc), "auto")
+
+
+def test_hca_one_entry_pages_are_regathered_into_16_entry_pages(npu_ops, recorder):
+    """128-token blocks hold one HCA entry each; the operator takes 16-aligned compressed blocks, so the wrapper
+    copies the entries a batch reads into 16-entry pages for the call (not a fallback)."""
+    g = torch.Generator().manual_seed(6)
+    q, (core, _), (rows, _), batch, _, _, p, sinks = quant_case(g, ratio=128, tokens=(300, 2200))
+    cb, cnb = paged([300 // 128, 2200 // 128], [3, 1], 1, 128, g)
+    cbatch = AttnBatch(cb.query_start_loc, cb.seq_lens, batch.positions, cb.block_table, cb.slot_mapping, 128)
+    ccore = kv_records.encode(torch.randn(cnb, 512, generator=g), FMT).view(cnb, 1, FMT.nbytes)
+    crows = rows_cache(cnb, 1)
+    kv_quant.operator_pages(crows).copy_(kv_quant.from_core(ccore, FMT))
+    every = ref_ds_all_visible(batch.positions, 128)
+    close(npu_ops.attn_sparse_topk(q, rows, batch, crows, cbatch, every, p, sinks),
+          ref_ds.attn_sparse_topk(q, core, batch, ccore, cbatch, every, p, sinks), 0.02)
+    call = recorder.calls[-1]
+    assert call.tensor("cmp_kv").shape == (2 * 2, 16, 1, 640) and call.args["cmp_ratio"] == 128  # 17 entries max
+    assert not npu_ops.events
