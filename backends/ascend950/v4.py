@@ -126,7 +126,7 @@ class V4Ops:
         why = ""
         if "sparse_attn_sharedkv" not in self.features:
             why = ("this generation has no bf16 npu_sparse_attn_sharedkv (950: only npu_kv_quant_sparse_attn_sharedkv, "
-                   "whose 640-byte FP8 record core/paging/formats.py lacks)")
+                   "which cache.kv_dtype=fp8 uses)")
         elif not self._has("npu_sparse_attn_sharedkv"):
             why = "vllm-ascend's custom-op library (npu_sparse_attn_sharedkv) is not loadable"
         elif q.dtype not in HALF or kv_cache.dtype != q.dtype or (use_cmp and comp_cache.dtype != q.dtype):
