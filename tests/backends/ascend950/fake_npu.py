@@ -261,24 +261,33 @@ class FakeNpu:
         used = seqused_kv.long().tolist()
         t, n, d = q.shape
         out = torch.zeros(t, n, d)
-        for b in range(len(cu) - 1):
-            for r in range(cu[b], cu[b + 1]):
-                pos = used[b] - (cu[b + 1] - cu[b]) + (r - cu[b])
-                kp = torch.arange(max(0, pos - ori_win_left), pos + 1)
-                bs = ori_kv.shape[1]
-                keys = [ori_kv[ori_block_table[b, kp // bs].long(), kp % bs, 0].float()]
-                if cmp_kv is not None:
-                    closed = (pos + 1) // cmp_ratio
-                    e = cmp_sparse_indices[r, 0].long() if cmp_sparse_indices is not None else torch.arange(closed)
-                    e = e[(e >= 0) & (e < closed)]
-                    cbs = cmp_kv.shape[1]
-                    keys.append(cmp_kv[cmp_block_table[b, e // cbs].long(), e % cbs, 0].float())
-                kv = torch.cat(keys)  # [S, D]
-                logits = q[r].float() @ kv.T * softmax_scale  # [N, S]
-                if sinks is not None:
-                    logits = torch.cat((logits, sinks.float()[:, None]), -1)
-                p = torch.softmax(logits, -1)
-                out[r] = (p[:, : kv.shape[0]] if sinks is not None else p) @ kv
+        bs = ori_kv.shape[1]
+        for b in range(len(cu) - 1):  # the rows of one sequence at once, masked
+            r0, r1 = cu[b], cu[b + 1]
+            if r1 == r0:
+                continue
+            pos = used[b] - (r1 - r0) + torch.arange(r1 - r0)  # [R]
+            kp = pos[:, None] - ori_win_left + torch.arange(ori_win_left + 1)  # [R, W]
+            kpc = kp.clamp(min=0)
+            parts = [ori_kv[ori_block_table[b, kpc // bs].long(), kpc % bs, 0].float()]  # [R, W, D]
+            masks = [kp >= 0]
+            if cmp_kv is not None:
+                closed = (pos + 1) // cmp_ratio  # entry e is closed when (e + 1) * cmp_ratio <= pos + 1
+                if cmp_sparse_indices is not None:
+                    e = cmp_sparse_indices[r0:r1, 0].long()
+                else:
+                    e = torch.arange(max(1, int(closed.max()))).expand(r1 - r0, -1)
+                ec, cbs = e.clamp(min=0), cmp_kv.shape[1]
+                col = (ec // cbs).clamp(max=cmp_block_table.shape[1] - 1)
+                parts.append(cmp_kv[cmp_block_table[b, col].long().clamp(min=0), ec % cbs, 0].float())
+                masks.append((e >= 0) & (e < closed[:, None]))
+            kv, mask = torch.cat(parts, 1), torch.cat(masks, 1)  # [R, S, D], [R, S]
+            logits = torch.einsum("rnd,rsd->rns", q[r0:r1].float(), kv) * softmax_scale
+            logits = logits.masked_fill(~mask[:, None, :], float("-inf"))
+            if sinks is not None:
+                logits = torch.cat((logits, sinks.float()[None, :, None].expand(r1 - r0, n, 1)), -1)
+            p = torch.softmax(logits, -1)[..., :kv.shape[1]]
+            out[r0:r1] = torch.einsum("rns,rsd->rnd", p, kv)
         return out.to(q.dtype), torch.zeros(1)
 
     # ------------------------------------------------------------------ the 950's FP8 KV (contract.CITATIONS)
