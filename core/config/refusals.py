@@ -88,10 +88,6 @@ def refused(cfg: Any) -> list[tuple[str, str]]:
             out.append(("deterministic", f"deterministic=true is refused by `inferhal {command}`: it builds its "
                                          f"engine or backend without the mode; it runs with "
                                          f"{', '.join(DETERMINISTIC_COMMANDS)} (and LLM(...))"))
-        elif int(ep) > 1 and int(OmegaConf.select(cfg, "parallel.dp", default=1)) != int(ep):
-            out.append(("deterministic", f"deterministic=true is refused with parallel.ep={ep}: outputs across EP "
-                                         f"layouts with replicated attention are not verified bitwise equal yet "
-                                         f"(a single process and DP attention x EP MoE, parallel=dep2.., are)"))
     return out
 
 

@@ -70,3 +70,26 @@ def engine_suite(layout, out_dir, eplb_overrides, force_at, check_divergence):
     with open(os.path.join(out_dir, f"rank{me}.txt"), "w") as f:
         f.write(repr(msgs))
     os._exit(0)  # skip the process-group teardown (the peer is gone)
+
+
+def deterministic_suite(layout, out_dir):
+    """The DP tests' ``deterministic`` scenario (batch-invariant ops; mixed greedy and sampled requests through
+    preemption, chunked prefill, n-gram drafts and prefix hits) on plain EP ranks: every rank runs the whole
+    batch, the routed experts are sharded. Saves this rank's outputs and engine counters."""
+    torch.set_num_threads(1)
+    import importlib.util
+
+    from inferhal.core.parallel.ep_generate import ep_llm
+
+    spec = importlib.util.spec_from_file_location("dp_workers", os.path.join(os.path.dirname(__file__), "dp_workers.py"))
+    dp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dp)
+    over, batches, kind = dp.SCENARIOS["deterministic"]
+    out = {}
+    # 5 blocks a group (preemption), then 14 (the second batch hits the first one's prefixes)
+    for name, blocks in (("preempt", "cache.num_blocks=5"), ("prefix", "cache.num_blocks=14")):
+        llm, ep = ep_llm(dp.tiny_cfg([f"parallel.ep={layout.world_size}", *over, blocks]), layout)
+        eng = llm.engine
+        out[name] = {"res": dp.run(llm, batches, kind), "preemptions": eng.scheduler.num_preemptions,
+                     "drafts": eng.stats["draft_tokens"], "steps": ep.step}
+    torch.save(out, os.path.join(out_dir, f"rank{layout.rank}.pt"))

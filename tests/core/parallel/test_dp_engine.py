@@ -81,13 +81,11 @@ def test_dep2_with_batch_invariant_ops_gives_the_single_process_logprobs_bitwise
     assert sum(g["cached"] for g in dep2[0]["deterministic"]["res"]) > 0
 
 
-def test_deterministic_runs_with_dp_attention_and_stays_refused_with_replicated_attention():
+def test_deterministic_runs_with_dp_attention_and_with_replicated_attention():
     from inferhal.core.cli.main import compose
-    from inferhal.core.config.errors import ConfigError
 
-    assert compose(["model=deepseek_v4_tiny", "parallel=dep2", "deterministic=true"], "generate").deterministic
-    with pytest.raises(ConfigError, match="deterministic=true is refused with parallel.ep=2: .* replicated attention"):
-        compose(["model=deepseek_v4_tiny", "parallel=ep2", "deterministic=true"], "generate")
+    for layout in ("dep2", "ep2"):
+        assert compose(["model=deepseek_v4_tiny", f"parallel={layout}", "deterministic=true"], "generate").deterministic
 
 
 @pytest.mark.slow

@@ -207,3 +207,23 @@ def test_eplb_drift_reaches_the_policy_and_a_bad_value_is_named():
         eplb_controller(eplb, 2, 8, 4)
     eplb.policy = "greedy"  # the baseline has no drift knob
     assert eplb_controller(eplb, 2, 8, 4).policy.__name__ == "rebalance_greedy"
+
+
+@pytest.mark.slow
+def test_ep2_with_batch_invariant_ops_gives_the_single_process_logprobs_bitwise(tmp_path):
+    """deterministic=true on plain EP (replicated attention, sharded experts): the single process's tokens and
+    logprobs bit for bit, through preemption, chunked prefill, n-gram drafts, prefix hits and sampling."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dp_workers", os.path.join(os.path.dirname(__file__), "dp_workers.py"))
+    dp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dp)
+    want, _ = dp.reference("deterministic")
+    spawn_from_file(WORKERS, "deterministic_suite", 2, str(tmp_path))
+    for r in range(2):
+        got = torch.load(tmp_path / f"rank{r}.pt", weights_only=False)
+        for run in got.values():
+            assert [(g["tokens"], g["logprobs"]) for g in run["res"]] == [(w["tokens"], w["logprobs"]) for w in want]
+            assert run["drafts"] > 0
+        assert got["preempt"]["preemptions"] > 0
+        assert sum(g["cached"] for g in got["prefix"]["res"]) > 0
