@@ -87,6 +87,7 @@ class EplbConfig:
     num_nodes: int = 1
     policy: str = "inferhal"  # inferhal | greedy
     drift: float = 0.35  # inferhal policy: expected relative drift of an expert's load by the next window
+    layers_per_step: int = 1  # live: plan in the background, move n MoE layers per step; 0: all at once
 
 
 @dataclass

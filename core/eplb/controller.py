@@ -86,23 +86,41 @@ class EplbController:
 
     def plan(self, comm=None) -> Placement:
         """Run the policy on the (all-reduced) window load; the plan is not yet validated."""
-        lay = self.layout
+        return self.plan_from(self.window_logical_load(comm))
+
+    def window_logical_load(self, comm=None) -> torch.Tensor:
+        """The window's load per logical expert ``[L, E]``, all-reduced over the ranks (collective)."""
         phys = self.recorder.window_load(comm)
-        load = logical_load(phys, self.placement.phy2log, lay.num_logical).float()
+        return logical_load(phys, self.placement.phy2log, self.layout.num_logical).float()
+
+    def plan_from(self, load: torch.Tensor) -> Placement:
+        """The policy's plan for a logical load (no collective, no state: safe on a background thread)."""
+        lay = self.layout
         phy2log, log2phy, logcnt = self.policy(load, lay.num_physical, lay.num_groups, lay.num_nodes, lay.num_gpus)
         return Placement(phy2log, log2phy, logcnt)
+
+    def due(self) -> bool:
+        """End one engine step in the recorder; True (and the trigger re-armed) when a rebalance is due."""
+        self.recorder.step()
+        steps = self.recorder.steps
+        if not self.trigger.due(steps):
+            return False
+        self.trigger.fired(steps)
+        return True
+
+    def restart(self) -> None:
+        """A new placement is in use: the recorder restarts (physical ids change meaning), and so does the
+        trigger's interval."""
+        self.recorder.reset()
+        self.trigger.fired(self.recorder.steps)
 
     def step(self, comm=None) -> Optional[tuple[Placement, Placement]]:
         """End one engine step. When a rebalance is due and its plan validates, return ``(old, new)`` for
         the applier to move weights (the recorder restarts: physical ids change meaning); else None."""
-        self.recorder.step()
-        steps = self.recorder.steps
-        if not self.trigger.due(steps):
+        if not self.due():
             return None
-        self.trigger.fired(steps)
         old = self.placement
         if not self.holder.propose(self.plan(comm)):
             return None
-        self.recorder.reset()
-        self.trigger.fired(self.recorder.steps)  # the step count restarted: re-arm the interval from it
+        self.restart()
         return old, self.placement

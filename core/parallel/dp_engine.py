@@ -42,7 +42,8 @@ from inferhal.core.errors import UserError
 from inferhal.core.paging.hashing import extend_block_hashes
 from inferhal.core.parallel.dp_frontend import RankLoad, place_requests
 from inferhal.core.parallel.dp_moe import DPExperts, MoeTraffic
-from inferhal.core.parallel.ep_engine import Rebalance, check_expert_slots, eplb_controller
+from inferhal.core.parallel.ep_engine import check_expert_slots, eplb_controller, rebalancer
+from inferhal.core.parallel.rebalance import Rebalance, Rebalancer
 from inferhal.core.parallel.sync import RankDivergenceError, collective, gather_objects
 
 NEEDS = ("routed_expert_weights", "use_expert_runner", "experts_p", "dtype")
@@ -69,19 +70,19 @@ class DPRank:
     step: int = 0
     busy: bool = False  # after a step: whether any rank still has unfinished requests
     log: deque = field(default_factory=lambda: deque(maxlen=100_000))  # StepLog per step
-    rebalances: list[Rebalance] = field(default_factory=list)
+    rebalancer: Optional[Rebalancer] = None
 
     def __call__(self, engine: Any) -> None:
         self.step += 1
         last = engine.last_step
         self.busy = self.runner.drain(self.step, engine.has_unfinished())
         self.log.append(StepLog(self.step, int(last["num_tokens"]), int(last["num_seqs"]), self.runner.end_step()))
-        if self.controller is None:
-            return
-        res = self.controller.step(self.comm)
-        if res is not None:
-            received = self.runner.rebalance(res[1])
-            self.rebalances.append(Rebalance(self.step, res[0], res[1], received))
+        if self.rebalancer is not None:
+            self.rebalancer(self.step)
+
+    @property
+    def rebalances(self) -> list[Rebalance]:
+        return self.rebalancer.rebalances if self.rebalancer is not None else []
 
     def request_rebalance(self) -> None:
         """Rebalance at the end of the next step (every rank must request it at the same step)."""
@@ -112,7 +113,7 @@ def attach_dp(engine: Any, comm: Any, eplb: Any) -> DPRank:
                        recorder=ctl.recorder if ctl is not None else None, pass_layers=range(main))
     del full
     model.use_expert_runner(runner)
-    hook = DPRank(comm, runner, ctl)
+    hook = DPRank(comm, runner, ctl, rebalancer=rebalancer(ctl, runner, comm, eplb))
     engine.step_hooks.append(hook)
     return hook
 

@@ -8,8 +8,10 @@ at the same step and samples the same tokens. After each step the hook (:class:`
 
 1. checks that all ranks are at the same step (:class:`~.sync.StepSync`; a mismatch or a silent peer
    raises :class:`~.sync.RankDivergenceError` on the ranks still running, it does not hang);
-2. ends the EPLB step (:meth:`EplbController.step`, collective: the window load is all-reduced) and,
-   when a validated plan comes back, moves the expert weights (:meth:`EPExperts.rebalance`).
+2. ends the EPLB step (:class:`~.rebalance.Rebalancer`, collective when a rebalance is due: the window load
+   is all-reduced): with ``eplb.layers_per_step=0`` a validated plan moves every layer's expert weights at
+   once (:meth:`EPExperts.rebalance`); otherwise the plan is computed in the background and applied a few
+   layers per step (:meth:`EPExperts.move_layers`).
 
 A model supports EP when it has ``routed_expert_weights()`` (per MoE layer ``(gate_up[E, 2I, D],
 down[E, D, I])``), ``use_expert_runner(runner)`` and ``experts_p``.
@@ -28,18 +30,8 @@ from inferhal.core.eplb.drift import DRIFT
 from inferhal.core.eplb.validate import EplbInputError, check_drift
 from inferhal.core.errors import UserError
 from inferhal.core.parallel.ep_moe import EPExperts
+from inferhal.core.parallel.rebalance import Rebalance, Rebalancer
 from inferhal.core.parallel.sync import StepSync
-
-
-@dataclass
-class Rebalance:
-    """One applied rebalance on this rank: the engine step, the old and new placements, and how many
-    expert slots this rank received from other ranks."""
-
-    step: int
-    old: Placement
-    new: Placement
-    received: int
 
 
 @dataclass
@@ -50,18 +42,18 @@ class EPRank:
     runner: EPExperts
     controller: Optional[EplbController]
     sync: StepSync
+    rebalancer: Optional[Rebalancer] = None
     step: int = 0
-    rebalances: list[Rebalance] = field(default_factory=list)
+
+    @property
+    def rebalances(self) -> list[Rebalance]:
+        return self.rebalancer.rebalances if self.rebalancer is not None else []
 
     def __call__(self, engine: Any = None) -> None:
         self.step += 1
         self.sync.check(self.step)
-        if self.controller is None:
-            return
-        res = self.controller.step(self.comm)
-        if res is not None:
-            received = self.runner.rebalance(res[1])
-            self.rebalances.append(Rebalance(self.step, res[0], res[1], received))
+        if self.rebalancer is not None:
+            self.rebalancer(self.step)
 
     def request_rebalance(self) -> None:
         """Rebalance at the end of the next step (every rank must request it at the same step)."""
@@ -88,6 +80,17 @@ def eplb_controller(eplb: Any, num_layers: int, num_experts: int, ep: int) -> Op
     groups = int(eplb.num_groups) or 1
     lay = EplbLayout(num_layers, num_experts, physical, groups, int(eplb.num_nodes), ep)
     return EplbController(lay, int(eplb.window_size), int(eplb.step_interval), fn)
+
+
+def rebalancer(ctl: Optional[EplbController], runner: Any, comm: Any, eplb: Any) -> Optional[Rebalancer]:
+    """The EPLB applier of a rank hook (None when EPLB is off); ``eplb.layers_per_step`` picks the mode."""
+    if ctl is None:
+        return None
+    n = int(getattr(eplb, "layers_per_step", 1))
+    if n < 0:
+        raise UserError(f"eplb.layers_per_step={n} must be >= 0 (0: stop the world and move every layer at once; "
+                        f"n: plan in the background and move n MoE layers per step)")
+    return Rebalancer(ctl, runner, comm, n)
 
 
 def check_expert_slots(num_experts: int, eplb: Any, ep: int) -> int:
@@ -117,6 +120,6 @@ def attach_ep(engine: Any, comm: Any, eplb: Any) -> EPRank:
                        recorder=ctl.recorder if ctl is not None else None)
     del full
     model.use_expert_runner(runner)
-    hook = EPRank(comm, runner, ctl, StepSync(comm))
+    hook = EPRank(comm, runner, ctl, StepSync(comm), rebalancer(ctl, runner, comm, eplb))
     engine.step_hooks.append(hook)
     return hook

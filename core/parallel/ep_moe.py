@@ -12,7 +12,8 @@ Per layer call (every EP rank calls it with the same full batch; attention is re
 5. the shards are all-gathered so every rank continues with the full ``[T, D]``.
 
 :meth:`EPExperts.rebalance` installs a new validated placement and moves the weights
-(:mod:`inferhal.core.eplb.transfer`). With ``world_size == 1`` the same code runs locally.
+(:mod:`inferhal.core.eplb.transfer`); :meth:`EPExperts.move_layers` moves some layers only, leaving the others
+on the old placement (a live rebalance, :mod:`.rebalance`). With ``world_size == 1`` the same code runs locally.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from inferhal.core.eplb.placement import Placement
-from inferhal.core.eplb.transfer import apply_placement
+from inferhal.core.eplb.transfer import apply_placement, move_layer
 from inferhal.core.ops.params import EPParams, ExpertsParams
 from inferhal.core.ops.quant import QuantWeight
 
@@ -109,3 +110,29 @@ class EPExperts:
         self.local = [(_unflat(m, gu, "gate_up"), _unflat(m, down, "down")) for m, (gu, down) in zip(moved, self.local)]
         self.placement = new
         return received
+
+    def move_layers(self, new: Placement, layers: Sequence[int]) -> int:
+        """Move the weights of ``layers`` only to ``new``'s rows (collective, same arguments on every rank):
+        the placement in use takes those layers' rows from ``new`` and keeps its own elsewhere (every row is a
+        placement of its layer, so the mix is valid). Returns the slots received from other ranks."""
+        old = self.placement
+        m = max(old.log2phy.shape[2], new.log2phy.shape[2])
+        p2l, l2p, cnt = old.phy2log.clone(), _pad_replicas(old.log2phy, m), old.logcnt.clone()
+        received = 0
+        for l in layers:
+            gu, down = self.local[l]
+            moved, got = move_layer({**_flat(gu, "gate_up"), **_flat(down, "down")}, old.phy2log[l].tolist(),
+                                    new.phy2log[l].tolist(), self.comm)
+            self.local[l] = (_unflat(moved, gu, "gate_up"), _unflat(moved, down, "down"))
+            p2l[l], cnt[l], l2p[l] = new.phy2log[l], new.logcnt[l], _pad_replicas(new.log2phy, m)[l]
+            received += got
+        self.placement = Placement(p2l, l2p, cnt)
+        return received
+
+
+def _pad_replicas(log2phy: torch.Tensor, m: int) -> torch.Tensor:
+    """``log2phy[L, E, M]`` padded with -1 to ``m`` replica columns."""
+    if log2phy.shape[2] >= m:
+        return log2phy.clone()
+    pad = torch.full((*log2phy.shape[:2], m - log2phy.shape[2]), -1, dtype=log2phy.dtype)
+    return torch.cat([log2phy, pad], dim=2)

@@ -21,8 +21,9 @@ CHUNK_NGRAM = ["scheduler.max_num_batched_tokens=12", "spec=ngram",
                "spec.num_speculative_tokens=3", "spec.disable_by_batch_size=0"]
 # name -> (config overrides, prompt batches, sampling)
 SCENARIOS = {
-    # greedy requests and sampled ones (seeded and not), EPLB rebalancing every 3 steps (10 slots: 2 redundant)
-    "plain": (["parallel=ep2", "eplb=default", "eplb.step_interval=3", "eplb.num_redundant_experts=2"], [PROMPTS],
+    # greedy requests and sampled ones (seeded and not), live EPLB every 2 steps (10 slots: 2 redundant): planned
+    # in the background, then one MoE layer's weights move per step
+    "plain": (["parallel=ep2", "eplb=default", "eplb.step_interval=2", "eplb.num_redundant_experts=2"], [PROMPTS],
               "mixed"),
     "features": (["cache.num_blocks=14", *CHUNK_NGRAM], [PROMPTS, SECOND], "greedy"),  # prefix hits, chunks, drafts
     "preempt": (["cache.num_blocks=5", *CHUNK_NGRAM], [PROMPTS], "greedy"),  # 5 blocks a group: preemption
@@ -106,7 +107,9 @@ def dp_suite(layout, out_dir, names):
         got[name] = {"res": res, "log": [(s.step, s.attn_tokens, s.seqs, s.moe) for s in hook.log],
                      "placements": llm.engine.placements, "own": own, "tokens": eng.stats["tokens"],
                      "preemptions": eng.scheduler.num_preemptions, "drafts": eng.stats["draft_tokens"],
-                     "rebalances": [(r.step, r.received) for r in hook.rebalances]}
+                     "rebalances": [(r.step, r.received) for r in hook.rebalances],
+                     "started": [r.started for r in hook.rebalances],
+                     "moves": [(m.step, m.layers) for m in hook.rebalancer.moves] if hook.rebalancer else []}
         if hook.controller is not None:  # what EPLB counted since its last rebalance: own and all-reduced
             rec = hook.controller.recorder
             got[name]["load"] = (int(rec.local_load().sum()), int(rec.window_load(hook.comm).sum()), rec.steps)

@@ -41,6 +41,8 @@ def engine_suite(layout, out_dir, eplb_overrides, force_at, check_divergence):
     res["after"] = greedy(llm)
     res["rebalances"] = [(r.step, r.old.phy2log, r.new.phy2log, r.received) for r in ep.rebalances]
     res["placement"] = ep.runner.placement.phy2log
+    res["started"] = [r.started for r in ep.rebalances]
+    res["moves"] = [(m.step, m.layers) for m in ep.rebalancer.moves]
     res["num_steps"] = ep.step
     torch.save(res, os.path.join(out_dir, f"rank{me}.pt"))
     if not check_divergence:

@@ -43,7 +43,8 @@ def test_one_rank_ep_with_a_rebalance_equals_the_plain_model(reference_tokens):
 
     wk = load_workers()
     # EPLB is refused without parallel.ep > 1 in the config; this rank attaches itself as a world of one
-    cfg = wk.tiny_cfg(["parallel=ep2", "eplb=default", "eplb.step_interval=0", "eplb.num_redundant_experts=3"])
+    cfg = wk.tiny_cfg(["parallel=ep2", "eplb=default", "eplb.step_interval=0", "eplb.num_redundant_experts=3",
+                       "eplb.layers_per_step=0"])
     llm = LLM.from_config(cfg)
     ep = attach_ep(llm.engine, llm.engine.backend.communicator(ParallelLayout()), cfg.eplb)
     assert not any(k.endswith("mlp.experts.gate_up_proj") for k in llm.engine.model.weights)  # dropped
@@ -130,7 +131,7 @@ def check_run(out, n, reference_tokens, want_rebalance_steps):
 def test_ep2_equals_single_process_across_a_rebalance_and_reports_divergence(tmp_path, reference_tokens):
     # on-demand rebalance at step 3 (prefill + 2 decode steps), 2 redundant slots (10 slots over 2 ranks)
     spawn_from_file(WORKERS, "engine_suite", 2, str(tmp_path),
-                    ["eplb.step_interval=0", "eplb.num_redundant_experts=2"], 3, True)
+                    ["eplb.step_interval=0", "eplb.num_redundant_experts=2", "eplb.layers_per_step=0"], 3, True)
     check_run(tmp_path, 2, reference_tokens, [3])
     msgs = [ast.literal_eval((tmp_path / f"rank{r}.txt").read_text()) for r in range(2)]
     assert "EP ranks diverged in step count (rank 0: step 1, rank 1: step 2)" in msgs[0]["skip"]
@@ -140,10 +141,32 @@ def test_ep2_equals_single_process_across_a_rebalance_and_reports_divergence(tmp
 
 
 @pytest.mark.slow
+def test_ep2_live_rebalance_plans_in_the_background_and_moves_one_layer_per_step(tmp_path, reference_tokens):
+    # eplb.layers_per_step=1 (the default): requested at step 3, planned on a thread, then one MoE layer per step
+    spawn_from_file(WORKERS, "engine_suite", 2, str(tmp_path),
+                    ["eplb.step_interval=0", "eplb.num_redundant_experts=2", "eplb.layers_per_step=1"], 3, False)
+    res = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    for r in res:
+        assert r["during"] == reference_tokens and r["after"] == reference_tokens
+    assert res[0]["started"] == res[1]["started"] == [3]
+    assert res[0]["moves"] == res[1]["moves"]  # every rank moved the same layers at the same steps
+    (_, old, new, _), = res[0]["rebalances"]
+    changed = [l for l in range(new.shape[0]) if not torch.equal(old[l], new[l])]
+    moves = res[0]["moves"]
+    assert len(changed) > 1 and [m[1] for m in moves] == [(l,) for l in changed]  # one layer a step, in order
+    steps = [m[0] for m in moves]
+    assert steps[0] > 3 and steps == list(range(steps[0], steps[0] + len(changed)))  # consecutive step ends
+    assert res[0]["rebalances"][0][0] == steps[-1]  # recorded when its last layer moved
+    assert sum(r["rebalances"][0][3] for r in res) > 0  # weights really crossed ranks
+    assert all(torch.equal(r["placement"], new) for r in res)
+
+
+@pytest.mark.slow
 def test_ep4_periodic_rebalances_equal_single_process(tmp_path, reference_tokens):
     # eplb=default every 2 steps (2 runs x 6 steps: rebalances at 2, 4, ..., 12), 4 redundant slots
     spawn_from_file(WORKERS, "engine_suite", 4, str(tmp_path),
-                    ["eplb.step_interval=2", "eplb.num_redundant_experts=4", "eplb.policy=greedy"], 0, False)
+                    ["eplb.step_interval=2", "eplb.num_redundant_experts=4", "eplb.policy=greedy",
+                     "eplb.layers_per_step=0"], 0, False)
     res = check_run(tmp_path, 4, reference_tokens, [2, 4, 6, 8, 10, 12])
     assert res[0]["num_steps"] == 12
 
