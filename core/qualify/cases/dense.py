@@ -189,10 +189,13 @@ def lm_head() -> list[OpCase]:
 
 @cases_for("lm_head.argmax")
 def lm_head_argmax() -> list[OpCase]:
-    """Each row gets a planted winner: a vocabulary row along the row's own hidden state, a clear margin
-    above every other logit (so any correct product, in any order or precision, finds the same token). A
-    plain weight also holds an exact copy of each winner at a higher index: a tie, which the lower index
-    wins. (A quantised copy may land in another scale block: no longer a tie.)"""
+    """Each row gets a planted winner: a vocabulary row along the row's own hidden state (the signs of its
+    entries, times 1/4), a clear margin above every other logit (so any correct product, in any order or
+    precision, finds the same token). The hidden states are on a grid of 1/8, so a winner's logit is a sum of
+    multiples of 1/32 that every summation order computes exactly. A plain weight also holds an exact copy of
+    each winner at a higher index: a tie in any product (a GEMM may sum two output columns in different
+    orders, e.g. Triton's interpreter through the host's BLAS), which the lower index wins. (A quantised copy
+    may land in another scale block: no longer a tie.)"""
     out = []
     sweep = [(4, 1000, 64, "plain", "quick"), (3, 256, 128, "fp8_block", "quick"), (1, 4096, 640, "plain", "full"),
              (32, 40000, 640, "plain", "full"), (9, 512, 256, "fp4_group", "full")]
@@ -200,11 +203,11 @@ def lm_head_argmax() -> list[OpCase]:
         for dtype in _dtypes(level):
             def build(seed, t=t, v=v, k=k, fmt=fmt, dtype=dtype):
                 g = gen(seed)
-                x = randn(g, t, k, dtype=DTYPES[dtype])
+                x = (randn(g, t, k) * 8).round().div(8).clamp(-4, 4).to(DTYPES[dtype])  # exact in bf16 too
                 w = randn(g, v, k, scale=0.05)
                 cols = torch.randperm(v // 2, generator=g)[:t]  # winners in the lower half, their copies above
                 for i, c in enumerate(cols.tolist()):
-                    w[c] = x[i].float() * (4.0 / x[i].float().norm())
+                    w[c] = x[i].float().sign() * 0.25
                     if fmt == "plain":
                         w[v // 2 + c] = w[c]
                 return (x, _weight_of(w, fmt, dtype)), {}
