@@ -130,6 +130,15 @@ class Communicator(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional (two-batch overlap, :mod:`inferhal.core.parallel.tbo`; without it ``tbo.submit`` runs the
+    # collectives at once, on the caller's thread):
+    #
+    # def run_async(self, fn: Callable[..., Any], *args: Any) -> concurrent.futures.Future:
+    #     """Run ``fn(*args)``, collectives on this communicator, on the communicator's own thread (or
+    #     stream), strictly after every job submitted before it, and return a future of its result. Every
+    #     rank submits the same collectives in the same order; the caller waits for them before it issues
+    #     a collective itself. The caller's thread computes meanwhile: that is the overlap."""
+
 
 # --------------------------------------------------------------------------------------------------
 # Graphs

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import datetime
-from typing import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -37,7 +38,8 @@ class TorchDistCommunicator:
     """A process group over ``backend`` (gloo here; NCCL/HCCL in the device backends).
 
     Collectives have a timeout, so a rank that diverges (e.g. runs a different number of steps) is
-    reported as an error instead of hanging forever.
+    reported as an error instead of hanging forever. :meth:`run_async` runs collectives on one
+    communication thread, in submission order (two-batch overlap, core/parallel/tbo.py).
     """
 
     def __init__(self, layout: ParallelLayout, backend: str = "gloo", timeout_s: float = 120.0) -> None:
@@ -51,6 +53,15 @@ class TorchDistCommunicator:
                 timeout=datetime.timedelta(seconds=timeout_s),
             )
         self.group = dist.group.WORLD
+        self._thread: ThreadPoolExecutor | None = None
+
+    def run_async(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """``fn(*args)`` on this communicator's communication thread (started on first use), after every
+        job submitted before it; the caller waits on the returned future before its next collective on
+        another thread. gloo's collectives release the GIL, so the caller computes meanwhile."""
+        if getattr(self, "_thread", None) is None:  # (a subclass may not call this __init__)
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="inferhal-comm")
+        return self._thread.submit(fn, *args)
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(x, group=self.group)
@@ -90,6 +101,9 @@ class TorchDistCommunicator:
         dist.barrier(group=self.group)
 
     def close(self) -> None:
+        if getattr(self, "_thread", None) is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
         if dist.is_initialized():
             dist.destroy_process_group()
 

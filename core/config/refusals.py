@@ -83,6 +83,12 @@ def refused(cfg: Any) -> list[tuple[str, str]]:
         out.append(("eplb.enabled", f"eplb.enabled=True is refused with parallel.ep={ep}: EPLB balances routed "
                                     f"experts among EP ranks and runs only with parallel.ep > 1 (e.g. parallel=ep2); "
                                     f"otherwise use eplb=disabled"))
+    tbo, dp = OmegaConf.select(cfg, "parallel.tbo", default=False), OmegaConf.select(cfg, "parallel.dp", default=1)
+    if tbo and not int(dp) == int(ep) > 1:
+        out.append(("parallel.tbo", f"parallel.tbo=True is refused with parallel.dp={dp}, parallel.ep={ep}: two-batch "
+                                    f"overlap hides one micro-batch's MoE all-to-all behind the other's attention and "
+                                    f"runs only with data-parallel attention (parallel.dp = parallel.ep > 1, e.g. "
+                                    f"parallel=dep2); otherwise use parallel.tbo=false"))
     if OmegaConf.select(cfg, "deterministic", default=False):
         if not any(command == c or command.startswith(c + " ") for c in DETERMINISTIC_COMMANDS):
             out.append(("deterministic", f"deterministic=true is refused by `inferhal {command}`: it builds its "

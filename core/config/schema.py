@@ -53,6 +53,9 @@ class ParallelConfig:
     master_addr: str = "127.0.0.1"
     master_port: int = 29511
     role: str = "any"  # any | pd (`inferhal serve`: prefill here, decode in a spawned process; core/disagg)
+    # two-batch overlap: each DP rank's step runs as two micro-batches, one's MoE all-to-all in flight while
+    # the other computes (core/parallel/tbo.py); only with DP attention (parallel.dp = parallel.ep > 1)
+    tbo: bool = False
 
 
 @dataclass

@@ -216,6 +216,7 @@ class ModelRunner:
             attn=attn,
             logits_indices=torch.tensor(rows, dtype=torch.long, device=self.device),  # [B']
             logits_out=None if greedy else self._logits_buffer(len(rows)),
+            extras={"micro_batches": out.micro_batches} if out.micro_batches else {},  # two-batch overlap
         )
         # structured outputs: the bitmask depends only on each grammar's state and the drafts, not on this step's
         # logits, so it is filled on a side thread while the model runs and applied before sampling

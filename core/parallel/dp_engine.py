@@ -45,6 +45,7 @@ from inferhal.core.parallel.dp_moe import DPExperts, MoeTraffic
 from inferhal.core.parallel.ep_engine import check_expert_slots, eplb_controller, rebalancer
 from inferhal.core.parallel.rebalance import Rebalance, Rebalancer
 from inferhal.core.parallel.sync import RankDivergenceError, collective, gather_objects
+from inferhal.core.parallel.tbo import split_two
 
 NEEDS = ("routed_expert_weights", "use_expert_runner", "experts_p", "dtype")
 
@@ -91,10 +92,12 @@ class DPRank:
         self.controller.trigger.request()
 
 
-def attach_dp(engine: Any, comm: Any, eplb: Any) -> DPRank:
+def attach_dp(engine: Any, comm: Any, eplb: Any, tbo: bool = False) -> DPRank:
     """Make ``engine`` one DP/EP rank of ``comm`` (DP size = EP size = ``comm.layout.world_size``): build
     its :class:`DPExperts`, hand it to the model (which drops its full routed-expert tensors) and append the
-    :class:`DPRank` hook to ``engine.step_hooks``. Wrap the engine in :class:`DPEngine` to feed it."""
+    :class:`DPRank` hook to ``engine.step_hooks``. Wrap the engine in :class:`DPEngine` to feed it. With
+    ``tbo`` (``parallel.tbo``) the scheduler splits each step in two micro-batches
+    (:func:`~.tbo.split_two`) and the runner overlaps one's all-to-all with the other's compute."""
     model = engine.model
     if not all(hasattr(model, a) for a in NEEDS):
         raise UserError(f"model {type(model).__name__} does not support expert parallelism (parallel.ep > 1)")
@@ -110,7 +113,9 @@ def attach_dp(engine: Any, comm: Any, eplb: Any) -> DPRank:
     # a forward of the main stack calls MoE layers 0 .. L-1 in order (MTP layers L.. are passes of their own)
     main = int(model.num_moe_layers) - int(getattr(model, "num_mtp_layers", 0)) if hasattr(model, "num_moe_layers") else 0
     runner = DPExperts(engine.backend.ops, comm, placement, full, model.experts_p, model.dtype, engine.device,
-                       recorder=ctl.recorder if ctl is not None else None, pass_layers=range(main))
+                       recorder=ctl.recorder if ctl is not None else None, pass_layers=range(main), tbo=tbo)
+    if tbo:
+        engine.scheduler.micro_batch_split = split_two
     del full
     model.use_expert_runner(runner)
     hook = DPRank(comm, runner, ctl, rebalancer=rebalancer(ctl, runner, comm, eplb))

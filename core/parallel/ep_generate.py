@@ -38,7 +38,7 @@ def dp_llm(cfg: Any, layout: ParallelLayout) -> tuple[Any, DPRank]:
     from inferhal.core.engine.llm import LLM
 
     llm = LLM.from_config(cfg)
-    hook = attach_dp(llm.engine, llm.engine.backend.communicator(layout), cfg.eplb)
+    hook = attach_dp(llm.engine, llm.engine.backend.communicator(layout), cfg.eplb, tbo=bool(cfg.parallel.tbo))
     llm.engine = DPEngine(llm.engine, hook)
     return llm, hook
 

@@ -33,6 +33,8 @@ class SchedulerOutput:
     num_running: int = 0
     num_waiting: int = 0
     stats: Mapping[str, float] = field(default_factory=dict)
+    #: two-batch overlap: the sequences of each micro-batch, consecutive in ``seqs`` (() = one batch)
+    micro_batches: tuple[int, ...] = ()
 
     @property
     def is_empty(self) -> bool:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from inferhal.core.config.schema import SchedulerConfig
 from inferhal.core.errors import UserError
@@ -76,6 +76,9 @@ class Scheduler:
         self.accepted_at: list[int] = []  # [i]: of which accepted it
         self.num_lookahead_tokens = 0  # set by the engine from its drafter
         self.trim_prefix_hit = False
+        # two-batch overlap (set by parallel/dp_engine.attach_dp under parallel.tbo): tokens per scheduled
+        # sequence -> sequences per micro-batch (SchedulerOutput.micro_batches)
+        self.micro_batch_split: Any = None
         # asynchronous scheduling with a drafter: decodes get up to this many draft placeholders (PENDING),
         # which the runner fills in with the drafts it proposes after the step in flight (0: the host's drafts)
         self.num_placeholder_drafts = 0
@@ -276,8 +279,9 @@ class Scheduler:
             req.num_pending += sample * (1 + len(drafts))  # at most: every draft accepted, plus one
             req.num_pending_drafts += sample * len(drafts)
             total += n
+        micro = self.micro_batch_split([s.num_new for s in seqs]) if self.micro_batch_split else ()
         return SchedulerOutput(tuple(seqs), total, tuple(preempted), len(self.running), len(self.waiting),
-                               {"schedule_s": time.perf_counter() - t0})
+                               {"schedule_s": time.perf_counter() - t0}, tuple(micro))
 
     def _draft_room(self, req: Request) -> int:
         """Draft placeholders for ``req``'s next decode: ``num_placeholder_drafts``, but no position past

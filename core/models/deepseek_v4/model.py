@@ -20,12 +20,14 @@ Expert parallelism: :meth:`DeepseekV4ForCausalLM.use_expert_runner` installs an 
 (``runner(layer, x[T, D], weights[T, K] fp32, logical_ids[T, K]) -> y[T, D]``, e.g.
 :class:`~inferhal.core.parallel.ep_moe.EPExperts`) that computes the routed experts of every MoE layer
 (MoE layer index as above) and drops the model's full routed-expert tensors; the runner then owns the
-load recording too. The shared expert stays in the model.
+load recording too. The shared expert stays in the model. Two-batch overlap: the layers run as generators
+that yield each MoE layer's request (:meth:`DeepseekV4ForCausalLM._stack`), so a runner with ``run_two``
+can interleave two micro-batches of one step (:mod:`inferhal.core.parallel.tbo`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Generator, Mapping, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -37,6 +39,7 @@ from inferhal.core.models.deepseek_v4.rope import RopeCache
 from inferhal.core.ops.params import ExpertsParams, KVWriteParams, MhcParams, RmsNormParams, RopeParams, RouteParams
 from inferhal.core.ops.quant import QuantWeight
 from inferhal.core.paging.spec import KVGroupSpec
+from inferhal.core.parallel.tbo import split_batch
 
 
 @runtime_checkable
@@ -149,14 +152,35 @@ class DeepseekV4ForCausalLM:
         return self.head("", streams[batch.logits_indices.long()], greedy=True)
 
     def forward_hidden(self, batch: ForwardBatch, kv: KVCache) -> torch.Tensor:
-        """The final residual streams ``[T, hc_mult, D]`` of every token (MTP reads them)."""
+        """The final residual streams ``[T, hc_mult, D]`` of every token (MTP reads them). A batch the
+        scheduler split (``extras["micro_batches"]``, two-batch overlap) runs as two micro-batches through
+        an expert runner that overlaps them (``runner.two_batch``, ``runner.run_two``); the same rows."""
+        split = batch.extras.get("micro_batches", ()) if batch.extras else ()
+        if len(split) == 2 and getattr(self.expert_runner, "two_batch", False):
+            a, b = split_batch(batch, split)
+            got = self.expert_runner.run_two(self._stack(a, kv), self._stack(b, kv), int(a.input_ids.shape[0]))
+            return torch.cat(got)
+        return self._run(self._stack(batch, kv))
+
+    def _stack(self, batch: ForwardBatch, kv: KVCache) -> Generator:
+        """The main layers over ``batch`` as a generator: yields each MoE layer's routed-expert request
+        ``(layer, x[T, D], weights[T, K], logical_ids[T, K])``, is sent ``y[T, D]``, returns the streams."""
         ops, cfg = self.ops, self.cfg
         ids = batch.input_ids.long()
         x = ops["embed"](ids, self.weights["embed_tokens.weight"], 1.0)
         streams = x[:, None, :].expand(x.shape[0], cfg.hc_mult, x.shape[1]).contiguous()
         for i in range(cfg.num_layers):
-            streams = self.block(f"layers.{i}.", i, streams, ids, batch, kv)
+            streams = yield from self._block(f"layers.{i}.", i, streams, ids, batch, kv)
         return streams
+
+    def _run(self, gen: Generator) -> Any:
+        """Drive a forward generator, answering each MoE request with :meth:`routed` at once."""
+        try:
+            req = next(gen)
+            while True:
+                req = gen.send(self.routed(*req))
+        except StopIteration as stop:
+            return stop.value
 
     def forward_and_hidden(self, batch: ForwardBatch, kv: KVCache, greedy: bool = False
                            ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -229,6 +253,11 @@ class DeepseekV4ForCausalLM:
 
     def block(self, pre: str, layer: int, streams: torch.Tensor, ids: torch.Tensor, batch: ForwardBatch,
               kv: KVCache) -> torch.Tensor:
+        return self._run(self._block(pre, layer, streams, ids, batch, kv))
+
+    def _block(self, pre: str, layer: int, streams: torch.Tensor, ids: torch.Tensor, batch: ForwardBatch,
+               kv: KVCache) -> Generator:
+        """:meth:`block` as a generator: yields its MoE layer's routed-expert request (see :meth:`_stack`)."""
         ops, w = self.ops, self.weights
         x, post, comb = ops["mhc.pre"](streams, w[pre + "attn_hc.fn"], w[pre + "attn_hc.base"], w[pre + "attn_hc.scale"],
                                        self.mhc_p)
@@ -237,24 +266,36 @@ class DeepseekV4ForCausalLM:
         x, post, comb = ops["mhc.pre"](streams, w[pre + "ffn_hc.fn"], w[pre + "ffn_hc.base"], w[pre + "ffn_hc.scale"],
                                        self.mhc_p)
         h = ops["norm.rms"](x, w[pre + "post_attention_layernorm.weight"], self.norm_p)
-        return ops["mhc.post"](self.moe(pre, layer, h, ids), streams, post, comb)
+        weights, eids = self.route(pre, h, ids)
+        y = yield layer, h, weights, eids  # [T, D] routed experts
+        return ops["mhc.post"](self.shared_expert(pre, h, y), streams, post, comb)
 
     def moe(self, pre: str, layer: int, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The MoE layer: routing, routed experts (:meth:`routed`), shared expert."""
+        return self.shared_expert(pre, x, self.routed(layer, x, *self.route(pre, x, ids)))
+
+    def route(self, pre: str, x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Routing weights ``[T, K]`` fp32 and logical expert ids ``[T, K]`` of the layer at ``pre``."""
         ops, w = self.ops, self.weights
         g = pre + "mlp.gate."
         logits = ops["linear"](x, w[g + "weight"])  # [T, E]
         if g + "tid2eid" in w:
-            weights, eids = ops["moe.route"](logits, self.route_p, None, hash_ids=w[g + "tid2eid"][ids])
-        else:
-            weights, eids = ops["moe.route"](logits, self.route_p, w[g + "e_score_correction_bias"])
+            return ops["moe.route"](logits, self.route_p, None, hash_ids=w[g + "tid2eid"][ids])
+        return ops["moe.route"](logits, self.route_p, w[g + "e_score_correction_bias"])
+
+    def routed(self, layer: int, x: torch.Tensor, weights: torch.Tensor, eids: torch.Tensor) -> torch.Tensor:
+        """The routed experts' output ``[T, D]`` of MoE layer ``layer`` (through the expert runner if any)."""
         if self.expert_runner is not None:
-            y = self.expert_runner(layer, x, weights, eids)  # [T, D]; the runner records the load
-        else:
-            if self.recorder is not None:
-                self.recorder.record(layer, eids)
-            e = pre + "mlp.experts."
-            y = ops["moe.experts"](x, weights, eids, w[e + "gate_up_proj"], w[e + "down_proj"], self.experts_p)
+            return self.expert_runner(layer, x, weights, eids)  # the runner records the load
+        if self.recorder is not None:
+            self.recorder.record(layer, eids)
+        e = self._moe_prefix(layer) + "mlp.experts."
+        w = self.weights
+        return self.ops["moe.experts"](x, weights, eids, w[e + "gate_up_proj"], w[e + "down_proj"], self.experts_p)
+
+    def shared_expert(self, pre: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``y`` (the routed experts' output) plus the shared expert of the layer at ``pre`` on ``x``."""
         gu, down = self.shared[pre]
         one = torch.ones((x.shape[0], 1), dtype=torch.float32, device=x.device)
         zero = torch.zeros((x.shape[0], 1), dtype=torch.long, device=x.device)
-        return y + ops["moe.experts"](x, one, zero, gu, down, self.experts_p)
+        return y + self.ops["moe.experts"](x, one, zero, gu, down, self.experts_p)
