@@ -11,6 +11,16 @@ dtype both ways and the 8-byte expert id our dispatch sends) fed this run's own 
 
 On a 2-core host, wall-clock scaling proves little (2 or 4 ranks share 2 cores): the work and the bytes
 are the result; step times are printed so that nobody mistakes them for a scaling claim.
+
+**Two-batch overlap** (``parallel.tbo``, :mod:`inferhal.core.parallel.tbo`): dep2 once more, in one spawned
+group that generates the same prompts ``bench.repeats`` times without and with overlap, alternating (after
+``bench.warmup`` untimed runs). Per step: the wall time, the all-to-all time (``moe.dispatch`` +
+``moe.combine`` collectives, on whichever thread; on gloo this includes waiting for the peer), the part the
+forward's thread waited out (exposed), the part that passed while it computed (hidden = all-to-all −
+exposed) and the rest of the step (compute, headers, host work: step − exposed); medians over all timed
+steps, and the with/without ratios of the median step and of the median run. Outputs must be the same.
+On a 2-core host the two ranks and their communication threads share two cores: what the overlap hides
+there says little about a machine with a core per rank and a real network.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import tempfile
 import time
 
 LAYOUTS = (1, 2, 4)
+TBO = True  # also measure two-batch overlap on dep2
 
 
 def prompts_of(n: int, vocab: int) -> list[list[int]]:
@@ -59,6 +70,66 @@ def rank_body(layout, cfg_dict: dict, prompts: list, max_tokens: int, out_dir: s
     dist.barrier()  # nobody tears the group down while a peer is still in its last exchange
 
 
+def tbo_rank_body(layout, cfg_dict: dict, prompts: list, max_tokens: int, repeats: int, warmup: int,
+                  out_dir: str) -> None:
+    """One dep rank: the prompts ``warmup`` times untimed, then ``repeats`` times without and with two-batch
+    overlap, alternating; writes per run and step the wall time, all-to-all and exposed seconds."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from inferhal.core.parallel.ep_generate import dp_llm
+    from inferhal.core.sampling.params import SamplingParams
+
+    torch.set_num_threads(1)
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    runs = []
+    for i in range(warmup + 2 * repeats):
+        tbo = i >= warmup and (i - warmup) % 2 == 1
+        llm, hook = dp_llm(OmegaConf.create(dict(cfg_dict, parallel=dict(cfg_dict["parallel"], tbo=tbo))), layout)
+        eng, times = llm.engine, []
+        real = eng.step
+
+        def timed(real=real, times=times):
+            t0 = time.perf_counter()
+            out = real()
+            times.append(time.perf_counter() - t0)
+            return out
+
+        eng.step = timed
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, sp)
+        wall = time.perf_counter() - t0
+        if i >= warmup:
+            runs.append({"tbo": tbo, "wall_s": wall, "step_s": times, "a2a_s": [s.moe.a2a_s for s in hook.log],
+                         "wait_s": [s.moe.wait_s for s in hook.log], "split": [s.moe.split_passes for s in hook.log],
+                         "tokens": [list(o.outputs[0].token_ids) for o in outs]})
+    with open(os.path.join(out_dir, f"rank{layout.rank}.json"), "w") as f:
+        json.dump(runs, f)
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+def tbo_summary(ranks: list[list[dict]], want: list) -> dict:
+    """Medians per mode over every rank's timed steps (ms), and the with/without ratios."""
+    med = statistics.median
+    out: dict = {"equal": all(r["tokens"] == want for runs in ranks for r in runs)}
+    for tbo, key in ((False, "off"), (True, "on")):
+        runs = [r for rk in ranks for r in rk if r["tbo"] == tbo]
+        steps = [(st, a, w) for r in runs for st, a, w in zip(r["step_s"], r["a2a_s"], r["wait_s"])]
+        out[key] = {"steps": len(steps), "split_steps": sum(1 for r in runs for n in r["split"] if n),
+                    "step_ms": med(st for st, _, _ in steps) * 1e3, "a2a_ms": med(a for _, a, _ in steps) * 1e3,
+                    "exposed_ms": med(w for _, _, w in steps) * 1e3,
+                    "hidden_ms": med(a - w for _, a, w in steps) * 1e3,
+                    "rest_ms": med(st - w for st, _, w in steps) * 1e3,
+                    "hidden_total_ms": sum(a - w for _, a, w in steps) * 1e3,
+                    "a2a_total_ms": sum(a for _, a, _ in steps) * 1e3,
+                    "run_s": med(r["wall_s"] for r in runs)}
+    out["step_ratio"] = out["on"]["step_ms"] / out["off"]["step_ms"]
+    out["run_ratio"] = out["on"]["run_s"] / out["off"]["run_s"]
+    return out
+
+
 def run(cfg) -> int:
     import torch
     from omegaconf import OmegaConf
@@ -87,7 +158,7 @@ def run(cfg) -> int:
               f"{os.getloadavg()[0]:.1f}. Counted work and bytes are the result; step times on a shared 2-core "
               f"host are not a scaling claim.")
     results = {}
-    with Progress("bench ep", len(LAYOUTS), every=0.0) as prog:
+    with Progress("bench ep", len(LAYOUTS) + int(TBO), every=0.0) as prog:
         times, steps = [], 0
         t_eng = single.engine
         real = t_eng.step
@@ -135,6 +206,19 @@ def run(cfg) -> int:
                                   "step_ms": statistics.median(got["step_s"]) * 1e3})
             results[n] = {"ranks": ranks, "equal": equal}
             prog.advance(f"dep{n}")
+        tbo = None
+        if TBO:
+            d = dict(base)
+            d["parallel"] = dict(base["parallel"], ep=2, dp=2)
+            with tempfile.TemporaryDirectory() as tmp:
+                spawn_from_file(here, "tbo_rank_body", 2, d, prompts, int(b.max_tokens), max(1, int(b.repeats)),
+                                int(b.warmup), tmp)
+                got = []
+                for r in range(2):
+                    with open(os.path.join(tmp, f"rank{r}.json")) as f:
+                        got.append(json.load(f))
+            tbo = tbo_summary(got, outs)
+            prog.advance("dep2 tbo")
     t = Table(title="DP attention x EP MoE, per rank (counted; step ms on a shared host is not scaling)")
     for col in ("layout", "rank", "attention tokens", "share", "MoE rows", "a2a bytes sent", "planner bytes",
                 "sent / planned", "empty rounds", "steps", "step ms (median)", "same tokens"):
@@ -156,11 +240,28 @@ def run(cfg) -> int:
                       f"attention tokens {sum(r['attn_tokens'] for r in res['ranks'])} = the single process's {total}")
     con.print(f"(planner bytes: this run's MoE rows x top-{top_k} x (ep-1)/ep x (hidden {hidden} x {elt} B each way, "
               f"dispatch and combine in the model's dtype, + an 8-byte expert id dispatched), uniform routing)")
+    if tbo is not None:
+        t = Table(title="dep2 two-batch overlap (parallel.tbo), medians per step over both ranks' timed runs, ms; "
+                        "2 ranks + their communication threads on this host's cores: not a hardware claim")
+        for col in ("tbo", "steps", "split steps", "step", "all-to-all", "exposed", "hidden", "step - exposed",
+                    "a2a / (step - exposed)", "run s (median)", "same tokens"):
+            t.add_column(col, justify="right")
+        for key in ("off", "on"):
+            m = tbo[key]
+            t.add_row(key, str(m["steps"]), str(m["split_steps"]), f"{m['step_ms']:.2f}", f"{m['a2a_ms']:.2f}",
+                      f"{m['exposed_ms']:.2f}", f"{m['hidden_ms']:.2f}", f"{m['rest_ms']:.2f}",
+                      f"{m['a2a_ms'] / m['rest_ms']:.2f}" if m["rest_ms"] else "-", f"{m['run_s']:.3f}",
+                      "yes" if tbo["equal"] else "NO")
+        con.print(t)
+        on = tbo["on"]
+        con.print(f"with/without overlap: median step {tbo['step_ratio']:.2f}x, median run {tbo['run_ratio']:.2f}x; "
+                  f"hidden {on['hidden_total_ms']:.1f} of {on['a2a_total_ms']:.1f} ms of all-to-all "
+                  f"({on['hidden_total_ms'] / max(on['a2a_total_ms'], 1e-9):.0%})")
     out = cfg.get("output") or os.path.join(str(b.output_dir), "ep.json")
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as f:
         json.dump({"model": str(cfg.model.name), "exec": "spawned ranks on this host (gloo)",
-                   "load_average": os.getloadavg()[0], "layouts": {f"dep{n}": r for n, r in results.items()}}, f,
-                  indent=2)
+                   "load_average": os.getloadavg()[0], "layouts": {f"dep{n}": r for n, r in results.items()},
+                   "tbo": tbo}, f, indent=2)
     con.print(f"wrote {out}")
-    return 0 if all(r["equal"] for r in results.values()) else 1
+    return 0 if all(r["equal"] for r in results.values()) and (tbo is None or tbo["equal"]) else 1
