@@ -317,6 +317,8 @@ def test_an_unsplit_and_an_idle_rank_join_split_passes(dep2):
     # rank 1 done: it serves rank 0's split passes with two empty micro-batches a layer
     idle = [(b, o) for b, o, s0, s1 in steps if s0[1] and not s1[0]]
     assert idle and all(o[1] == 0 and o[3].rounds == o[3].empty_rounds == 2 * MOE_LAYERS for _, o in idle)
+    # one header per forward, split or not (B needs none: the pass plan covers both), one at the step's end
+    assert all(s[3].headers == 2 for log in (busy, other) for s in log)
 
 
 @pytest.mark.slow
