@@ -170,6 +170,10 @@ class LLM:
     # ------------------------------------------------------------------ generation
 
     def _requests(self, prompts, sampling_params, priority):
+        served = getattr(self, "served_by", None)  # make_app's AsyncEngine, once this LLM is served
+        if served is not None and served.alive:  # two threads stepping one engine would mix their batches
+            raise UserError("this LLM's engine is being served (inferhal serve / make_app runs it on its own "
+                            "thread): send requests to the server, or stop it before calling generate/stream/chat")
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)

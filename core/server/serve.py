@@ -57,6 +57,7 @@ def make_app(llm, cfg):
     metrics = ServerMetrics(settings.model_name)
     inner = disaggregated(llm, cfg) if str(cfg.parallel.role) != "any" else llm.engine
     engine = AsyncEngine(inner, int(cfg.server.max_queued_requests), metrics)
+    llm.served_by = engine  # its generate/stream/chat are refused while the server's loop thread runs the engine
     return with_lifespan(build_app(engine, settings, metrics), engine), engine
 
 

@@ -77,8 +77,22 @@ def offline(llm):
     return {p: o for p, o in zip(OFFLINE_PROMPTS, outs)}
 
 
+FAILOVER_PROMPTS = ["Once upon a time", "The three primary colors are", "A haiku about the sea:"]
+FAILOVER_MAX_TOKENS = 40
+
+
 @pytest.fixture(scope="package")  # this directory (a package): freed after its last test
-def server(llm, offline):
+def offline_long(llm):
+    """Greedy texts of FAILOVER_PROMPTS (FAILOVER_MAX_TOKENS each) from ``LLM.generate``, before the server
+    owns the engine (while it does, generate is refused)."""
+    from inferhal.core.sampling.params import SamplingParams
+
+    outs = llm.generate(FAILOVER_PROMPTS, SamplingParams(max_tokens=FAILOVER_MAX_TOKENS, temperature=0.0))
+    return [o.outputs[0].text for o in outs]
+
+
+@pytest.fixture(scope="package")  # this directory (a package): freed after its last test
+def server(llm, offline, offline_long):
     """(base URL, AsyncEngine) of the session's server (API key API_KEY, MAX_QUEUED requests at most)."""
     from inferhal.core.cli.main import compose
     from inferhal.core.server.serve import make_app

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from server_fixtures import API_KEY, MODEL, OFFLINE_MAX_TOKENS, OFFLINE_PROMPTS, run_server
+from server_fixtures import (API_KEY, FAILOVER_MAX_TOKENS, FAILOVER_PROMPTS, MODEL, OFFLINE_MAX_TOKENS,
+                             OFFLINE_PROMPTS, run_server)
 
 pytestmark = pytest.mark.slow
 
@@ -47,20 +48,19 @@ def test_pd_server_streams_the_colocated_greedy_text(pd_server, offline):
     assert inner.prefill.kv_manager.reqs == {} and not inner._remote
 
 
-def test_a_killed_decode_process_loses_no_request(pd_server, llm):
+def test_a_killed_decode_process_loses_no_request(pd_server, offline_long):
     openai = pytest.importorskip("openai")
-    from inferhal.core.sampling.params import SamplingParams
 
     url, engine = pd_server
     inner = engine.engine
     client = openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
-    prompts = ["Once upon a time", "The three primary colors are", "A haiku about the sea:"]
-    want = [o.outputs[0].text for o in llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0.0))]
+    prompts, want = FAILOVER_PROMPTS, offline_long  # the colocated engine's texts, from before any server ran
     got: dict[int, str] = {}
 
     def ask(i):
         parts = [ch.choices[0].text for ch in client.completions.create(
-            model=MODEL, prompt=prompts[i], max_tokens=40, temperature=0, stream=True) if ch.choices]
+            model=MODEL, prompt=prompts[i], max_tokens=FAILOVER_MAX_TOKENS, temperature=0, stream=True)
+            if ch.choices]
         got[i] = "".join(parts)
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]

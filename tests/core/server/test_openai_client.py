@@ -25,6 +25,15 @@ def test_completion_equals_offline_generate(client, offline):
         assert r.usage.completion_tokens == len(want.token_ids)
 
 
+def test_generate_on_the_served_llm_is_refused_not_mixed_into_the_servers_batches(server, llm):
+    from inferhal.core.errors import UserError
+
+    with pytest.raises(UserError, match="this LLM's engine is being served"):
+        llm.generate(["The capital of France is"])
+    with pytest.raises(UserError, match="being served"):
+        llm.stream(["The capital of France is"])
+
+
 def llm_text(out) -> str:
     return out.text  # no special tokens in these outputs (length-limited, no EOS)
 
