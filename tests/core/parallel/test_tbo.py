@@ -77,10 +77,9 @@ def test_the_scheduler_hands_the_split_to_the_runner_as_plain_data():
 
 
 def test_a_micro_batch_is_the_batch_the_runner_builds_for_its_sequences_alone():
+    from inferhal.core.engine.llm import LLM
     from inferhal.core.models.base import ForwardBatch
     from inferhal.core.paging.batch import SeqSlice, build_attn_batches
-
-    from inferhal.core.engine.llm import LLM
 
     eng = LLM.from_config(wk.tiny_cfg()).engine
     specs, bs = eng.kv_manager.specs, eng.kv_manager.block_size
