@@ -107,6 +107,7 @@ class ParallelLayout:
     dp: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    timeout_s: float = 120.0  # joining the group and each collective: a rank that never comes is an error then
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:

@@ -24,9 +24,10 @@ from inferhal.core.backend import ParallelLayout
 BACKEND = "hccl"
 
 
-def make_communicator(layout: ParallelLayout, timeout_s: float = 600.0):
-    """HCCL communicator for this rank (identities when ``world_size == 1``). HCCL's first collective
-    builds its rings, which takes seconds on large jobs, hence the longer default timeout."""
+def make_communicator(layout: ParallelLayout, timeout_s: float | None = None):
+    """HCCL communicator for this rank (identities when ``world_size == 1``); the timeout is
+    ``parallel.timeout_s`` (``layout.timeout_s``). HCCL's first collective builds its rings, which takes
+    seconds on large jobs: raise it there if 120 s is short."""
     if layout.world_size == 1:
         return SingleProcessCommunicator(layout)
     return TorchDistCommunicator(layout, backend=BACKEND, timeout_s=timeout_s)

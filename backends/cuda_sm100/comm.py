@@ -16,7 +16,7 @@ from inferhal.core.backend import ParallelLayout
 
 
 class NcclCommunicator(TorchDistCommunicator):
-    def __init__(self, layout: ParallelLayout, device: str = "cuda", timeout_s: float = 120.0) -> None:
+    def __init__(self, layout: ParallelLayout, device: str = "cuda", timeout_s: float | None = None) -> None:
         super().__init__(layout, backend="nccl", timeout_s=timeout_s)
         self.device = torch.device(device)
 

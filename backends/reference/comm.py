@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from inferhal.core.backend import ParallelLayout
+from inferhal.core.errors import UserError
 
 
 class SingleProcessCommunicator:
@@ -42,16 +43,21 @@ class TorchDistCommunicator:
     communication thread, in submission order (two-batch overlap, core/parallel/tbo.py).
     """
 
-    def __init__(self, layout: ParallelLayout, backend: str = "gloo", timeout_s: float = 120.0) -> None:
+    def __init__(self, layout: ParallelLayout, backend: str = "gloo", timeout_s: float | None = None) -> None:
         self.layout = layout
+        timeout_s = float(layout.timeout_s if timeout_s is None else timeout_s)
         if not dist.is_initialized():
-            dist.init_process_group(
-                backend,
-                init_method=f"tcp://{layout.master_addr}:{layout.master_port}",
-                world_size=layout.world_size,
-                rank=layout.rank,
-                timeout=datetime.timedelta(seconds=timeout_s),
-            )
+            where = f"tcp://{layout.master_addr}:{layout.master_port}"
+            try:
+                dist.init_process_group(backend, init_method=where, world_size=layout.world_size, rank=layout.rank,
+                                        timeout=datetime.timedelta(seconds=timeout_s))
+            except (RuntimeError, ValueError) as exc:  # DistStoreError / DistNetworkError are RuntimeErrors
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise UserError(
+                    f"rank {layout.rank} of {layout.world_size}: the {backend} process group at {where} did not "
+                    f"form within parallel.timeout_s={timeout_s:g} s: a rank never joined (not started, died "
+                    f"before joining, or pointed at another master address/port) ({type(exc).__name__}: "
+                    f"{first})") from None
         self.group = dist.group.WORLD
         self._thread: ThreadPoolExecutor | None = None
 

@@ -35,8 +35,8 @@ def check_layout(parallel: Any, env: Mapping[str, str] | None = None) -> int:
 
     Checked: tp, ep, dp >= 1; tp = 1 (no tensor parallelism); dp = 1 (attention replicated on every EP
     rank) or dp = ep (DP attention × EP MoE, one attention rank per EP rank, as ``dep8`` = DP8 × EP8);
-    role = any (no prefill/decode disaggregation); the launcher; under torchrun, that the environment is
-    complete and its ``WORLD_SIZE`` matches the layout.
+    role = any (no prefill/decode disaggregation); ``timeout_s`` > 0; the launcher; under torchrun, that the
+    environment is complete and its ``WORLD_SIZE`` matches the layout.
     """
     env = os.environ if env is None else env
     world = world_size_of(parallel)
@@ -52,6 +52,7 @@ def check_layout(parallel: Any, env: Mapping[str, str] | None = None) -> int:
     role = str(getattr(parallel, "role", "any"))
     if role != "any":
         raise UserError(f"parallel.role={role!r}: prefill/decode disaggregation is not supported yet (use parallel.role=any)")
+    timeout_of(parallel)
     launcher = str(parallel.launcher)
     if launcher not in ("local", "torchrun"):
         raise UserError(f"parallel.launcher must be local|torchrun, got {launcher!r}")
@@ -84,7 +85,17 @@ def layout_from_env(parallel: Any, env: Mapping[str, str] | None = None) -> Para
         raise UserError(f"WORLD_SIZE={world} but parallel.tp x parallel.ep = {want}; start {want} processes "
                         f"(torchrun --nproc-per-node {want}) or change parallel=")
     return ParallelLayout(world_size=world, rank=int(env["RANK"]), tp=int(parallel.tp), ep=int(parallel.ep),
-                          dp=int(parallel.dp), master_addr=env["MASTER_ADDR"], master_port=int(env["MASTER_PORT"]))
+                          dp=int(parallel.dp), master_addr=env["MASTER_ADDR"], master_port=int(env["MASTER_PORT"]),
+                          timeout_s=timeout_of(parallel))
+
+
+def timeout_of(parallel: Any) -> float:
+    """``parallel.timeout_s`` (how long a rank waits for its peers to join, and in each collective), checked."""
+    t = float(getattr(parallel, "timeout_s", 120.0))
+    if not t > 0:
+        raise UserError(f"parallel.timeout_s={t:g} must be > 0 (seconds a rank waits for the others to join the "
+                        f"group, and in each collective)")
+    return t
 
 
 def teardown() -> None:
@@ -140,7 +151,8 @@ def launch(fn: Callable[..., Any], parallel: Any, *args: Any, env: Mapping[str, 
         return
     port = int(parallel.master_port) or free_port()
     layout = ParallelLayout(world_size=world, rank=0, tp=int(parallel.tp), ep=int(parallel.ep),
-                            dp=int(parallel.dp), master_addr=str(parallel.master_addr), master_port=port)
+                            dp=int(parallel.dp), master_addr=str(parallel.master_addr), master_port=port,
+                            timeout_s=timeout_of(parallel))
     if world == 1:
         fn(layout, *args)
         return

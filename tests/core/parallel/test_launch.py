@@ -61,6 +61,7 @@ def test_single_rank_runs_in_process():
     (dict(dp=0), "parallel.dp must be >= 1"),
     (dict(launcher="mpirun"), "launcher must be local|torchrun"),
     (dict(launcher="torchrun"), "RANK/WORLD_SIZE are not set"),
+    (dict(timeout_s=0), "parallel.timeout_s=0 must be > 0"),
 ])
 def test_a_layout_is_refused_before_any_process_starts(kw, needle, monkeypatch):
     import torch.multiprocessing as mp
@@ -68,3 +69,51 @@ def test_a_layout_is_refused_before_any_process_starts(kw, needle, monkeypatch):
     monkeypatch.setattr(mp, "start_processes", lambda *a, **k: pytest.fail("spawned processes for a refused layout"))
     with pytest.raises(UserError, match=needle):
         launch(lambda lay: pytest.fail("ran a rank of a refused layout"), par(**kw), env={})
+
+
+NEVER_JOINS = """
+import time
+from inferhal.backends.reference.comm import TorchDistCommunicator
+from inferhal.core.backend import ParallelLayout
+from inferhal.core.errors import UserError
+from inferhal.core.parallel.launch import free_port
+for rank in (0, 1):  # rank 0 waits for a rank 1 that never comes; rank 1 looks for a master that is not there
+    t0 = time.monotonic()
+    try:
+        TorchDistCommunicator(ParallelLayout(world_size=2, rank=rank, master_port=free_port(), timeout_s=2))
+        print("joined?!")
+    except UserError as exc:
+        print(f"{time.monotonic() - t0:.1f}", exc)
+"""
+
+
+def test_a_rank_that_never_joins_is_a_clear_error_within_the_timeout():
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", NEVER_JOINS], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) == 2
+    for rank, line in enumerate(lines):
+        secs, msg = line.split(" ", 1)
+        assert float(secs) < 30
+        assert msg.startswith(f"rank {rank} of 2: the gloo process group at tcp://127.0.0.1:")
+        assert "did not form within parallel.timeout_s=2 s: a rank never joined" in msg
+
+
+def test_generate_under_torchrun_with_a_node_that_never_joins_exits_2_with_the_message(tmp_path):
+    """One torchrun-started rank of two (the other node never comes): a message and exit 2, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    exe = os.path.join(os.path.dirname(sys.executable), "inferhal")
+    p = subprocess.run([exe, "generate", "model=deepseek_v4_tiny", "prompt_ids=[1,2,3]", "parallel=ep2",
+                        "parallel.launcher=torchrun", "parallel.timeout_s=3"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stderr
+    assert "rank 0 of 2: the gloo process group at tcp://127.0.0.1:" in p.stderr
+    assert "parallel.timeout_s=3 s: a rank never joined" in p.stderr and "Traceback" not in p.stderr
