@@ -194,7 +194,7 @@ def lm_head_argmax() -> list[OpCase]:
     precision, finds the same token). The hidden states are on a grid of 1/8, so a winner's logit is a sum of
     multiples of 1/32 that every summation order computes exactly. A plain weight also holds an exact copy of
     each winner at a higher index: a tie in any product (a GEMM may sum two output columns in different
-    orders, e.g. Triton's interpreter through the host's BLAS), which the lower index wins. (A quantised copy
+    orders, e.g. an interpreter through the host's BLAS), which the lower index wins. (A quantised copy
     may land in another scale block: no longer a tie.)"""
     out = []
     sweep = [(4, 1000, 64, "plain", "quick"), (3, 256, 128, "fp8_block", "quick"), (1, 4096, 640, "plain", "full"),

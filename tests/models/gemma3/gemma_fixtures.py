@@ -21,16 +21,64 @@ def gemma_path() -> str:
     return gguf_path()
 
 
+class GemmaHandle:
+    """``(LoadedModel, backend)`` of the real file on the reference backend, loaded on first use and dropped by
+    :meth:`release` (a module that loads other Gemma copies releases it first, so the suite's peak memory holds
+    one fp32 Gemma at a time; a later user loads it again)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._pair: tuple | None = None
+
+    def _get(self) -> tuple:
+        if self._pair is None:
+            from inferhal.core.config.schema import BackendConfig, ModelConfig
+            from inferhal.core.models.gemma3.loader import load
+            from inferhal.core.registry import BackendRegistry
+
+            be = BackendRegistry.discover().select(BackendConfig(name="reference"))
+            mc = ModelConfig(name="gemma3_270m", family="gemma3", format="gguf", path=self.path, max_model_len=2048)
+            self._pair = (load(mc, be), be)
+        return self._pair
+
+    def __getitem__(self, i: int):
+        return self._get()[i]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def release(self) -> None:
+        import gc
+
+        self._pair = None
+        gc.collect()
+
+
+_HANDLES: dict[str, GemmaHandle] = {}
+
+
+def release_gemma() -> None:
+    """Drop the shared reference Gemma (if loaded)."""
+    for h in _HANDLES.values():
+        h.release()
+
+
 @pytest.fixture(scope="package")  # this directory (a package): freed after its last test
 def gemma(gemma_path):
-    """Our LoadedModel of the real file, on the reference backend."""
-    from inferhal.core.config.schema import BackendConfig, ModelConfig
-    from inferhal.core.models.gemma3.loader import load
-    from inferhal.core.registry import BackendRegistry
+    """Our LoadedModel of the real file, on the reference backend (a :class:`GemmaHandle`: ``loaded, be =
+    gemma`` or ``gemma[0]``)."""
+    h = _HANDLES.setdefault(gemma_path, GemmaHandle(gemma_path))
+    yield h
+    h.release()
 
-    be = BackendRegistry.discover().select(BackendConfig(name="reference"))
-    mc = ModelConfig(name="gemma3_270m", family="gemma3", format="gguf", path=gemma_path, max_model_len=2048)
-    return load(mc, be), be
+
+@pytest.fixture(scope="package")  # this directory (a package): freed after its last test
+def gemma_tokenizer(gemma_path):
+    """The GGUF's tokenizer alone (no weights)."""
+    from inferhal.core.models.gemma3.gguf_file import GGUFFile
+    from inferhal.core.models.gemma3.tokenizer import GemmaTokenizer
+
+    return GemmaTokenizer.from_gguf(GGUFFile(gemma_path))
 
 
 @pytest.fixture(scope="package")  # this directory (a package): freed after its last test

@@ -33,6 +33,10 @@ def _load(gemma_path, keep_ints: bool, monkeypatch):
 def test_integer_blocks_give_the_dense_logits_bit_for_bit(gemma_path, monkeypatch):
     import gc
 
+    from gemma_fixtures import release_gemma
+
+    release_gemma()  # the directory's shared fp32 Gemma: one Gemma copy at a time in this process
+
     batches = (1, 3, 9)  # decode steps of 1, 3 (in registers) and 9 rows (bf16 copy)
     dense = _load(gemma_path, False, monkeypatch)  # one model alive at a time: the suite's memory stays bounded
     ids = [dense.tokenizer.encode(p) for p in PROMPTS]

@@ -21,8 +21,8 @@ TEXTS = PROMPTS + [
 
 
 @pytest.mark.slow
-def test_encode_and_decode_equal_transformers(gemma, hf_tokenizer):
-    tok = gemma[0].tokenizer
+def test_encode_and_decode_equal_transformers(gemma_tokenizer, hf_tokenizer):
+    tok = gemma_tokenizer
     for text in TEXTS:
         ids = tok.encode(text)
         want = hf_tokenizer(text)["input_ids"]
@@ -32,8 +32,8 @@ def test_encode_and_decode_equal_transformers(gemma, hf_tokenizer):
     assert tok.encode("hi", add_bos=False) == hf_tokenizer("hi", add_special_tokens=False)["input_ids"]
 
 
-def test_vocabulary_facts(gemma):
-    tok = gemma[0].tokenizer
+def test_vocabulary_facts(gemma_tokenizer):
+    tok = gemma_tokenizer
     assert tok.bos_token_id == 2 and tok.eos_token_ids[0] == 1 and tok.vocab_size == 262144
     assert tok.encode("<start_of_turn>user\n", add_bos=False)[0] == 105  # control pieces stay whole
     assert tok.decode(tok.encode("ünïcode  \n\n x")[1:]) == "ünïcode  \n\n x"
