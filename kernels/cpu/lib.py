@@ -64,10 +64,23 @@ def _cpuinfo(field: str) -> str | None:
     return None
 
 
+#: ``INFERHAL_MAX_CPU_ISA=AVX2`` hides this CPU's AVX-512 and AMX flags from every probe here, so a run on
+#: an AVX-512 host sees what an AVX2-only host sees (cpu_amx / cpu_avx512 unavailable, with the reason);
+#: with ``ONEDNN_MAX_CPU_ISA=AVX2`` and ``ATEN_CPU_CAPABILITY=avx2`` torch's kernels follow (docs/backends.md)
+MAX_ISA_ENV = "INFERHAL_MAX_CPU_ISA"
+
+
 @functools.cache
 def cpu_flags() -> frozenset[str]:
-    """This CPU's /proc/cpuinfo flags, read once (the greedy head asks at every step)."""
-    return frozenset((_cpuinfo("flags") or "").split())
+    """This CPU's /proc/cpuinfo flags, read once (the greedy head asks at every step), less those above
+    ``INFERHAL_MAX_CPU_ISA`` (``AVX2``: no avx512* / amx*; unset or ``ALL``: every flag)."""
+    flags = frozenset((_cpuinfo("flags") or "").split())
+    cap = os.environ.get(MAX_ISA_ENV, "").strip().upper()
+    if cap in ("", "ALL"):
+        return flags
+    if cap == "AVX2":
+        return frozenset(f for f in flags if not f.startswith(("avx512", "amx")))
+    raise ValueError(f"{MAX_ISA_ENV}={cap!r}: use AVX2 (hide AVX-512 and AMX) or ALL")
 
 
 def cpu_model() -> str:

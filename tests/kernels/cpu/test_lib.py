@@ -57,3 +57,25 @@ def test_build_is_cached_by_source_flags_and_compiler(tmp_path):
     first = lib.build(cc, tmp_path)
     mtime = first.stat().st_mtime_ns
     assert lib.build(cc, tmp_path) == first and first.stat().st_mtime_ns == mtime  # not rebuilt
+
+
+def test_max_cpu_isa_avx2_hides_avx512_and_amx(monkeypatch):
+    monkeypatch.setattr(lib, "_cpuinfo", lambda field: "fpu sse2 avx2 fma avx512f avx512bw avx512_bf16 amx_tile")
+    try:
+        for value, want in (("AVX2", {"fpu", "sse2", "avx2", "fma"}), ("", None), ("all", None)):
+            monkeypatch.setenv(lib.MAX_ISA_ENV, value)
+            lib.cpu_flags.cache_clear()
+            assert lib.cpu_flags() == (want or {"fpu", "sse2", "avx2", "fma", "avx512f", "avx512bw", "avx512_bf16",
+                                                 "amx_tile"})
+        monkeypatch.setenv(lib.MAX_ISA_ENV, "AVX2")
+        lib.cpu_flags.cache_clear()
+        lib.clear()
+        assert not lib.avx512_status().available and "avx512f" in lib.avx512_status().reason
+        monkeypatch.setenv(lib.MAX_ISA_ENV, "SSE9")
+        lib.cpu_flags.cache_clear()
+        with pytest.raises(ValueError, match="INFERHAL_MAX_CPU_ISA='SSE9': use AVX2"):
+            lib.cpu_flags()
+    finally:
+        monkeypatch.undo()
+        lib.cpu_flags.cache_clear()
+        lib.clear()
