@@ -35,6 +35,21 @@ LAYOUTS = (1, 2, 4)
 TBO = True  # also measure two-batch overlap on dep2
 
 
+def time_steps(engine) -> list[float]:
+    """Wrap ``engine.step`` so that each call's wall seconds are appended to the returned list."""
+    times: list[float] = []
+    real = engine.step
+
+    def timed():
+        t0 = time.perf_counter()
+        out = real()
+        times.append(time.perf_counter() - t0)
+        return out
+
+    engine.step = timed
+    return times
+
+
 def prompts_of(n: int, vocab: int) -> list[list[int]]:
     return [[(13 * i + 7 * j) % (vocab - 3) + 3 for j in range(8 + (11 * i) % 33)] for i in range(n)]
 
@@ -50,16 +65,7 @@ def rank_body(layout, cfg_dict: dict, prompts: list, max_tokens: int, out_dir: s
     torch.set_num_threads(1)
     llm, hook = dp_llm(OmegaConf.create(cfg_dict), layout)
     eng = llm.engine
-    times = []
-    real = eng.step
-
-    def timed():
-        t0 = time.perf_counter()
-        out = real()
-        times.append(time.perf_counter() - t0)
-        return out
-
-    eng.step = timed
+    times = time_steps(eng)
     outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
     rows = [{"attn_tokens": s.attn_tokens, "moe_rows": s.moe.token_rows, "a2a_bytes": s.moe.a2a_bytes,
              "rounds": s.moe.rounds, "empty_rounds": s.moe.empty_rounds} for s in hook.log]
@@ -86,16 +92,8 @@ def tbo_rank_body(layout, cfg_dict: dict, prompts: list, max_tokens: int, repeat
     for i in range(warmup + 2 * repeats):
         tbo = i >= warmup and (i - warmup) % 2 == 1
         llm, hook = dp_llm(OmegaConf.create(dict(cfg_dict, parallel=dict(cfg_dict["parallel"], tbo=tbo))), layout)
-        eng, times = llm.engine, []
-        real = eng.step
-
-        def timed(real=real, times=times):
-            t0 = time.perf_counter()
-            out = real()
-            times.append(time.perf_counter() - t0)
-            return out
-
-        eng.step = timed
+        eng = llm.engine
+        times = time_steps(eng)
         t0 = time.perf_counter()
         outs = llm.generate(prompts, sp)
         wall = time.perf_counter() - t0
@@ -159,17 +157,9 @@ def run(cfg) -> int:
               f"host are not a scaling claim.")
     results = {}
     with Progress("bench ep", len(LAYOUTS) + int(TBO), every=0.0) as prog:
-        times, steps = [], 0
+        steps = 0
         t_eng = single.engine
-        real = t_eng.step
-
-        def timed():
-            t0 = time.perf_counter()
-            out = real()
-            times.append(time.perf_counter() - t0)
-            return out
-
-        t_eng.step = timed
+        times = time_steps(t_eng)
         attn = 0
         outs = []
         sp = SamplingParams(max_tokens=int(b.max_tokens), temperature=0.0, ignore_eos=True)

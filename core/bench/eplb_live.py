@@ -22,7 +22,6 @@ import json
 import os
 import statistics
 import tempfile
-import time
 
 REBALANCE_EVERY = 6
 MODES = {"stop-the-world": 0, "live": 1}
@@ -41,6 +40,7 @@ def rank_body(layout, cfg_dict: dict, prompts: list, max_tokens: int, repeats: i
     import torch
     from omegaconf import OmegaConf
 
+    from inferhal.core.bench.ep import time_steps
     from inferhal.core.parallel.ep_generate import dp_llm
     from inferhal.core.sampling.params import SamplingParams
 
@@ -51,16 +51,7 @@ def rank_body(layout, cfg_dict: dict, prompts: list, max_tokens: int, repeats: i
     for i, mode in enumerate(order):
         d = dict(cfg_dict, eplb=dict(cfg_dict["eplb"], layers_per_step=MODES[mode]))
         llm, hook = dp_llm(OmegaConf.create(d), layout)
-        eng, times = llm.engine, []
-        real = eng.step
-
-        def timed(real=real, times=times):
-            t0 = time.perf_counter()
-            out = real()
-            times.append(time.perf_counter() - t0)
-            return out
-
-        eng.step = timed
+        times = time_steps(llm.engine)
         outs = llm.generate(prompts, sp)
         rb = hook.rebalancer
         if i >= 2 * warmup:

@@ -19,7 +19,7 @@ down[E, D, I])``), ``use_expert_runner(runner)`` and ``experts_p``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Optional
 
