@@ -53,7 +53,7 @@ class ParallelConfig:
     master_addr: str = "127.0.0.1"
     master_port: int = 29511
     timeout_s: float = 120.0  # a rank that never joins, or stops answering a collective, is an error after this
-    role: str = "any"  # any | pd (`inferhal serve`: prefill here, decode in a spawned process; core/disagg)
+    role: str = "any"  # any | pd (`inferhal serve`: a router here, prefill and decode processes spawned; core/disagg)
     # two-batch overlap: each DP rank's step runs as two micro-batches, one's MoE all-to-all in flight while
     # the other computes (core/parallel/tbo.py); only with DP attention (parallel.dp = parallel.ep > 1)
     tbo: bool = False

@@ -2,7 +2,7 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or SSE when ``stream``: one
 ``data: {chunk}`` event per output, ``data: [DONE]`` last), ``GET /v1/models``, ``GET /health`` (503 once
-the engine loop has died), ``GET /version``, ``GET /metrics`` (Prometheus text).
+the engine loop has died; under ``parallel.role=pd`` each process's state, ``degraded`` when one is dead), ``GET /version``, ``GET /metrics`` (Prometheus text).
 
 Text: each choice decodes its tokens without special tokens; while it runs, text that could still be
 cut (a trailing partial UTF-8 character, the last ``len(longest stop) - 1`` characters) is held back,
@@ -343,7 +343,10 @@ def build_app(engine: AsyncEngine, settings: ServerSettings, metrics=None) -> Fa
         if not engine.alive:
             why = f"{type(engine.dead).__name__}: {engine.dead}" if engine.dead else "not running"
             return JSONResponse({"status": "dead", "reason": why}, status_code=503)
-        return {"status": "ok"}
+        roles = eng.health() if callable(getattr(type(eng), "health", None)) else None  # parallel.role=pd
+        if roles is None:
+            return {"status": "ok"}
+        return {"status": "ok" if all(v == "ok" for v in roles.values()) else "degraded", "roles": roles}
 
     @app.get("/version")
     async def version():

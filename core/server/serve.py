@@ -62,28 +62,22 @@ def make_app(llm, cfg):
 
 
 def disaggregated(llm, cfg):
-    """``parallel.role=pd``: this process prefills and routes, a spawned process decodes (core/disagg/service.py)."""
+    """``parallel.role=pd``: this process serves HTTP and routes; a spawned prefill process prefills and a
+    spawned decode process decodes (core/disagg/router.py). This process's engine only validates requests."""
     role = str(cfg.parallel.role)
     if role != "pd":
         raise UserError(f"parallel.role={role!r}: `inferhal serve` runs parallel.role=any (one engine) or "
-                        f"parallel.role=pd (one launch: prefill here, decode in a spawned process); prefill and "
-                        f"decode as separate launches behind a router are not implemented")
+                        f"parallel.role=pd (one launch: a router here, a prefill and a decode process spawned); "
+                        f"prefill and decode as separate launches (on other hosts) are not implemented")
     if bool(cfg.scheduler.async_scheduling):
         raise UserError("parallel.role=pd runs with scheduler.async_scheduling=false (the prefill engine reads a "
                         "request's KV for its hand-off right after the step that sampled its first token)")
     if int(cfg.parallel.ep) > 1 or int(cfg.parallel.dp) > 1:
         raise UserError(f"parallel.role=pd runs one prefill and one decode process (parallel.ep=1, parallel.dp=1); "
                         f"got parallel.ep={cfg.parallel.ep}, parallel.dp={cfg.parallel.dp}")
-    from inferhal.core.config import schema
-    from inferhal.core.disagg.service import DisaggregatedEngine
-    from inferhal.core.engine.engine import Engine
-    from inferhal.core.engine.llm import _to
+    from inferhal.core.disagg.router import Router
 
-    e = llm.engine
-    prefill = Engine(e.loaded, e.backend, e.scheduler.cfg, _to(schema.CacheConfig, cfg.cache), e.max_model_len,
-                     seed=int(cfg.seed), spec=_to(schema.SpecConfig, cfg.spec), role="prefill")
-    llm.engine = prefill  # (the colocated engine's KV pool goes)
-    return DisaggregatedEngine(prefill, cfg)
+    return Router(llm.engine, cfg)
 
 
 def with_lifespan(app, engine):
@@ -95,7 +89,7 @@ def with_lifespan(app, engine):
             yield
         finally:
             engine.stop()
-            close = getattr(engine.engine, "close", None)  # a disaggregated engine's decode process
+            close = getattr(engine.engine, "close", None)  # a router's prefill and decode processes
             if close is not None:
                 close()
 

@@ -181,7 +181,7 @@ def test_parallel_role_is_honoured_by_serve_only_and_only_as_pd():
     with pytest.raises(ConfigError, match="parallel.role='pd' is refused"):
         compose(["model=deepseek_v4_tiny", "parallel.role=pd"], command="generate")
     base = llm()
-    for over, words in ((["parallel.role=prefill"], "separate launches behind a router are not implemented"),
+    for over, words in ((["parallel.role=prefill"], "as separate launches .on other hosts. are not implemented"),
                         (["parallel.role=pd", "scheduler.async_scheduling=true"], "async_scheduling=false"),
                         (["parallel.role=pd", "parallel=ep2"], "parallel.ep=1")):
         cfg = compose(["model=deepseek_v4_tiny", *over], command="serve")

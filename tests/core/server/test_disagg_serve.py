@@ -1,14 +1,20 @@
-"""``inferhal serve parallel.role=pd``: this process prefills and routes, a spawned process decodes
-(SmolLM2-135M, KV over gloo send/recv). The openai client gets the colocated server's greedy text; when
-the decode process is killed mid-stream, every request it held is prefilled again here and its stream
-goes on to the same text, with nothing repeated or lost."""
+"""``inferhal serve parallel.role=pd``: this process serves HTTP and routes, a spawned prefill process
+prefills, a spawned decode process decodes (SmolLM2-135M, KV over gloo send/recv between the two). The
+openai client gets the colocated server's greedy text. Each process is killed with SIGKILL mid-stream:
+the requests it held are retried on the other one and every stream goes on to the same text, with
+nothing repeated or lost; the survivor's KV pool holds no request afterwards; /health names the dead role;
+with both dead, a request fails with 503 and /health answers 503."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -18,8 +24,8 @@ from server_fixtures import (API_KEY, FAILOVER_MAX_TOKENS, FAILOVER_PROMPTS, MOD
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def pd_server(llm):
+@contextlib.contextmanager
+def pd(llm):
     from inferhal.core.cli.main import compose
     from inferhal.core.engine.llm import LLM
     from inferhal.core.server.serve import make_app
@@ -32,10 +38,71 @@ def pd_server(llm):
         yield url, engine
 
 
-def test_pd_server_streams_the_colocated_greedy_text(pd_server, offline):
+@pytest.fixture(scope="module")
+def pd_server(llm, offline, offline_long):
+    with pd(llm) as got:
+        yield got
+
+
+def health(url) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def where(router) -> dict[str, str]:
+    """request id -> where the router has it (read from the test thread: retried if the dict changes)."""
+    for _ in range(100):
+        try:
+            return {rid: rec.at for rid, rec in list(router._reqs.items())}
+        except RuntimeError:
+            time.sleep(0.001)
+    raise AssertionError("could not read the router's requests")
+
+
+def streamed(router, rid) -> int:
+    rec = router._reqs.get(rid)
+    return len(rec.last.outputs[0].token_ids) if rec is not None and rec.last is not None else 0
+
+
+def wait_for(cond, what: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def no_leak(router, role: str) -> None:
+    acc = router.probe(role)
+    assert acc["kv_requests"] == [] and not acc["unfinished"] and acc["check"] is None, acc
+
+
+def client_of(url):
     openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+def streams(client, prompts, idx, got):
+    def ask(i):
+        parts = [ch.choices[0].text for ch in client.completions.create(
+            model=MODEL, prompt=prompts[i], max_tokens=FAILOVER_MAX_TOKENS, temperature=0, stream=True)
+            if ch.choices]
+        got[i] = "".join(parts)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in idx]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def test_pd_server_streams_the_colocated_greedy_text(pd_server, offline):
     url, engine = pd_server
-    client = openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    client = client_of(url)
     for p in OFFLINE_PROMPTS:
         r = client.completions.create(model=MODEL, prompt=p, max_tokens=OFFLINE_MAX_TOKENS, temperature=0)
         assert r.choices[0].text == offline[p].outputs[0].text
@@ -43,37 +110,83 @@ def test_pd_server_streams_the_colocated_greedy_text(pd_server, offline):
         parts = [ch.choices[0].text for ch in client.completions.create(
             model=MODEL, prompt=p, max_tokens=OFFLINE_MAX_TOKENS, temperature=0, stream=True) if ch.choices]
         assert "".join(parts) == offline[p].outputs[0].text
-    inner = engine.engine
-    assert inner.failed_over is None and inner.process.is_alive()
-    assert inner.prefill.kv_manager.reqs == {} and not inner._remote
+    router = engine.engine
+    assert router.failed == {} and not router._reqs
+    assert router.procs["prefill"].process.pid != os.getpid() != router.procs["decode"].process.pid
+    assert health(url) == (200, {"status": "ok", "roles": {"prefill": "ok", "decode": "ok"}})
+    no_leak(router, "prefill")
+    no_leak(router, "decode")
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    n = 2 * len(OFFLINE_PROMPTS)  # the tokens and requests of both roles, counted once, in the router
+    assert metric(text, "inferhal_generation_tokens_total") == n * OFFLINE_MAX_TOKENS
+    assert metric(text, "inferhal_request_success_total", 'finished_reason="length"') == n
+    assert metric(text, "inferhal_time_to_first_token_seconds_count") == n
+    assert metric(text, "inferhal_num_requests_running") == 0 and metric(text, "inferhal_kv_cache_usage_ratio") == 0
+
+
+def metric(text: str, name: str, label: str = "") -> float:
+    for line in text.splitlines():
+        if line.startswith(name + "{") and label in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {name} {label} in /metrics")
 
 
 def test_a_killed_decode_process_loses_no_request(pd_server, offline_long):
-    openai = pytest.importorskip("openai")
-
     url, engine = pd_server
-    inner = engine.engine
-    client = openai.OpenAI(base_url=url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
-    prompts, want = FAILOVER_PROMPTS, offline_long  # the colocated engine's texts, from before any server ran
+    router = engine.engine
     got: dict[int, str] = {}
-
-    def ask(i):
-        parts = [ch.choices[0].text for ch in client.completions.create(
-            model=MODEL, prompt=prompts[i], max_tokens=FAILOVER_MAX_TOKENS, temperature=0, stream=True)
-            if ch.choices]
-        got[i] = "".join(parts)
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    deadline = time.monotonic() + 60
-    while not inner._remote and time.monotonic() < deadline:  # wait for requests held by the decode side
-        time.sleep(0.01)
-    assert inner._remote, "no request reached the decode process"
-    os.kill(inner.process.pid, signal.SIGKILL)
+    threads = streams(client_of(url), FAILOVER_PROMPTS, range(len(FAILOVER_PROMPTS)), got)
+    wait_for(lambda: any(at != "prefill" for at in where(router).values()), "a request held by the decode side")
+    os.kill(router.procs["decode"].process.pid, signal.SIGKILL)
     for t in threads:
         t.join(120)
-    assert [got[i] for i in range(len(prompts))] == want
-    assert inner.failed_over and "decode process" in inner.failed_over  # exited, or a send to it failed
-    assert inner.prefill.kv_manager.reqs == {} and not inner._remote
-    inner.prefill.kv_manager.check()
+    assert [got.get(i) for i in range(len(FAILOVER_PROMPTS))] == offline_long
+    assert set(router.failed) == {"decode"} and "decode process" in router.failed["decode"]
+    assert not router._reqs and router.retried and set(router.retried.values()) == {"prefill"}
+    no_leak(router, "prefill")
+    status, body = health(url)
+    assert status == 200 and body["status"] == "degraded" and body["roles"]["prefill"] == "ok"
+    assert body["roles"]["decode"].startswith("dead: ")
+
+
+def test_a_killed_prefill_process_loses_no_request(llm, offline, offline_long):
+    """Two requests decode on the decode process; the prefill process is stopped, a third request waits for
+    it, and it is killed: the third is retried on the decode process, the two stream on from their KV."""
+    prompts, want = FAILOVER_PROMPTS, offline_long
+    with pd(llm) as (url, engine):
+        router = engine.engine
+        client = client_of(url)
+        got: dict[int, str] = {}
+        threads = streams(client, prompts, [0, 1], got)
+        early = wait_for(lambda: (lambda w: sorted(w) if len(w) == 2 and all(
+            at == "decode" and streamed(router, rid) >= 3 for rid, at in w.items()) else None)(where(router)),
+            "two requests streaming from the decode process")
+        pre = router.procs["prefill"].process
+        os.kill(pre.pid, signal.SIGSTOP)
+        threads += streams(client, prompts, [2], got)
+        late = wait_for(lambda: [rid for rid, at in where(router).items() if rid not in early and at == "prefill"],
+                        "the third request at the stopped prefill process")
+        os.kill(pre.pid, signal.SIGKILL)
+        wait_for(lambda: "prefill" in router.failed, "the router to notice the dead prefill process", 30)
+        for t in threads:
+            t.join(120)
+        assert [got.get(i) for i in range(len(prompts))] == want
+        assert set(router.failed) == {"prefill"} and not router._reqs
+        assert router.retried == {late[0]: "decode"}  # the two on the decode side went on from their KV
+        no_leak(router, "decode")
+        status, body = health(url)
+        assert status == 200 and body["status"] == "degraded" and body["roles"]["decode"] == "ok"
+        assert body["roles"]["prefill"].startswith("dead: the prefill process exited")
+        # the decode process runs new requests by itself now
+        p = OFFLINE_PROMPTS[0]
+        r = client.completions.create(model=MODEL, prompt=p, max_tokens=OFFLINE_MAX_TOKENS, temperature=0)
+        assert r.choices[0].text == offline[p].outputs[0].text and router.procs["prefill"].dead
+        no_leak(router, "decode")
+        # both dead: a request fails with the OpenAI error schema, never hangs, and /health says so
+        os.kill(router.procs["decode"].process.pid, signal.SIGKILL)
+        openai = pytest.importorskip("openai")
+        with pytest.raises(openai.APIStatusError) as err:
+            client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=4, temperature=0)
+        assert err.value.status_code == 503 and "both engine processes are dead" in str(err.value)
+        assert health(url)[0] == 503
