@@ -7,7 +7,6 @@ an empty batch; the front end places by load and prefix affinity. One spawned gr
 On the 2-core CI host wall-clock scaling says little, so the tests count work (tokens per rank per step)
 and bytes instead."""
 
-import importlib.util
 import json
 import os
 import re
@@ -19,14 +18,13 @@ import torch
 from inferhal.core.parallel.dp_frontend import RankLoad, place_requests
 from inferhal.core.parallel.launch import spawn_from_file
 
-WORKERS = os.path.join(os.path.dirname(__file__), "dp_workers.py")
+import by_file  # tests/core/parallel (conftest puts it on the path)
+
+WORKERS = by_file.path_of("dp_workers")
 
 
 def load_workers():
-    spec = importlib.util.spec_from_file_location("dp_workers", WORKERS)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return by_file.load("dp_workers")
 
 
 wk = load_workers()

@@ -11,16 +11,13 @@ import torch
 
 from inferhal.core.parallel.launch import free_port, spawn_from_file
 
-WORKERS = os.path.join(os.path.dirname(__file__), "engine_workers.py")
+import by_file  # tests/core/parallel (conftest puts it on the path)
+
+WORKERS = by_file.path_of("engine_workers")
 
 
 def load_workers():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ep_engine_workers", WORKERS)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return by_file.load("engine_workers")
 
 
 @pytest.fixture(scope="module")
@@ -236,12 +233,7 @@ def test_eplb_drift_reaches_the_policy_and_a_bad_value_is_named():
 def test_ep2_with_batch_invariant_ops_gives_the_single_process_logprobs_bitwise(tmp_path):
     """deterministic=true on plain EP (replicated attention, sharded experts): the single process's tokens and
     logprobs bit for bit, through preemption, chunked prefill, n-gram drafts, prefix hits and sampling."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("dp_workers", os.path.join(os.path.dirname(__file__), "dp_workers.py"))
-    dp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(dp)
-    want, _ = dp.reference("deterministic")
+    want, _ = by_file.load("dp_workers").reference("deterministic")
     spawn_from_file(WORKERS, "deterministic_suite", 2, str(tmp_path))
     for r in range(2):
         got = torch.load(tmp_path / f"rank{r}.pt", weights_only=False)

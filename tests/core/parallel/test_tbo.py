@@ -7,8 +7,6 @@ where the reference ops' rounding depends on the batch's size), through chunked 
 drafts, preemption, prefix hits, sampling, redundant expert replicas and live EPLB rebalances; every rank joins every split
 pass, busy, unsplit or idle; and the all-to-alls ran on the communication thread, partly hidden."""
 
-import importlib.util
-import os
 import threading
 import time
 
@@ -18,15 +16,14 @@ import torch
 from inferhal.core.parallel.launch import spawn_from_file
 from inferhal.core.parallel.tbo import interleave, slice_batch, split_batch, split_two, submit
 
-WORKERS = os.path.join(os.path.dirname(__file__), "tbo_workers.py")
+import by_file  # tests/core/parallel (conftest puts it on the path)
+
+WORKERS = by_file.path_of("tbo_workers")
 MOE_LAYERS = 4
 
 
 def load_workers():
-    spec = importlib.util.spec_from_file_location("tbo_workers", WORKERS)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return by_file.load("tbo_workers")
 
 
 wk = load_workers()
