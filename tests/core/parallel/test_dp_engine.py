@@ -33,13 +33,7 @@ D = 64  # the tiny model's hidden size: one fp32 row = 256 bytes
 MOE_LAYERS = 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model gains nothing from a second thread here, and on a busy host loses a lot (~5x)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py
 
 
 @pytest.fixture(scope="module")
