@@ -70,21 +70,22 @@ class _Rec:
 
 
 class _Counts:
-    """The server's gauges over both processes (their last reported counts)."""
+    """What the server's metrics read of an engine, over both processes (their last reported counts):
+    running and waiting over the live ones; counters (preemptions, drafts) over all, so they never drop."""
 
     def __init__(self, router: "Router") -> None:
         self._r = router
 
-    def _sum(self, key: str) -> int:
-        return sum(int(p.gauges.get(key, 0)) for p in self._r.procs.values())
+    def _sum(self, key: str, live: bool = False) -> int:
+        return sum(int(p.gauges.get(key, 0)) for p in self._r.procs.values() if not live or p.dead is None)
 
     @property
     def running(self) -> range:
-        return range(self._sum("running"))
+        return range(self._sum("running", live=True))
 
     @property
     def waiting(self) -> range:
-        return range(self._sum("waiting"))
+        return range(self._sum("waiting", live=True))
 
     @property
     def num_preemptions(self) -> int:
@@ -145,22 +146,28 @@ class Router:
         self.scheduler, self.kv_manager = _Counts(self), _Usage(self)
 
     def _wait_ready(self, timeout_s: float) -> None:
+        """Both processes load their model; then both join their group (so joining never waits out a load
+        under ``parallel.timeout_s``) and check each other. A failure is said, not waited out."""
         deadline = time.monotonic() + timeout_s
-        waiting = set(ROLES)
-        while waiting:  # each loads its model, then both join their group; a failure is said, not waited out
-            for role in sorted(waiting):
-                p = self.procs[role]
-                try:
-                    if p.conn.poll(0.25):
-                        kind, msg = p.conn.recv()
-                        if kind == "error":
-                            raise UserError(f"the {role} process failed to start: {msg}")
-                        waiting.discard(role)
-                        continue
-                except (EOFError, OSError):
-                    pass
-                if not p.process.is_alive() or time.monotonic() > deadline:
-                    raise UserError(f"the {role} process did not start (exit code {p.process.exitcode})")
+        for step in ("loaded", "ready"):
+            waiting = set(ROLES)
+            while waiting:
+                for role in sorted(waiting):
+                    p = self.procs[role]
+                    try:
+                        if p.conn.poll(0.25):
+                            kind, msg = p.conn.recv()
+                            if kind == "error":
+                                raise UserError(f"the {role} process failed to start: {msg}")
+                            waiting.discard(role)
+                            continue
+                    except (EOFError, OSError):
+                        pass
+                    if not p.process.is_alive() or time.monotonic() > deadline:
+                        raise UserError(f"the {role} process did not start (exit code {p.process.exitcode})")
+            if step == "loaded":
+                for p in self.procs.values():
+                    p.ctl.put(("join", None))
 
     # ------------------------------------------------------------------ what the server calls
 
@@ -287,7 +294,8 @@ class Router:
             if dec.dead is None:
                 if dec.process.is_alive():
                     dec.process.kill()  # a process that cannot take hand-offs is not a decode instance
-                self._fail("decode", f"handing request {rid!r} to the decode process failed: {why}", outs)
+                what = f"handing request {rid!r}" if rid is not None else "a heartbeat"
+                self._fail("decode", f"{what} to the decode process failed: {why}", outs)
             elif rid in self._reqs and self._reqs[rid].at == "handed":
                 self._retry(rid, "prefill")
 

@@ -76,6 +76,9 @@ def disaggregated(llm, cfg):
         raise UserError(f"parallel.role=pd runs one prefill and one decode process (parallel.ep=1, parallel.dp=1); "
                         f"got parallel.ep={cfg.parallel.ep}, parallel.dp={cfg.parallel.dp}")
     from inferhal.core.disagg.router import Router
+    from inferhal.core.parallel.launch import timeout_of
+
+    timeout_of(cfg.parallel)  # > 0, or refused before spawning (the two processes' group, and their heartbeat)
 
     return Router(llm.engine, cfg)
 

@@ -24,6 +24,11 @@ from server_fixtures import (API_KEY, FAILOVER_MAX_TOKENS, FAILOVER_PROMPTS, MOD
 pytestmark = pytest.mark.slow
 
 
+#: the two processes' group times out a receive after this long, and closes the link for good: the prefill
+#: process's heartbeats (every TIMEOUT_S / 4 without a hand-off) keep an idle pair linked
+TIMEOUT_S = 3
+
+
 @contextlib.contextmanager
 def pd(llm):
     from inferhal.core.cli.main import compose
@@ -31,7 +36,7 @@ def pd(llm):
     from inferhal.core.server.serve import make_app
 
     cfg = compose([f"model={MODEL}", f"server.api_key={API_KEY}", "parallel.role=pd", "model.max_model_len=512",
-                   "cache.block_size=16", "cache.num_blocks=256"], command="serve")
+                   "cache.block_size=16", "cache.num_blocks=256", f"parallel.timeout_s={TIMEOUT_S}"], command="serve")
     front = LLM.from_config(cfg, loaded_model=llm.engine.loaded, active_backend=llm.engine.backend)
     app, engine = make_app(front, cfg)
     with run_server(app) as url:
@@ -104,6 +109,7 @@ def test_pd_server_streams_the_colocated_greedy_text(pd_server, offline):
     url, engine = pd_server
     client = client_of(url)
     for p in OFFLINE_PROMPTS:
+        time.sleep(1.5 * TIMEOUT_S)  # idle past the group's timeout: still linked
         r = client.completions.create(model=MODEL, prompt=p, max_tokens=OFFLINE_MAX_TOKENS, temperature=0)
         assert r.choices[0].text == offline[p].outputs[0].text
         assert r.usage.completion_tokens == OFFLINE_MAX_TOKENS
@@ -111,7 +117,7 @@ def test_pd_server_streams_the_colocated_greedy_text(pd_server, offline):
             model=MODEL, prompt=p, max_tokens=OFFLINE_MAX_TOKENS, temperature=0, stream=True) if ch.choices]
         assert "".join(parts) == offline[p].outputs[0].text
     router = engine.engine
-    assert router.failed == {} and not router._reqs
+    assert router.failed == {} and not router._reqs and router.retried == {}  # all decoded on the decode side
     assert router.procs["prefill"].process.pid != os.getpid() != router.procs["decode"].process.pid
     assert health(url) == (200, {"status": "ok", "roles": {"prefill": "ok", "decode": "ok"}})
     no_leak(router, "prefill")
@@ -130,6 +136,23 @@ def metric(text: str, name: str, label: str = "") -> float:
         if line.startswith(name + "{") and label in line:
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"no {name} {label} in /metrics")
+
+
+def test_a_client_that_goes_away_frees_its_blocks_on_both_sides(pd_server):
+    url, engine = pd_server
+    router = engine.engine
+    stream = client_of(url).completions.create(model=MODEL, prompt="Once upon a time", max_tokens=400,
+                                               temperature=0, stream=True, extra_body={"ignore_eos": True})
+    it = iter(stream)
+    next(it)
+    rid = wait_for(lambda: [r for r, at in where(router).items() if at == "decode" and streamed(router, r) >= 3],
+                   "the request decoding on the decode process")[0]
+    stream.close()
+    wait_for(lambda: rid not in router._reqs, "the router to abort the request", 30)
+    for role in ("prefill", "decode"):
+        wait_for(lambda: not router.probe(role)["kv_requests"], f"the {role} process to free the request's blocks", 30)
+        no_leak(router, role)
+    assert router.failed == {}
 
 
 def test_a_killed_decode_process_loses_no_request(pd_server, offline_long):
