@@ -108,8 +108,9 @@ def streams(client, prompts, idx, got):
 def test_pd_server_streams_the_colocated_greedy_text(pd_server, offline):
     url, engine = pd_server
     client = client_of(url)
-    for p in OFFLINE_PROMPTS:
-        time.sleep(1.5 * TIMEOUT_S)  # idle past the group's timeout: still linked
+    for i, p in enumerate(OFFLINE_PROMPTS):
+        if i == 1:
+            time.sleep(1.5 * TIMEOUT_S)  # idle past the group's timeout: still linked
         r = client.completions.create(model=MODEL, prompt=p, max_tokens=OFFLINE_MAX_TOKENS, temperature=0)
         assert r.choices[0].text == offline[p].outputs[0].text
         assert r.usage.completion_tokens == OFFLINE_MAX_TOKENS
