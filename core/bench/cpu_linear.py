@@ -20,13 +20,14 @@ Reported: a table, ``<bench.output_dir>/cpu_linear.json`` (or ``output=``) and `
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
 from typing import Callable, Sequence
 
 import torch
+
+from inferhal.core.bench import write_json
 
 #: (name, N, K) of Gemma 3 270M's bf16 products
 SHAPES = (("q|k|v", 1536, 640), ("o", 640, 1024), ("gate|up", 4096, 640), ("down", 640, 2048),
@@ -127,13 +128,10 @@ def run(cfg) -> int:
     console.print(f"largest difference from oneDNN's output: {worst:.2f} bf16 ulps of the result's scale; "
                   f"hypervisor steal during the run: {stolen}")
 
-    out = cfg.get("output") or os.path.join(str(b.output_dir), "cpu_linear.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     result = {"cpu": lib.cpu_model(), "torch_threads": torch.get_num_threads(), "repeats": int(b.repeats),
               "not_measured": missing, "steal_share": steal, "rows": rows,
               "note": "wall-clock on this CPU (a CPU result); ratio = median per-repeat speed-up over onednn"}
-    with open(out, "w") as f:
-        json.dump(result, f, indent=2)
+    out = write_json(cfg, "cpu_linear.json", result)
     png = os.path.splitext(out)[0] + ".png"
     _plot(rows, png, lib.cpu_model())
     console.print(f"wrote {out} and {png}")

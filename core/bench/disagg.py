@@ -19,11 +19,11 @@ buys (see docs/disaggregation.md).
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
 
+from inferhal.core.bench import write_json
 from inferhal.core.cli.console import Progress, console as make_console
 
 
@@ -132,11 +132,9 @@ def run(cfg) -> int:
     con.print(f"transfers took {xfer:.3f} s of the pair's {lat_d['wall_s']:.2f} s; outputs equal: "
               f"{'yes' if same else 'NO'}. Both engines share this host's cores: correctness and accounting, "
               f"not a speed claim.")
-    out = cfg.get("output") or os.path.join(str(b.output_dir), "disagg.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump({"model": str(cfg.model.name), "backend": e.backend.name, "exec": "one process on the host CPU",
-                   "load_average": os.getloadavg()[0], "rows": rows, "requests": per_req, "outputs_equal": same,
-                   "transfer_s_total": xfer}, f, indent=2)
+    result = {"model": str(cfg.model.name), "backend": e.backend.name, "exec": "one process on the host CPU",
+              "load_average": os.getloadavg()[0], "rows": rows, "requests": per_req, "outputs_equal": same,
+              "transfer_s_total": xfer}
+    out = write_json(cfg, "disagg.json", result)
     con.print(f"wrote {out}")
     return 0 if same else 1

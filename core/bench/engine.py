@@ -23,7 +23,6 @@ The model is ``deepseek_v4_tiny`` (random weights) when its config exists, else 
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -31,6 +30,7 @@ from typing import Any
 
 import torch
 
+from inferhal.core.bench import write_json
 from inferhal.core.config.schema import CacheConfig, SchedulerConfig
 from inferhal.core.engine.engine import Engine
 from inferhal.core.sampling.params import SamplingParams
@@ -212,10 +212,8 @@ def run(cfg) -> int:
     verdict = "met" if at256["bookkeeping_pct"] <= 5.0 else "NOT met"
     con.print(f"target (scheduler + bookkeeping <= 5% of step wall time at 256 running): {verdict} "
               f"({at256['bookkeeping_pct']:.2f}%; scheduler alone {at256['scheduler_pct']:.2f}%)")
-    out = cfg.get("output") or os.path.join(str(b.output_dir), "engine.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump({"model": name, "backend": backend.name, "exec": "reference backend on the host CPU",
-                   "block_size": bs, "bookkeeping": book, "host_gap": gaps, "throughput": tp, "target_met": verdict == "met"}, f, indent=2)
+    result = {"model": name, "backend": backend.name, "exec": "reference backend on the host CPU",
+              "block_size": bs, "bookkeeping": book, "host_gap": gaps, "throughput": tp, "target_met": verdict == "met"}
+    out = write_json(cfg, "engine.json", result)
     con.print(f"wrote {out}")
     return 0

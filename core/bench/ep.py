@@ -31,6 +31,8 @@ import statistics
 import tempfile
 import time
 
+from inferhal.core.bench import write_json
+
 LAYOUTS = (1, 2, 4)
 TBO = True  # also measure two-batch overlap on dep2
 
@@ -247,11 +249,9 @@ def run(cfg) -> int:
         con.print(f"with/without overlap: median step {tbo['step_ratio']:.2f}x, median run {tbo['run_ratio']:.2f}x; "
                   f"hidden {on['hidden_total_ms']:.1f} of {on['a2a_total_ms']:.1f} ms of all-to-all "
                   f"({on['hidden_total_ms'] / max(on['a2a_total_ms'], 1e-9):.0%})")
-    out = cfg.get("output") or os.path.join(str(b.output_dir), "ep.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump({"model": str(cfg.model.name), "exec": "spawned ranks on this host (gloo)",
-                   "load_average": os.getloadavg()[0], "layouts": {f"dep{n}": r for n, r in results.items()},
-                   "tbo": tbo}, f, indent=2)
+    result = {"model": str(cfg.model.name), "exec": "spawned ranks on this host (gloo)",
+              "load_average": os.getloadavg()[0], "layouts": {f"dep{n}": r for n, r in results.items()},
+              "tbo": tbo}
+    out = write_json(cfg, "ep.json", result)
     con.print(f"wrote {out}")
     return 0 if all(r["equal"] for r in results.values()) and (tbo is None or tbo["equal"]) else 1

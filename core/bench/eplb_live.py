@@ -26,6 +26,8 @@ import os
 import statistics
 import tempfile
 
+from inferhal.core.bench import write_json
+
 REBALANCE_EVERY = 6
 MODES = {"stop-the-world": 0, "live": 1}
 WIDE = {"model.arch.moe_intermediate_size": 4096, "model.arch.n_routed_experts": 16, "eplb.num_redundant_experts": 4}
@@ -148,11 +150,9 @@ def run(cfg) -> int:
                   str(o["max_layers_per_step"]), f"{o['steps_per_rebalance']:g}")
     con.print(t)
     con.print(f"outputs equal to a run without EPLB, both modes: {'yes' if res['equal'] else 'NO'}")
-    path = str(cfg.output) if cfg.get("output") else os.path.join(str(b.output_dir), "eplb_live.json")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump({"model": str(cfg.model.name), "widened": WIDE, "rebalance_every": REBALANCE_EVERY,
-                   "prompts": len(prompts), "max_tokens": int(b.max_tokens), "repeats": repeats, "warmup": warmup,
-                   "load_average": os.getloadavg()[0], **res}, f, indent=1)
+    result = {"model": str(cfg.model.name), "widened": WIDE, "rebalance_every": REBALANCE_EVERY,
+              "prompts": len(prompts), "max_tokens": int(b.max_tokens), "repeats": repeats, "warmup": warmup,
+              "load_average": os.getloadavg()[0], **res}
+    path = write_json(cfg, "eplb_live.json", result)
     con.print(f"wrote {path}")
     return 0 if res["equal"] else 1

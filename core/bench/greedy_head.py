@@ -19,13 +19,14 @@ Wall-clock times on this machine's backend (a CPU result on the CPU backends).
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
 from typing import Callable, Sequence
 
 import torch
+
+from inferhal.core.bench import write_json
 
 
 def capture(llm, prompts: Sequence[str], max_tokens: int) -> torch.Tensor:
@@ -119,13 +120,10 @@ def run(cfg) -> int:
         table.add_row(str(r["rows"]), f"{r['logits_ms']:.2f}", f"{r['greedy_ms']:.2f}", f"{r['ratio']:.2f}×",
                       str(r["mismatches"]))
     console.print(table)
-    out = cfg.get("output") or os.path.join(str(b.output_dir), "greedy_head.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     result = {"model": cfg.model.name, "dtype": str(cfg.model.dtype), "backend": cfg.backend.name,
               "note": ops.entry("lm_head.argmax").note, "hidden_rows": hidden.shape[0], "windows": repeats,
               "torch_threads": torch.get_num_threads(), "rows": rows}
-    with open(out, "w") as f:
-        json.dump(result, f, indent=2)
+    out = write_json(cfg, "greedy_head.json", result)
     png = os.path.splitext(out)[0] + ".png"
     _plot(rows, png, where)
     console.print(f"wrote {out} and {png}")

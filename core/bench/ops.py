@@ -28,13 +28,14 @@ step split by op). Wall-clock times on whatever runs it: a CPU result on the CPU
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
 from typing import Callable, Sequence
 
 import torch
+
+from inferhal.core.bench import write_json
 
 # the ops drawn on their own in the plot; the rest of the ops are one segment
 PLOT_OPS = 8
@@ -218,13 +219,10 @@ def run(cfg) -> int:
         table.add_row("(outside ops)", "", "", f"{r['outside_ms_per_step']:.3f}", f"{100 * r['outside_share']:.1f}%",
                       "")
         console.print(table)
-    out = cfg.get("output") or os.path.join(str(b.output_dir), "ops.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     result = {"model": cfg.model.name, "dtype": str(cfg.model.dtype), "backend": cfg.backend.name,
               "device": str(llm.engine.device), "synchronised_per_op": sync is not None,
               "max_tokens": max_tokens, "repeats": repeats, "torch_threads": torch.get_num_threads(), "levels": rows}
-    with open(out, "w") as f:
-        json.dump(result, f, indent=2)
+    out = write_json(cfg, "ops.json", result)
     png = os.path.splitext(out)[0] + ".png"
     plot(rows, png, where)
     console.print(f"wrote {out} and {png}")

@@ -18,13 +18,13 @@ k + 1 tokens costs about as much as one.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
 
 import torch
 
+from inferhal.core.bench import write_json
 from inferhal.core.config.schema import CacheConfig, SchedulerConfig, SpecConfig
 from inferhal.core.engine.engine import Engine
 from inferhal.core.sampling.params import SamplingParams
@@ -116,10 +116,8 @@ def run(cfg) -> int:
         t.add_row(str(r["concurrency"]), str(r["k"]), r["mode"], acc, f"{r['tokens_per_verify_step']:.2f}", f"{r['best_tok_s']:.1f}", f"{r['tok_s']:.1f}",
                   f"{r['speedup']:.2f}x", "yes" if r["identical_to_no_drafts"] else "NO")
     con.print(t)
-    out = cfg.get("output") or os.path.join(str(b.output_dir), "spec.json")
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w") as f:
-        json.dump({"model": MODEL, "backend": backend.name, "exec": "reference backend on the host CPU",
-                   "load_average": os.getloadavg()[0], "rows": rows}, f, indent=2)
+    result = {"model": MODEL, "backend": backend.name, "exec": "reference backend on the host CPU",
+              "load_average": os.getloadavg()[0], "rows": rows}
+    out = write_json(cfg, "spec.json", result)
     con.print(f"wrote {out}")
     return 0 if all(r["identical_to_no_drafts"] for r in rows) else 1
