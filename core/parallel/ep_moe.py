@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from inferhal.core.eplb.placement import Placement
-from inferhal.core.eplb.transfer import apply_placement, move_layer
+from inferhal.core.eplb.transfer import move_layer
 from inferhal.core.ops.params import EPParams, ExpertsParams
 from inferhal.core.ops.quant import QuantWeight
 
@@ -105,10 +105,11 @@ class EPExperts:
     def rebalance(self, new: Placement) -> int:
         """Move this rank's expert weights to ``new`` (collective; every rank calls it with the same plan).
         Returns the number of slots this rank received from other ranks."""
-        flat = [{**_flat(gu, "gate_up"), **_flat(down, "down")} for gu, down in self.local]
-        moved, received = apply_placement(flat, self.placement.phy2log, new.phy2log, self.comm)
-        self.local = [(_unflat(m, gu, "gate_up"), _unflat(m, down, "down")) for m, (gu, down) in zip(moved, self.local)]
-        self.placement = new
+        if new.phy2log.shape != self.placement.phy2log.shape:
+            raise ValueError(f"phy2log shapes {tuple(self.placement.phy2log.shape)} / {tuple(new.phy2log.shape)} "
+                             f"do not match")
+        received = self.move_layers(new, range(new.num_layers))
+        self.placement = new  # the plan itself (the mix move_layers leaves may pad log2phy wider)
         return received
 
     def move_layers(self, new: Placement, layers: Sequence[int]) -> int:
