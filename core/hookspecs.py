@@ -115,6 +115,9 @@ def inferhal_provide_ops(profile: "DeviceProfile", config: "BackendConfig") -> "
         callables with the signature documented there for that ID. An unknown op ID is an error at
         selection. An op may be wrapped in :class:`~inferhal.core.ops.table.OpImpl` to state its
         execution level when it differs from the profile's (e.g. one op compiled, another fallback).
+        An op that hands some calls to the reference itself (outside a device operator's limits) gives
+        its implementation a ``fallback_log`` list and appends ``(op_id, reason)`` per such call:
+        ``inferhal qualify`` then reports those cases at level ``fallback``, not at the op's level.
 
     Ops left out fall back to the ``reference`` backend's implementation, visibly: ``inferhal
     backends`` prints the coverage matrix, a warning is logged once per op, and

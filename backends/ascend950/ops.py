@@ -56,6 +56,7 @@ the state write, which the vocabulary's attn.compress receives already done, and
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -72,6 +73,7 @@ from inferhal.backends.reference import kv_records
 from inferhal.backends.ascend950 import kv_quant, mx
 from inferhal.core.ops.params import AttnBatch, AttnParams, ExpertsParams, KVWriteParams, RmsNormParams, RopeParams, RouteParams
 from inferhal.core.ops.quant import QuantWeight
+from inferhal.core.ops.table import OpImpl
 
 log = logging.getLogger("inferhal.ascend950")
 
@@ -475,6 +477,15 @@ class NpuOps(V4Ops, DenseOps, EpOps):
                                                  drop_pad_mode=0, k=k)
 
 
+@dataclass(frozen=True)
+class WiredOp(OpImpl):
+    """A wrapper in the op table with its per-call fallback log (the :attr:`NpuOps.events` it shares with every
+    wrapper of its table): ``inferhal qualify`` reads it and reports a case whose call fell back at level
+    ``fallback``, not at the operator's level."""
+
+    fallback_log: list = field(default_factory=list, compare=False, repr=False)
+
+
 def declared() -> dict[str, str]:
     """op ID → execution level, without touching a device: every native op is wired, never run here."""
     return {op: "wired-unrun" for op in (*NPU_OPS, *TRITON_OPS)}
@@ -515,14 +526,14 @@ def provide(npu: Any, features: Any = None, level: Any = None, strict: bool = Fa
 
     ``level`` defaults to ``wired-unrun`` (a fake or recorder stands in for the device); the plugin passes
     ``device`` only when the operators are torch_npu's on a probed NPU, where every call runs there. A call
-    a wrapper cannot map still falls back per call (``NpuOps.events``), or fails under ``strict``. ``triton``
+    a wrapper cannot map still falls back per call (``NpuOps.events``, every wrapper's ``fallback_log``, so that
+    qualify reports such a case at level ``fallback``), or fails under ``strict``. ``triton``
     adds the :data:`TRITON_OPS` kernels (they need triton-ascend and npu tensors, or Triton's interpreter)."""
-    from inferhal.core.ops.table import OpImpl
     from inferhal.core.profile import ExecLevel
 
     ops = NpuOps(npu, features, strict=strict)
     lvl = ExecLevel.WIRED_UNRUN if level is None else ExecLevel(level)
-    table = {op: OpImpl(fn, lvl, " / ".join(NPU_OPS[op])) for op, fn in ops.table().items()}
+    table = {op: WiredOp(fn, lvl, " / ".join(NPU_OPS[op]), fallback_log=ops.events) for op, fn in ops.table().items()}
     if triton:
         table.update({op: OpImpl(triton_op(path), lvl, f"triton-ascend: {path} (tuning: {TRITON_TARGET})")
                       for op, path in TRITON_OPS.items()})

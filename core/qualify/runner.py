@@ -4,7 +4,12 @@
 oracle; the same object when qualifying the reference itself). It returns the report as plain data;
 :mod:`.report` writes it as JSON and HTML. Exit status: 0 when every claimed op passed every check,
 1 when anything claimed failed, 3 when nothing failed but something claimed was not run here
-(compiled only, wired to a device operator, or without a conformance case).
+(compiled only, wired to a device operator, without a conformance case, or computed by the reference).
+
+A native op may still hand a call to the reference (an operator's documented limits, a missing library):
+an op implementation that keeps a ``fallback_log`` (a list to which it appends ``(op_id, reason)`` for every
+such call; see ``inferhal_provide_ops``) gets each case whose call fell back reported at level ``fallback``,
+status ``not-run``, with the reasons, never under the op's own level.
 """
 
 from __future__ import annotations
@@ -92,9 +97,25 @@ def _row_base(case, level: ExecLevel) -> dict:
             "tolerance": case.tol.to_dict(), "notes": case.notes}
 
 
+def fallback_log(fn: Any) -> list | None:
+    """The per-call fallback log an op implementation keeps, if any (``fallback_log``: a list of
+    ``(op_id, reason)``, one entry appended per call the reference computed instead)."""
+    log = getattr(fn, "fallback_log", None)
+    return log if isinstance(log, list) else None
+
+
+def _fell_back(log: list | None, start: int, op_id: str) -> list[str]:
+    """The distinct reasons ``op_id`` fell back since entry ``start`` of ``log``, in order."""
+    if log is None:
+        return []
+    return list(dict.fromkeys(reason for op, reason in log[start:] if op == op_id))
+
+
 def run_case(case, active, reference, level: ExecLevel, opts: QualifyOptions, baseline: dict,
              measure: str | None = None) -> dict:
-    """All checks of one case → its report row. ``measure`` overrides why performance is not measured."""
+    """All checks of one case → its report row. ``measure`` overrides why performance is not measured.
+    A case whose first call the op handed to the reference is reported at level ``fallback`` (not run); a
+    later call of the checks that fell back is listed in the row's ``fallbacks``."""
     row = _row_base(case, level)
     if level not in RUNNABLE:
         row.update(status="not-run", message=f"{level.value}: never executed here, so not qualified")
@@ -111,8 +132,16 @@ def run_case(case, active, reference, level: ExecLevel, opts: QualifyOptions, ba
         synchronize=getattr(active.device, "synchronize", lambda: None), warmup=opts.warmup, repeats=opts.repeats,
         env=CaseEnv(active), ref_env=CaseEnv(reference))
     stage = "run"
+    log = fallback_log(ctx.fn)
+    start = len(log) if log is not None else 0
     try:
         first = checks.call(case, ctx.fn, ctx.seed, ctx.torch_device, ctx.env)
+        fell = _fell_back(log, start, case.op_id)
+        if fell:
+            row.update(level=ExecLevel.FALLBACK.value, status="not-run", fallbacks=fell,
+                       message=f"{case.op_id} [{case.label}, {case.dtype}] fell back: the reference computed this "
+                               f"call, not the backend's {level.value} op ({'; '.join(fell)}), so not qualified")
+            return row
         stage = "numerics"
         row["numerics"] = checks.numerics(case, ctx, first)
         stage = "determinism"
@@ -129,6 +158,9 @@ def run_case(case, active, reference, level: ExecLevel, opts: QualifyOptions, ba
     row["status"] = "fail" if failed else "pass"
     where = f"{case.op_id} [{case.label}, {case.dtype}]"
     row["message"] = "; ".join(f"{where} {n.replace('_', ' ')}: {row[n]['message']}" for n in failed)
+    later = _fell_back(log, start, case.op_id)
+    if later:  # e.g. a batch-invariance sub-batch outside the operator's limits: that comparison saw the reference
+        row["fallbacks"] = later
     return row
 
 
@@ -211,6 +243,9 @@ def _op_summary(active, claimed, selected, rows, opts) -> dict:
             status = "pass"
         out[op_id] = {"level": level, "claimed": op_id in claimed, "status": status, "cases": len(mine),
                       "failed": sum(r["status"] == "fail" for r in mine)}
+        fell = sum(r["level"] == ExecLevel.FALLBACK.value for r in mine)
+        if fell:
+            out[op_id]["fallback"] = fell
     return out
 
 
@@ -230,9 +265,13 @@ def summarize(report: dict) -> dict:
         verdict, rc = "incomplete", EXIT_INCOMPLETE
     else:
         verdict, rc = "pass", EXIT_PASS
+    fell = {op: s["fallback"] for op, s in ops.items() if s.get("fallback")}
+    notes = [f"{sum(fell.values())} cases fell back per call to the reference (level fallback, not run: "
+             f"{', '.join(f'{op} {n}' for op, n in fell.items())}); backend.strict=true makes them fail instead"
+             ] if fell else []
     return {"verdict": verdict, "exit_status": rc, "case_counts": counts, "failed_ops": failed_ops,
             "failed_golden": failed_golden, "failed_audits": failed_audits, "not_qualified_ops": incomplete,
-            "levels": sorted({r["level"] for r in report["rows"]}), "notes": []}
+            "levels": sorted({r["level"] for r in report["rows"]}), "notes": notes}
 
 
 class _progress:

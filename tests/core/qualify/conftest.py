@@ -21,7 +21,7 @@ def _load(name: str):
 def registry():
     from inferhal.core.registry import BackendRegistry
 
-    extra = {n: _load(f"{n}_backend") for n in ("broken", "timed", "unrun")}
+    extra = {n: _load(f"{n}_backend") for n in ("broken", "timed", "unrun", "percall")}
     return BackendRegistry.discover(extra=extra)
 
 

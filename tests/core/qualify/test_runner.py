@@ -85,3 +85,21 @@ def test_killed_run_resumes_from_the_journal(qualify, tmp_path):
     # another seed is another run: nothing is reused
     third = qualify("reference", ops=("rope.apply",), output_dir=out, seed=1)
     assert third["resumed_cases"] == 0
+
+
+def test_per_call_fallbacks_are_reported_at_level_fallback(qualify, tmp_path):
+    rep = qualify("percall", ops=("norm.rms",), reruns=1)
+    rows = rep["rows"]
+    fell = [r for r in rows if int(r["shape"].split("D=")[1].split()[0]) >= 512]
+    native = [r for r in rows if r not in fell]
+    assert fell and native
+    assert all(r["level"] == "fallback" and r["status"] == "not-run" and "fell back" in r["message"]
+               and "the operator takes D < 512" in r["message"] and "numerics" not in r for r in fell)
+    assert all(r["level"] == "device" and r["status"] == "pass" and "fallbacks" not in r for r in native)
+    op = rep["ops"]["norm.rms"]
+    assert op["status"] == "not-run" and op["fallback"] == len(fell) and op["level"] == "device"
+    s = rep["summary"]
+    assert s["verdict"] == "incomplete" and s["exit_status"] == 3 and s["not_qualified_ops"] == ["norm.rms"]
+    assert "fallback" in s["levels"] and any(f"norm.rms {len(fell)}" in n for n in s["notes"])
+    html = report_mod.write(rep, tmp_path / "out")["html"].read_text()
+    assert "fell back" in html
