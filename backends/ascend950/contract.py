@@ -219,7 +219,12 @@ CITATIONS: dict[str, str] = {
         f"{_VLLM_ASCEND} vllm_ascend/device/device_op.py indexer_select_post_process (torch_npu.npu_lightning_indexer); "
         f"semantics and limits: csrc/attention/lightning_indexer/README.md (N2=1, D=128, 950: N1 in 8/16/24/32/64, "
         f"weights not fp32; return_value 'only in training and with layout_key != PA_BSND': the wrapper's use of it "
-        f"for every score is the first thing the hardware run must confirm; sparse_count 1..2048)"),
+        f"for every score is the first thing the hardware run must confirm; sparse_count 1..2048). FP8 keys "
+        f"(fp8_index) go in as their e4m3 codes in the query's dtype, each score scaled after: the quantised "
+        f"variants return no scores (torch-npu==2.13.0 npu_native_functions_by_codegen.yaml: "
+        f"npu_quant_lightning_indexer(...) -> Tensor, indices only; {_VLLM_ASCEND} "
+        f"csrc/attention/vllm_quant_lightning_indexer/README.md: sparse_values not supported, per-token-head "
+        f"quantised query too)"),
     "npu_sparse_attn_sharedkv": (
         f"{_BINDING}; semantics and limits: csrc/attention/sparse_attn_sharedkv/README.md (A2/A3 only, not 950; "
         f"N1=64, KV_N=1, K2=512, ori_win_left 127, metadata required); called through device_op.py get_dsa_sparse_attn_op"),

@@ -11,6 +11,10 @@ indexer.scores     npu_lightning_indexer (torch_npu)               TND query [T,
                                                                    return_value=True: every entry's score comes back
                                                                    with its index and is scattered to [T, S]; the
                                                                    causal rule of compressed entries is applied after
+(FP8 keys)         npu_lightning_indexer                           fp8_index records (132 B: 128 e4m3 | fp32 scale):
+                                                                   the e4m3 codes widened exactly to the query's dtype
+                                                                   are the keys; each returned score is multiplied by
+                                                                   its key's scale (relu commutes with a scale > 0)
 attn.sparse_topk   npu_sparse_attn_sharedkv_metadata →             A2/A3 only (feature ``sparse_attn_sharedkv``); TND
                    npu_sparse_attn_sharedkv (_C_ascend)            query padded to 64 heads, PA_ND caches [NB, BS, 1,
                                                                    D], window 128 (ori_win_left 127, band mask 4),
@@ -70,13 +74,16 @@ class V4Ops:
     # ------------------------------------------------------------------------------------ indexer.scores
 
     def indexer_scores(self, q: torch.Tensor, key_cache: torch.Tensor, batch, weights: torch.Tensor, p) -> torch.Tensor:
-        # q: [T, Hi, Di]; key_cache: [NB, BS, Di] -> scores [T, S] fp32
+        # q: [T, Hi, Di]; key_cache: [NB, BS, Di] (or [NB, BS, 4 + Di] uint8 fp8_index records) -> scores [T, S] fp32
         t, hi, di = q.shape
         width = int(batch.seq_lens.max()) if batch.num_seqs else 0
+        fmt = p.key_format
         why = ""
-        if p.key_format is not None:
-            why = f"{p.key_format.name} key records: the quantised indexer (npu_quant_lightning_indexer) is not wired"
-        elif q.dtype not in HALF or key_cache.dtype != q.dtype:
+        if fmt is not None and not _fp8_index_records(fmt, key_cache, di):
+            why = (f"{fmt.name} key records ({fmt.code} codes, {fmt.num_scales} {fmt.scale} scale(s) per key): the "
+                   f"wrapper takes fp8_index keys (e4m3 codes, one fp32 scale per key); the quantised indexers "
+                   f"(npu_quant_lightning_indexer, npu_vllm_quant_lightning_indexer) return no scores")
+        elif q.dtype not in HALF or (fmt is None and key_cache.dtype != q.dtype):
             why = f"query {q.dtype} / keys {key_cache.dtype}: the operator takes one fp16/bf16 dtype"
         elif di > INDEXER_DIM or hi > INDEXER_HEADS[-1]:
             why = f"{hi} heads x {di} dims: the operator takes head dim 128 and <= 64 heads"
@@ -93,7 +100,11 @@ class V4Ops:
         nb = lens.numel()
         keys = gather_slots(key_cache, batch.block_table, torch.arange(nb, device=q.device)[:, None], cols[None, :],
                             cols[None, :] < lens[:, None])  # [B, S, Di], zero past each sequence
-        keys = torch.cat([keys[b, : int(lens[b])] for b in range(nb)])  # [S_all, Di] (TND)
+        keys = torch.cat([keys[b, : int(lens[b])] for b in range(nb)])  # [S_all, Di] (TND), or [S_all, nbytes]
+        key_scale = None
+        if fmt is not None:  # e4m3 codes widen exactly to fp16/bf16; relu(s * x) = s * relu(x) for the scale s > 0
+            key_scale = keys[:, fmt.scales_at:fmt.scales_at + 4].contiguous().view(torch.float32).view(-1)  # [S_all]
+            keys = keys[:, :di].contiguous().view(torch.float8_e4m3fn).to(q.dtype)
         qp = q.new_zeros(t, heads, INDEXER_DIM)
         qp[:, :hi, :di] = q
         kp = keys.new_zeros(keys.shape[0], 1, INDEXER_DIM)
@@ -106,6 +117,10 @@ class V4Ops:
             qp, kp, wp, actual_seq_lengths_query=cu_q, actual_seq_lengths_key=cu_k, layout_query="TND",
             layout_key="TND", sparse_count=width, sparse_mode=0, return_value=True)
         idx, val = idx.view(t, width).long(), val.view(t, width).float()
+        if key_scale is not None:  # each returned score times its key's fp32 scale (row start + index in TND)
+            seq = token_seqs(batch.query_start_loc, t)
+            start = (cu_k.long() - lens)[seq]  # [T]
+            val = val * key_scale[(start[:, None] + idx.clamp(min=0)).clamp(max=key_scale.numel() - 1)]
         scores = torch.full((t, width + 1), float("-inf"), device=q.device)
         scores.scatter_(1, torch.where(idx >= 0, idx, width), torch.where(idx >= 0, val, float("-inf")))
         visible = cols[None, :] < ((batch.positions.long() + 1) // batch.tokens_per_slot)[:, None]
@@ -328,6 +343,13 @@ class V4Ops:
             routed_scaling_factor=float(p.routed_scaling), eps=1e-20, group_select_mode=0, renorm=0,
             norm_type=norm_type, out_flag=False, **kw)
         return y.float(), idx.long()
+
+
+def _fp8_index_records(fmt, key_cache: torch.Tensor, di: int) -> bool:
+    """Whether ``key_cache`` holds ``fp8_index`` records of ``di`` channels with one fp32 scale each (e4m3 codes at
+    bytes [0, di), the scale at ``scales_at``): then the codes go to the operator and the scale to its scores."""
+    return (fmt.name == "fp8_index" and fmt.code == "e4m3" and fmt.scale == "fp32" and fmt.num_scales == 1
+            and fmt.dims == fmt.coded == di and key_cache.dtype == torch.uint8 and key_cache.shape[-1] == fmt.nbytes)
 
 
 def _every_visible(idx: torch.Tensor, positions: torch.Tensor, ratio: int) -> bool:

@@ -4,14 +4,18 @@ every result compared with the reference op. Level: wired-unrun (no Ascend devic
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from inferhal.backends.ascend950.ops import NpuOps
 from inferhal.backends.reference import deepseek as ref_ds
+from inferhal.backends.reference import kv_records
 from inferhal.backends.reference import mhc as ref_mhc
 from inferhal.backends.reference import moe as ref_moe
 from inferhal.core.ops.params import AttnBatch, AttnParams, IndexerParams, MhcParams, RouteParams
+from inferhal.core.paging.formats import record
 
 BF16 = torch.bfloat16
 
@@ -83,6 +87,37 @@ def test_indexer_falls_back_visibly(npu_ops, recorder, case, why):
                                         dtype=torch.float32 if case == "fp32" else BF16)
     assert torch.equal(npu_ops.indexer_scores(q, keys, batch, w, p), ref_ds.indexer_scores(q, keys, batch, w, p))
     assert npu_ops.events[-1][0] == "indexer.scores" and why in npu_ops.events[-1][1] and not recorder.calls
+
+
+@pytest.mark.parametrize("di", [128, 32])
+def test_indexer_fp8_keys_reach_the_operator_and_equal_reference(npu_ops, recorder, di):
+    g = torch.Generator().manual_seed(3)
+    q, keys, batch, w, p = indexer_case(g, di=di)
+    fmt = record("fp8", di, role="index")
+    recs = kv_records.encode(keys.float().mul(3.0).reshape(-1, di), fmt).view(*keys.shape[:2], fmt.nbytes)
+    p = dataclasses.replace(p, key_format=fmt)
+    got, want = npu_ops.indexer_scores(q, recs, batch, w, p), ref_ds.indexer_scores(q, recs, batch, w, p)
+    assert torch.equal(torch.isinf(got), torch.isinf(want)) and not npu_ops.events
+    fin = ~torch.isinf(want)
+    close(got[fin], want[fin], 0.02 * want[fin].abs().max().item())  # the weights are rounded to bf16
+    # weights the wrapper need not round to bf16: only the order of the fp32 products differs
+    wb = w.to(BF16).float()
+    exact = dataclasses.replace(p, weight_scale=1.0, scale=1.0)
+    got, want = npu_ops.indexer_scores(q, recs, batch, wb, exact), ref_ds.indexer_scores(q, recs, batch, wb, exact)
+    close(got[fin], want[fin], 1e-5 * want[fin].abs().max().item())
+    c = recorder.calls[-1]
+    assert c.op == "npu_lightning_indexer" and c.tensor("key").shape == (16, 1, 128) and c.tensor("key").dtype == "bfloat16"
+
+
+def test_indexer_fp4_keys_fall_back_saying_why(npu_ops, recorder):
+    g = torch.Generator().manual_seed(4)
+    q, keys, batch, w, p = indexer_case(g, di=32)
+    fmt = record("fp4", 32, role="index")
+    recs = kv_records.encode(keys.reshape(-1, 32), fmt).view(*keys.shape[:2], fmt.nbytes)
+    p = dataclasses.replace(p, key_format=fmt)
+    assert torch.equal(npu_ops.indexer_scores(q, recs, batch, w, p), ref_ds.indexer_scores(q, recs, batch, w, p))
+    assert "mxfp4 key records" in npu_ops.events[-1][1] and "return no scores" in npu_ops.events[-1][1]
+    assert not recorder.calls
 
 
 # ------------------------------------------------------------------------------------------ attn.sparse_topk
