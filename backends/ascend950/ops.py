@@ -40,7 +40,8 @@ moe.experts        npu_moe_init_routing_v2 → npu_grouped_matmul    init: exper
                                                                    finalize scales [T,K], k=K
 (MX weights)       npu_dynamic_mx_quant → npu_grouped_matmul       W8A8MXFP (950): e4m3 activations with e8m0 [M,
                    (MXFP8) → swiglu → again → finalize             K/64, 2], weight e4m3 [E, K, N] with e8m0 [E,
-                                                                   K/64, N, 2] (mx.py), output_dtype 27 | 1
+                                                                   K/64, N, 2] (mx.py), output_dtype 15 | 5 (the
+                                                                   ScalarType values of bf16 | fp16, SCALAR_TYPE)
 (W8A8, extra)      npu_dynamic_quant, npu_grouped_matmul_swiglu_   see :meth:`NpuOps.experts_w8a8`; int8 weights in the
                    quant                                           FRACTAL_NZ layout vllm-ascend's w8a8 checkpoints use
 =================  =============================================  ==================================================
@@ -118,6 +119,12 @@ TRITON_TARGET = "ascend950"
 ALL_FEATURES = frozenset({"sparse_attn_sharedkv", "kv_quant_sparse_attn_sharedkv", "mxfp8"})
 
 CAUSAL_MASK_SIZE = 2048  # sparse_mode 2/3/4 take an optimised (2048, 2048) mask
+
+#: a torch dtype as the ``int? output_dtype`` / ``int? *_dtype`` arguments take it: PyTorch's ScalarType enum value
+#: (torch-npu==2.13.0 torch_npu/op_plugin/meta/_meta_registrations.py TORCH_DTYPE_MAP; gmm_get_dtype accepts 5, 15,
+#: 6, 3 and maps them back through TORCH_DTYPE_ENUM_VALUE_TO_SCALAR_TYPE_MAP; vllm-ascend passes the torch dtype,
+#: which the op schema turns into that value). Not aclDataType (ACL_BF16 = 27 is no ScalarType of torch_npu's).
+SCALAR_TYPE = {torch.float16: 5, torch.bfloat16: 15, torch.float32: 6}
 
 
 class NpuOps(V4Ops, DenseOps, EpOps):
@@ -451,8 +458,8 @@ class NpuOps(V4Ops, DenseOps, EpOps):
         if hs.dim() == 2:  # the [M, K/64, 2] pairs, as vllm-ascend's maybe_normalize_mxfp_scale_layout
             hs = hs.reshape(hs.shape[0], -1, 2)
         data, scale = w_mx
-        out_dtype = 1 if h.dtype == torch.float16 else 27  # aclDataType: ACL_FLOAT16=1, ACL_BF16=27
-        return self.npu.npu_grouped_matmul([hq], [data], scale=[scale], per_token_scale=[hs], output_dtype=out_dtype,
+        return self.npu.npu_grouped_matmul([hq], [data], scale=[scale], per_token_scale=[hs],
+                                           output_dtype=SCALAR_TYPE[h.dtype],
                                            **gmm)[0]
 
     def experts_w8a8(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13_nz: torch.Tensor,
@@ -470,9 +477,9 @@ class NpuOps(V4Ops, DenseOps, EpOps):
             expert_tokens_num_flag=True, quant_mode=-1, active_expert_range=[0, e], row_idx_type=0)
         xq, xs = self.npu.npu_dynamic_quant(expanded_x)
         hq, hs, _ = self.npu.npu_grouped_matmul_swiglu_quant(xq, w13_nz, counts, w13_scale, xs)
-        out_dtype = 1 if x.dtype == torch.float16 else 27  # aclDataType: ACL_FLOAT16=1, ACL_BF16=27
         y = self.npu.npu_grouped_matmul([hq], [w2], scale=[w2_scale], per_token_scale=[hs], group_list=counts,
-                                        split_item=2, group_type=0, group_list_type=1, output_dtype=out_dtype)[0]
+                                        split_item=2, group_type=0, group_list_type=1,
+                                        output_dtype=SCALAR_TYPE[x.dtype])[0]
         return self.npu.npu_moe_finalize_routing(y, None, None, None, weights.to(x.dtype), src_to_dst, ids32,
                                                  drop_pad_mode=0, k=k)
 

@@ -145,9 +145,12 @@ def _check_gmm(b: dict) -> None:
         require(pt is not None and len(pt) == 1 and pt[0].dtype == e8 and
                 tuple(pt[0].shape) == (x.shape[0], x.shape[1] // 64, 2), op,
                 "MXFP8: per_token_scale [M, K/64, 2] float8_e8m0fnu")
-        require(b.get("output_dtype") in (1, 27), op, "MXFP8: output_dtype fp16 (1) | bf16 (27)")
+        require(b.get("output_dtype") in (5, 15), op, "MXFP8: output_dtype fp16 (5) | bf16 (15), ScalarType values")
     elif x.dtype != torch.int8:
         require(w.dtype == x.dtype, op, "x and weight share a floating dtype")
+    if b.get("output_dtype") is not None:  # torch_npu's gmm_get_dtype: fp16, bf16, fp32, int32 only
+        require(b["output_dtype"] in (5, 15, 6, 3), op, "output_dtype a ScalarType value: 5 fp16 | 15 bf16 | 6 fp32 | "
+                                                        "3 int32 (not an aclDataType code)")
 
 
 def _check_swiglu(b: dict) -> None:

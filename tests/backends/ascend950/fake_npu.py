@@ -167,7 +167,7 @@ class FakeNpu:
                 seg = seg * scale[0][e].float()[None, :] * per_token_scale[0][start:start + n].float()[:, None]
             out[start:start + n] = seg
             start += n
-        dtype = xx.dtype if output_dtype is None else {1: torch.float16, 27: torch.bfloat16}[output_dtype]
+        dtype = xx.dtype if output_dtype is None else {5: torch.float16, 15: torch.bfloat16, 6: torch.float32}[output_dtype]
         return [out.to(dtype)]
 
     def npu_moe_finalize_routing(self, rows, skip1, skip2, bias, scales, expanded_src_to_dst_row,

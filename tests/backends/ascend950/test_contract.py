@@ -70,6 +70,15 @@ def test_precondition_violation_is_caught(recorder):
         recorder.npu_rms_norm(x, torch.zeros(8), epsilon=1e-6)
 
 
+def test_grouped_matmul_output_dtype_is_a_scalar_type_value(recorder):
+    # torch_npu 2.13's gmm_get_dtype takes ScalarType values (bf16 15); aclDataType's ACL_BF16 (27) is refused
+    x, w, gl = torch.zeros(4, 8, dtype=BF16), torch.zeros(2, 8, 16, dtype=BF16), torch.tensor([3, 1])
+    gmm = dict(group_list=gl, split_item=2, group_type=0, group_list_type=1)
+    with pytest.raises(ContractError, match="not an aclDataType code"):
+        recorder.npu_grouped_matmul([x], [w], output_dtype=27, **gmm)
+    assert recorder.npu_grouped_matmul([x], [w], output_dtype=15, **gmm)[0].dtype == BF16
+
+
 # ------------------------------------------------------------------------------------------ norm / rope
 
 
