@@ -188,7 +188,9 @@ def inferhal_kv_connector(peer: int, group: Any, profile: "DeviceProfile") -> An
     """*Optional.* A KV connector (:class:`~inferhal.core.disagg.connector.KVConnector`: ``handshake``,
     ``send``, ``recv``, ``close``) that moves requests' KV blocks and state from a prefill instance to a
     decode instance (prefill/decode disaggregation), to rank ``peer`` of the torch.distributed ``group``
-    (``None``: the default group). Return ``None`` for the default transport, torch.distributed
+    (``None``: the default group; in served disaggregation, the 2-rank gloo group of one prefill/decode pair,
+    not registered with torch.distributed: :func:`~inferhal.core.disagg.link.pair_group`, prefill rank 0,
+    decode rank 1). Return ``None`` for the default transport, torch.distributed
     point-to-point send/recv (:class:`~inferhal.core.disagg.connector.TorchDistConnector`); a backend
     returns its own for a faster path (NIXL, Mooncake, RDMA). Blocks travel in their stored format
     (quantised records stay records). firstresult.

@@ -20,8 +20,8 @@ from inferhal.core.config.errors import ConfigError
 REFUSED: dict[str, str] = {
     "parallel.tp": "tensor parallelism is not implemented",
     "parallel.dp": "data-parallel attention runs in `inferhal generate` only (core/parallel/dp_engine.py)",
-    "parallel.role": ("prefill/decode disaggregation runs in `inferhal serve parallel.role=pd` (one launch: "
-                      "a router here, a prefill and a decode process spawned) and through the Python API (core/disagg)"),
+    "parallel.role": ("prefill/decode disaggregation runs in `inferhal serve` (parallel.role=pd: one launch; "
+                      "prefill | decode | router: separate launches, core/disagg) and through the Python API"),
     "experiment.name": "nothing records an experiment's label (no report or result file carries it)",
     "experiment.notes": "nothing records an experiment's notes (no report or result file carries them)",
 }
@@ -34,7 +34,7 @@ HONOURED_BY: dict[str, tuple[str, ...]] = {
                     # DP attention x EP MoE over spawned or torchrun ranks (core/parallel/dp_engine.py); the
                     # layouts it cannot run are refused before spawning (core/parallel/launch.py: check_layout)
                     "generate"),
-    "parallel.role": ("serve",),  # parallel.role=pd (core/disagg/router.py); serve refuses other values
+    "parallel.role": ("serve",),  # pd | prefill | decode | router (core/server/serve.py: check_roles)
 }
 
 _MISSING = object()

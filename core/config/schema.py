@@ -53,7 +53,10 @@ class ParallelConfig:
     master_addr: str = "127.0.0.1"
     master_port: int = 29511
     timeout_s: float = 120.0  # a rank that never joins, or stops answering a collective, is an error after this
-    role: str = "any"  # any | pd (`inferhal serve`: a router here, prefill and decode processes spawned; core/disagg)
+    # `inferhal serve` (core/disagg): any = one engine; pd = one launch (a router here, a prefill and a decode
+    # process spawned); prefill | decode = one instance, launched on its own; router = a router alone, in front of
+    # the instances named in the disagg group
+    role: str = "any"
     # two-batch overlap: each DP rank's step runs as two micro-batches, one's MoE all-to-all in flight while
     # the other computes (core/parallel/tbo.py); only with DP attention (parallel.dp = parallel.ep > 1)
     tbo: bool = False
@@ -114,6 +117,21 @@ class ServerConfig:
     max_body_bytes: int = 1_048_576  # a larger request body is a 413
     max_queued_requests: int = 256  # requests in the engine (waiting + running); more are a 429
     shutdown_timeout_s: float = 30.0  # on SIGTERM: in-flight requests get this long, then are aborted
+
+
+@dataclass
+class DisaggConfig:
+    """Prefill/decode disaggregation (``inferhal serve parallel.role=pd|prefill|decode|router``, core/disagg)."""
+
+    prefill: List[str] = field(default_factory=list)  # role=router: the prefill instances, host:port each
+    decode: List[str] = field(default_factory=list)  # role=router: the decode instances, host:port each
+    listen: str = "127.0.0.1:7100"  # role=prefill|decode: where this instance waits for the router (port 0 = any)
+    kv_port: int = 0  # role=decode: the port of its KV link store (prefill instances meet it there); 0 = any free
+    # role=prefill|decode|router: the shared key (the router's connection carries pickled objects); None = env
+    # INFERHAL_DISAGG_KEY. role=pd draws its own
+    authkey: Optional[str] = None
+    restarts: int = 3  # role=pd: how many times the router respawns each engine process that dies
+    reconnect_s: float = 2.0  # role=router: how often it tries an instance that went away (0 = never)
 
 
 @dataclass
@@ -215,6 +233,7 @@ class InferhalConfig:
     eplb: EplbConfig = field(default_factory=EplbConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    disagg: DisaggConfig = field(default_factory=DisaggConfig)
     qualify: QualifyConfig = field(default_factory=QualifyConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
@@ -244,6 +263,7 @@ GROUP_SCHEMAS = {
     "eplb": EplbConfig,
     "spec": SpecConfig,
     "server": ServerConfig,
+    "disagg": DisaggConfig,
     "qualify": QualifyConfig,
     "bench": BenchConfig,
     "experiment": ExperimentConfig,

@@ -95,31 +95,48 @@ class LoopbackConnector:
 
 
 class TorchDistConnector:
-    """Point-to-point over ``torch.distributed`` (the default transport): this rank and ``peer`` in
-    ``group`` (None: the default group, which must be initialised). Each message is a length-prefixed
-    pickle of the plain data (shapes and dtypes included), then every KV tensor as it is stored."""
+    """Point-to-point over ``torch.distributed`` (the default transport): this rank and rank ``peer`` of
+    ``group``. ``group`` None: the default group (``init_process_group`` done); otherwise a process group
+    object whose ``send``/``recv`` take group ranks, registered with torch.distributed or not (the 2-rank
+    gloo group of one prefill/decode pair, :func:`~inferhal.core.disagg.link.pair_group`). Each message is a
+    length-prefixed pickle of the plain data (shapes and dtypes included), then every KV tensor as it is
+    stored."""
 
     def __init__(self, peer: int, group: Any = None) -> None:
         import torch.distributed as dist
 
-        if not dist.is_initialized():
-            raise ConnectorError("TorchDistConnector needs torch.distributed initialised (init_process_group)")
+        if group is None and not dist.is_initialized():
+            raise ConnectorError("TorchDistConnector needs torch.distributed initialised (init_process_group) or a "
+                                 "process group")
         self.dist, self.peer, self.group = dist, int(peer), group
+        self.rank = dist.get_rank() if group is None else int(group.rank())
+
+    def _send(self, t: torch.Tensor) -> None:
+        if self.group is None:
+            self.dist.send(t, self.peer)
+        else:
+            self.group.send([t], self.peer, 0).wait()
+
+    def _recv(self, t: torch.Tensor) -> None:
+        if self.group is None:
+            self.dist.recv(t, self.peer)
+        else:
+            self.group.recv([t], self.peer, 0).wait()
 
     def _send_obj(self, obj: Any) -> None:
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-        self.dist.send(torch.tensor([data.numel()], dtype=torch.long), self.peer, group=self.group)
-        self.dist.send(data, self.peer, group=self.group)
+        self._send(torch.tensor([data.numel()], dtype=torch.long))
+        self._send(data)
 
     def _recv_obj(self) -> Any:
         n = torch.zeros(1, dtype=torch.long)
-        self.dist.recv(n, self.peer, group=self.group)
+        self._recv(n)
         data = torch.empty(int(n), dtype=torch.uint8)
-        self.dist.recv(data, self.peer, group=self.group)
+        self._recv(data)
         return pickle.load(io.BytesIO(data.numpy().tobytes()))
 
     def handshake(self, local: Mapping[str, Any]) -> dict[str, Any]:
-        if self.dist.get_rank(self.group) < self.peer:  # a fixed order: no two blocking sends face each other
+        if self.rank < self.peer:  # a fixed order: no two blocking sends face each other
             self._send_obj(dict(local))
             return self._recv_obj()
         peer = self._recv_obj()
@@ -130,8 +147,7 @@ class TorchDistConnector:
         meta = {g: (tuple(t.shape), str(t.dtype).replace("torch.", "")) for g, t in payload.blocks.items()}
         self._send_obj({"state": payload.state, "first_block": payload.first_block, "blocks": meta})
         for g in meta:  # as bytes: every transport carries uint8, whatever the stored dtype
-            self.dist.send(payload.blocks[g].contiguous().cpu().reshape(-1).view(torch.uint8), self.peer,
-                           group=self.group)
+            self._send(payload.blocks[g].contiguous().cpu().reshape(-1).view(torch.uint8))
 
     def recv(self, timeout: float | None = None) -> KVPayload:
         head = self._recv_obj()  # (the process group's own timeout bounds a silent peer)
@@ -140,7 +156,7 @@ class TorchDistConnector:
             dt = getattr(torch, dtype)
             raw = torch.empty(int(torch.Size(shape).numel()) * torch.empty((), dtype=dt).element_size(),
                               dtype=torch.uint8)
-            self.dist.recv(raw, self.peer, group=self.group)
+            self._recv(raw)
             blocks[g] = raw.view(dt).view(shape)
         return KVPayload(head["state"], blocks, head["first_block"])
 

@@ -1,36 +1,44 @@
-"""The two engine processes of ``inferhal serve parallel.role=pd``: a prefill process and a decode process,
-each spawned by the router (:mod:`.router`), each loading the model itself. They form a 2-rank group
-(prefill rank 0, decode rank 1) for the backend's KV connector; a request's KV and state move prefill →
-decode over it, never through the router.
+"""The engine side of disaggregated serving: one prefill or decode **instance**, its KV links to its peers,
+and the loop that serves the router (:mod:`.router`).
 
-One body, :func:`role_worker`, serves both roles. Messages, plain data:
+An instance is one engine process with role ``prefill`` or ``decode``: spawned by the router
+(``inferhal serve parallel.role=pd``) or launched on its own (``inferhal serve parallel.role=prefill`` /
+``decode``, on any host; :mod:`.instance`). The router is its only client, over one authenticated
+connection (:mod:`.link`); KV never passes through the router. Every prefill instance has one KV link to
+every decode instance the router names: a 2-rank ``torch.distributed`` gloo group of its own (prefill rank
+0, decode rank 1), met at the decode instance's store (:func:`.link.pair_group`), carried by the backend's
+KV connector. A link is made, lost and made again without touching the others, so an instance that dies
+or restarts costs only its own links.
 
-- router → worker (``ctl``, a queue with the router as its only writer):
-  ``("join", None)`` once both have loaded their model (start-up);
-  ``("add", (rid, prompt_ids, params, once, keep_local))`` run a request here from its prompt (``once``: a
-  retry, skipped when this worker already holds or held ``rid``; ``keep_local``: decode it here, never
-  hand it off); ``("abort", rid)``; ``("colocate", why)``: the peer is dead, run every request to its end
-  here from now on; ``("probe", None)``: answer on ``probe`` with this worker's KV accounting;
-  ``("stop", None)``.
-- worker → router (``out``, this worker's end of a pipe; the router sees EOF when the process dies):
-  ``("loaded", None)``, ``("ready", None)`` (joined, peer checked) or ``("error", why)`` at start; ``("outputs", (outputs, gauges))`` after each step
-  that gave outputs; ``("taken", rid)`` / ``("skipped", rid)`` for a retry; ``("failed", (rid, why))`` a
-  request this worker cannot run; ``("send_failed", (rid, why))`` a hand-off (or, ``rid`` None, a
-  heartbeat) the decode peer never got.
+Messages, plain data:
 
-A payload that reaches the decode worker for a request it already took as a retry (or was told to abort)
+- router → instance (``ctl``, a queue fed from the router's connection; ``("router_gone", why)`` when it
+  closes): ``("add", (rid, prompt_ids, params, once, to))`` run a request here from its prompt (``once``: a
+  retry, skipped when this instance already holds or held ``rid``; ``to``: the decode instance a prefill
+  instance hands it to, ``None``: decode it here); ``("abort", rid)``; ``("link", (peer, key, host, port,
+  timeout_s))``: make the KV link to ``peer`` (the pair meets at the decode side's store ``host:port``
+  under ``key``); ``("unlink", peer)``; ``("probe", None)``: answer ``("probe", accounting)``; ``("stop",
+  None)``.
+- instance → router (``out``): ``("outputs", (outputs, gauges))`` after each step that gave outputs;
+  ``("gauges", gauges)`` once a second when idle (the router's sign of life); ``("taken", rid)`` /
+  ``("skipped", rid)`` for a retry; ``("failed", (rid, why))`` a request this instance cannot run;
+  ``("linked", (peer, why))`` a link is up (``why`` None) or could not be made; ``("link_lost", (peer,
+  why))``; ``("send_failed", (rid, peer, why))`` a hand-off the decode peer never got.
+
+A payload that reaches a decode instance for a request it already took as a retry (or was told to abort)
 is dropped before anything is allocated for it: whichever of the two comes first runs the request.
 """
 
 from __future__ import annotations
 
 import collections
-import os
 import queue
 import threading
-from typing import Any
+import time
+from typing import Any, Callable, Optional
 
-ROLE_RANK = {"prefill": 0, "decode": 1}
+#: seconds between an idle instance's ``gauges`` messages (the router's sign of life)
+IDLE_BEAT_S = 1.0
 
 
 class _Recent:
@@ -50,14 +58,12 @@ class _Recent:
 
 
 class _Sender:
-    """The prefill side's end of the KV link: sends one payload at a time (a lock: a payload is several
+    """The prefill side's end of one KV link: sends one payload at a time (a lock: a payload is several
     transport messages), and a heartbeat from its own thread whenever nothing was sent for ``every``
     seconds, however long a step takes (a receive that waits out the group's timeout closes a gloo link for
     good). A failed heartbeat is kept in ``broken`` for the loop to report."""
 
     def __init__(self, conn: Any, every: float) -> None:
-        import time
-
         self.conn, self.every, self.clock = conn, float(every), time.monotonic
         self.lock = threading.Lock()
         self.last = self.clock()
@@ -78,13 +84,13 @@ class _Sender:
                 continue
             try:
                 self.send(KVPayload({"heartbeat": True}))
-            except Exception as exc:  # noqa: BLE001 - the decode process is gone
+            except Exception as exc:  # noqa: BLE001 - the decode instance is gone
                 self.broken = f"{type(exc).__name__}: {exc}"
                 return
 
 
 def gauges(eng: Any) -> dict:
-    """What the router's /metrics shows of this worker: its batch, queue and KV pool."""
+    """What the router reads of an instance: its batch, queue and KV pool (for /metrics and placement)."""
     s = eng.scheduler
     return {"running": len(s.running), "waiting": len(s.waiting) + len(eng._transfers),
             "kv_usage": float(eng.kv_manager.usage()), "preemptions": int(s.num_preemptions),
@@ -102,165 +108,187 @@ def accounting(eng: Any) -> dict:
             "kv_usage": float(eng.kv_manager.usage()), "check": problem}
 
 
-def _load(role: str, cfg_dict: dict) -> tuple[Any, float]:
-    """This role's engine over the model loaded here, and the group's timeout (``parallel.timeout_s``)."""
-    from omegaconf import OmegaConf
-
-    from inferhal.core.config import schema
-    from inferhal.core.engine.engine import Engine
-    from inferhal.core.engine.llm import LLM, _to
-    from inferhal.core.parallel.launch import timeout_of
-
-    cfg = OmegaConf.create(cfg_dict)
-    llm = LLM.from_config(cfg)
-    e = llm.engine
-    eng = Engine(e.loaded, e.backend, e.scheduler.cfg, _to(schema.CacheConfig, cfg.cache), e.max_model_len,
-                 seed=int(cfg.seed), spec=_to(schema.SpecConfig, cfg.spec), role=role)
-    return eng, timeout_of(cfg.parallel)
-
-
-def _join(role: str, eng: Any, port: int, timeout_s: float) -> Any:
-    """Join the 2-rank group (both processes have loaded: the router says when) and check the peer."""
-    from inferhal.core.backend import ParallelLayout
+def make_link(role: str, eng: Any, store: Any, key: str, host: str, port: int, timeout_s: float) -> Any:
+    """This side's KV connector of one link, its peer checked (blocks until the peer joins, at most
+    ``timeout_s``). ``store``: the decode side's own store (it hosts the pair's rendezvous), None on the
+    prefill side (it connects to ``host:port``)."""
     from inferhal.core.disagg.handoff import check_compatible, describe
+    from inferhal.core.disagg.link import pair_group
 
-    rank = ROLE_RANK[role]
-    eng.backend.communicator(ParallelLayout(world_size=2, rank=rank, master_port=port, timeout_s=timeout_s))
-    conn = eng.backend.kv_connector(1 - rank)
+    rank = 0 if role == "prefill" else 1
+    group = pair_group(store, key, host, port, rank, timeout_s)
+    conn = eng.backend.kv_connector(1 - rank, group)
     them = "decode" if role == "prefill" else "prefill"
     check_compatible(describe(eng), conn.handshake(describe(eng)), me=role, them=them)
     return conn
 
 
-def role_worker(role: str, cfg_dict: dict, port: int, ctl: Any, out: Any, probe: Any) -> None:
-    """The body of the prefill or the decode process (``role``); ends with ``os._exit`` (gloo's threads can
-    abort an interpreter's finalization after the work succeeded). It loads, says ``loaded``, joins the
-    group when the router says ``join`` (both have loaded then, so joining waits for no model load), says
-    ``ready``, and serves."""
-    parent = os.getppid()
-    try:
-        eng, timeout_s = _load(role, cfg_dict)
-        out.send(("loaded", None))
-        while True:
+class _Links:
+    """This instance's KV links, by peer name. Prefill side: a :class:`_Sender` each. Decode side: a
+    receiving thread each, putting ``("kv", peer, payload)`` or ``("lost", peer, why)`` on ``events``.
+    Links are made on threads of their own (a pair waits for its peer); ``("linked", peer, conn|None,
+    why)`` lands on ``events`` when done."""
+
+    def __init__(self, role: str, eng: Any, store: Any, heartbeat_s: float) -> None:
+        self.role, self.eng, self.store, self.heartbeat_s = role, eng, store, heartbeat_s
+        self.events: "queue.Queue" = queue.Queue()
+        self.senders: dict[str, _Sender] = {}
+        self.gen: dict[str, int] = collections.defaultdict(int)  # a peer's link generation (stale events dropped)
+
+    def start(self, peer: str, key: str, host: str, port: int, timeout_s: float) -> None:
+        self.drop(peer)
+        self.gen[peer] += 1
+        g = self.gen[peer]
+
+        def run() -> None:
             try:
-                cmd, _ = ctl.get(timeout=1.0)
-            except queue.Empty:
-                if os.getppid() != parent:
-                    os._exit(0)
-                continue
-            if cmd == "stop":
-                os._exit(0)
-            if cmd == "join":
-                break
-        conn = _join(role, eng, port, timeout_s)
-        out.send(("ready", None))
-    except BaseException as exc:  # noqa: BLE001 - said to the router, which fails with it
-        try:
-            out.send(("error", f"{type(exc).__name__}: {exc}"))
-        finally:
-            os._exit(0)
-    try:
-        _loop(role, eng, conn, ctl, out, probe, parent, heartbeat_s=timeout_s / 4)
-    finally:
-        os._exit(0)
+                conn = make_link(self.role, self.eng, self.store, key, host, port, timeout_s)
+            except Exception as exc:  # noqa: BLE001 - said to the router, which names it
+                self.events.put(("linked", peer, g, None, f"{type(exc).__name__}: {exc}"))
+                return
+            self.events.put(("linked", peer, g, conn, None))
+
+        threading.Thread(target=run, name=f"inferhal-kv-link-{peer}", daemon=True).start()
+
+    def up(self, peer: str, g: int, conn: Any) -> bool:
+        """A made link goes live (False: a newer ``start`` or a ``drop`` made it stale)."""
+        if g != self.gen[peer]:
+            return False
+        if self.role == "prefill":
+            self.senders[peer] = _Sender(conn, self.heartbeat_s)
+        else:
+            def receive() -> None:
+                while self.gen[peer] == g:
+                    try:
+                        payload = conn.recv()
+                    except Exception as exc:  # noqa: BLE001 - the prefill instance is gone
+                        self.events.put(("lost", peer, g, None, f"{type(exc).__name__}: {exc}"))
+                        return
+                    if not payload.state.get("heartbeat"):
+                        self.events.put(("kv", peer, g, payload, None))
+
+            threading.Thread(target=receive, name=f"inferhal-kv-recv-{peer}", daemon=True).start()
+        return True
+
+    def drop(self, peer: str) -> None:
+        self.gen[peer] += 1
+        s = self.senders.pop(peer, None)
+        if s is not None:
+            s.stopped.set()
+
+    def close(self) -> None:
+        for peer in list(self.senders):
+            self.drop(peer)
 
 
-def _loop(role: str, eng: Any, conn: Any, ctl: Any, out: Any, probe: Any, parent: int,
-          heartbeat_s: float = 30.0) -> None:
-    """Serve until ``stop`` or the router's death. The prefill side sends a heartbeat whenever it has sent
-    nothing for ``heartbeat_s`` (:class:`_Sender`)."""
+def serve_router(role: str, eng: Any, store: Any, ctl: Any, out: Any, probe: Optional[Callable] = None,
+                 heartbeat_s: float = 30.0, alive: Callable[[], bool] = lambda: True) -> str:
+    """Serve one router until ``stop`` (→ ``"stop"``), the router's connection closes (→ ``"router_gone"``,
+    every request here aborted and every link dropped, so the next router finds a clean instance) or
+    ``alive()`` turns false. ``probe(answer)`` answers a probe (default: ``out.send(("probe", answer))``)."""
     from inferhal.core.errors import UserError
 
+    probe = probe or (lambda acc: out.send(("probe", acc)))
+    links = _Links(role, eng, store, heartbeat_s)
     held = _Recent()  # decode: adopted, retried or aborted ids (a late payload or retry for them is dropped)
-    inbox: "queue.Queue" = queue.Queue()  # decode: payloads from the receiving thread
-    colocated = False  # the peer is dead: every request runs to its end here
-    sender = _Sender(conn, heartbeat_s) if role == "prefill" else None
-    if role == "decode":
-        def receive() -> None:
+    dest: dict[str, Optional[str]] = {}  # prefill: request id -> the decode instance it is handed to
+    beat = time.monotonic()
+    try:
+        while alive():
+            busy = eng.has_unfinished()
+            while True:  # links made or lost, payloads arrived
+                try:
+                    kind, peer, g, arg, why = links.events.get(timeout=0.01) if not busy else links.events.get_nowait()
+                except queue.Empty:
+                    break
+                if g != links.gen[peer]:
+                    continue  # from a link since dropped or made again
+                if kind == "linked":
+                    if arg is not None:
+                        links.up(peer, g, arg)
+                    out.send(("linked", (peer, why)))
+                elif kind == "lost":
+                    links.drop(peer)
+                    out.send(("link_lost", (peer, why)))
+                else:  # a payload
+                    rid = str(arg.state["request_id"])
+                    if rid in held:
+                        continue  # taken as a retry or aborted first: nothing was allocated for it
+                    held.add(rid)
+                    try:
+                        eng.add_transferred(arg)
+                    except UserError as exc:
+                        out.send(("failed", (rid, str(exc))))
+                    busy = True
             while True:
                 try:
-                    payload = conn.recv()
-                except Exception as exc:  # noqa: BLE001 - the prefill process is gone
-                    inbox.put(("gone", str(exc)))
-                    return
-                inbox.put(("kv", payload))
-
-        threading.Thread(target=receive, name="inferhal-kv-recv", daemon=True).start()
-    while os.getppid() == parent:  # the router is gone: so is this worker
-        busy = eng.has_unfinished()
-        while True:  # decode: adopt what arrived
-            try:
-                kind, arg = inbox.get(timeout=0.01) if role == "decode" and not busy else inbox.get_nowait()
-            except queue.Empty:
-                break
-            if kind == "gone" or arg.state.get("heartbeat"):
+                    cmd, arg = ctl.get_nowait() if busy else ctl.get(timeout=0.05)
+                except queue.Empty:
+                    break
+                if cmd in ("stop", "router_gone"):
+                    return cmd
+                if cmd == "add":
+                    rid, prompt, params, once, to = arg
+                    if once and (rid in eng.scheduler.requests or (role == "decode" and rid in held)):
+                        out.send(("skipped", rid))
+                        continue
+                    held.add(rid)
+                    try:
+                        eng.add(eng.make_request(prompt, params, request_id=rid))
+                    except (UserError, ValueError) as exc:
+                        out.send(("failed", (rid, str(exc))))
+                        continue
+                    if role == "prefill":
+                        dest[rid] = to
+                        if to is None:
+                            eng.keep_local.add(rid)
+                    if once:
+                        out.send(("taken", rid))
+                elif cmd == "abort":
+                    held.add(arg)
+                    dest.pop(arg, None)
+                    eng.abort([arg])
+                elif cmd == "link":
+                    links.start(*arg)
+                elif cmd == "unlink":
+                    links.drop(arg)
+                elif cmd == "probe":
+                    probe(accounting(eng))
+                busy = eng.has_unfinished()
+            for peer, s in list(links.senders.items()):
+                if s.broken:  # a heartbeat failed: that decode instance is gone
+                    links.drop(peer)
+                    out.send(("link_lost", (peer, s.broken)))
+            if not eng.has_unfinished():
+                if time.monotonic() - beat > IDLE_BEAT_S:
+                    out.send(("gauges", gauges(eng)))
+                    beat = time.monotonic()
                 continue
-            rid = str(arg.state["request_id"])
-            if rid in held:
-                continue  # taken as a retry or aborted first: nothing was allocated for it
-            held.add(rid)
-            try:
-                eng.add_transferred(arg)
-            except UserError as exc:
-                out.send(("failed", (rid, str(exc))))
-            busy = True
-        while True:
-            try:
-                if busy or role == "decode":
-                    cmd, arg = ctl.get_nowait()
-                else:
-                    cmd, arg = ctl.get(timeout=0.2)
-            except queue.Empty:
-                break
-            if cmd == "stop":
-                if sender is not None:
-                    sender.stopped.set()
-                return
-            if cmd == "add":
-                rid, prompt, params, once, keep_local = arg
-                if once and (rid in eng.scheduler.requests or (role == "decode" and rid in held)):
-                    out.send(("skipped", rid))
+            outs = eng.step()
+            handoffs = eng.take_handoffs() if role == "prefill" else []
+            if outs:
+                out.send(("outputs", (outs, gauges(eng))))  # before the hand-offs: the router sees "transferred" first
+                beat = time.monotonic()
+            for o in outs:
+                if o.finished and o.outputs[0].finish_reason != "transferred":
+                    dest.pop(o.request_id, None)
+            for payload in handoffs:
+                rid = str(payload.state["request_id"])
+                peer = dest.pop(rid, None)
+                sender = links.senders.get(peer) if peer is not None else None
+                if sender is None:
+                    out.send(("send_failed", (rid, peer, f"no KV link to {peer!r}")))
                     continue
-                held.add(rid)
                 try:
-                    eng.add(eng.make_request(prompt, params, request_id=rid))
-                except (UserError, ValueError) as exc:
-                    out.send(("failed", (rid, str(exc))))
-                    continue
-                if keep_local:
-                    eng.keep_local.add(rid)
-                if once:
-                    out.send(("taken", rid))
-            elif cmd == "abort":
-                held.add(arg)
-                eng.abort([arg])
-            elif cmd == "colocate":
-                colocated = True
-                if role == "prefill":
-                    eng.role = "any"  # hands nothing off from now on
-                    sender.stopped.set()
-            elif cmd == "probe":
-                probe.put(accounting(eng))
-            busy = eng.has_unfinished()
-        if sender is not None and sender.broken and not colocated:  # a heartbeat failed: the decode process is gone
-            colocated = True
-            eng.role = "any"
-            out.send(("send_failed", (None, sender.broken)))
-        if not eng.has_unfinished():
-            continue
-        outs = eng.step()
-        handoffs = eng.take_handoffs() if role == "prefill" else []
-        if outs:
-            out.send(("outputs", (outs, gauges(eng))))  # before the hand-offs: the router sees "transferred" first
-        for payload in handoffs:
-            rid = str(payload.state["request_id"])
-            if colocated:
-                out.send(("send_failed", (rid, "the decode process is gone")))
-                continue
-            try:
-                sender.send(payload)
-            except Exception as exc:  # noqa: BLE001 - the decode process is gone
-                colocated = True
-                eng.role = "any"
-                sender.stopped.set()
-                out.send(("send_failed", (rid, f"{type(exc).__name__}: {exc}")))
+                    sender.send(payload)
+                except Exception as exc:  # noqa: BLE001 - the decode instance is gone
+                    links.drop(peer)
+                    out.send(("send_failed", (rid, peer, f"{type(exc).__name__}: {exc}")))
+        return "gone"
+    finally:
+        links.close()
+        live = [rid for rid in list(eng.scheduler.requests)]
+        if live:
+            eng.abort(live)
+        eng._transfers.clear()
+        eng.keep_local.clear()

@@ -163,7 +163,7 @@ class AsyncEngine:
             try:
                 req = eng.make_request(prompt, params, request_id=rid)
                 eng.add(req)
-            except (UserError, ValueError) as exc:
+            except (UserError, ValueError, EngineDead) as exc:  # (EngineDead: a router with no live instance)
                 fut.set_exception(exc)
                 return
             self._tracks[rid] = _Track(q, time.monotonic(), len(prompt))

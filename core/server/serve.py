@@ -47,40 +47,117 @@ def settings_of(cfg, model_name: str):
 def make_app(llm, cfg):
     """(FastAPI app, AsyncEngine) over a built :class:`~inferhal.core.engine.llm.LLM`; the engine loop
     starts and stops with the app's lifespan."""
+    if llm.tokenizer is None:
+        raise UserError("inferhal serve needs a model with a tokenizer (text in, text out)")
+    app, engine = _app(llm.engine, cfg, str(cfg.model.name))
+    llm.served_by = engine  # its generate/stream/chat are refused while the server's loop thread runs the engine
+    return app, engine
+
+
+def make_router_app(cfg, router=None):
+    """``parallel.role=pd`` or ``router``: (FastAPI app, AsyncEngine) over a
+    :class:`~inferhal.core.disagg.router.Router` (built here unless given), which loads no weights; the
+    served model is the instances' (their hello names it)."""
+    from inferhal.core.disagg.router import Router
+
+    check_roles(cfg)
+    settings_of(cfg, "")  # bad server settings fail before anything spawns or connects
+    if router is None:
+        router = Router(cfg, spawn=str(cfg.parallel.role) == "pd")
+    if router.tokenizer is None:
+        router.close()
+        raise UserError("inferhal serve needs a model with a tokenizer (text in, text out)")
+    model = next(i.hello["describe"]["model"] for i in router.insts.values() if i.hello is not None)
+    return _app(router, cfg, str(model))
+
+
+def _app(inner, cfg, model_name: str):
     from inferhal.core.server.app import build_app
     from inferhal.core.server.async_engine import AsyncEngine
     from inferhal.core.server.metrics import ServerMetrics
 
-    if llm.tokenizer is None:
-        raise UserError("inferhal serve needs a model with a tokenizer (text in, text out)")
-    settings = settings_of(cfg, str(cfg.model.name))
+    settings = settings_of(cfg, model_name)
     metrics = ServerMetrics(settings.model_name)
-    inner = disaggregated(llm, cfg) if str(cfg.parallel.role) != "any" else llm.engine
     engine = AsyncEngine(inner, int(cfg.server.max_queued_requests), metrics)
-    llm.served_by = engine  # its generate/stream/chat are refused while the server's loop thread runs the engine
-    return with_lifespan(build_app(engine, settings, metrics), engine), engine
+    app = with_lifespan(build_app(engine, settings, metrics), engine)
+    app.state.model_name = settings.model_name
+    return app, engine
 
 
-def disaggregated(llm, cfg):
-    """``parallel.role=pd``: this process serves HTTP and routes; a spawned prefill process prefills and a
-    spawned decode process decodes (core/disagg/router.py). This process's engine only validates requests."""
-    role = str(cfg.parallel.role)
-    if role != "pd":
-        raise UserError(f"parallel.role={role!r}: `inferhal serve` runs parallel.role=any (one engine) or "
-                        f"parallel.role=pd (one launch: a router here, a prefill and a decode process spawned); "
-                        f"prefill and decode as separate launches (on other hosts) are not implemented")
-    if bool(cfg.scheduler.async_scheduling):
-        raise UserError("parallel.role=pd runs with scheduler.async_scheduling=false (the prefill engine reads a "
-                        "request's KV for its hand-off right after the step that sampled its first token)")
-    if int(cfg.parallel.ep) > 1 or int(cfg.parallel.dp) > 1:
-        raise UserError(f"parallel.role=pd runs one prefill and one decode process (parallel.ep=1, parallel.dp=1); "
-                        f"got parallel.ep={cfg.parallel.ep}, parallel.dp={cfg.parallel.dp}")
-    from inferhal.core.disagg.router import Router
+#: ``parallel.role`` values of ``inferhal serve``; the ``disagg`` fields each reads (any other non-default
+#: ``disagg`` field is refused, naming the role that reads it)
+ROLES = {"any": (), "pd": ("restarts",), "prefill": ("listen", "authkey"), "decode": ("listen", "kv_port", "authkey"),
+         "router": ("prefill", "decode", "authkey", "reconnect_s")}
+
+
+def check_roles(cfg) -> None:
+    """Refuse, before anything loads, spawns or connects, a role or a ``disagg`` setting `serve` cannot honour."""
+    from inferhal.core.config.refusals import default_of
     from inferhal.core.parallel.launch import timeout_of
 
-    timeout_of(cfg.parallel)  # > 0, or refused before spawning (the two processes' group, and their heartbeat)
+    role = str(cfg.parallel.role)
+    if role not in ROLES:
+        raise UserError(f"parallel.role={role!r}: `inferhal serve` runs {', '.join(ROLES)} (any = one engine; pd = one "
+                        f"launch: a router here, a prefill and a decode process spawned; prefill | decode = one "
+                        f"instance; router = a router in front of disagg.prefill and disagg.decode)")
+    for name in ("prefill", "decode", "listen", "kv_port", "authkey", "restarts", "reconnect_s"):
+        value = cfg.disagg[name]
+        if name not in ROLES[role] and value != default_of(f"disagg.{name}"):
+            readers = [r for r, fields in ROLES.items() if name in fields]
+            raise UserError(f"disagg.{name}={value!r} is read by parallel.role={'|'.join(readers)} only, not by "
+                            f"parallel.role={role}")
+    if role == "any":
+        return
+    if bool(cfg.scheduler.async_scheduling) and role in ("pd", "prefill", "decode"):
+        raise UserError(f"parallel.role={role} runs with scheduler.async_scheduling=false (the prefill engine reads a "
+                        f"request's KV for its hand-off right after the step that sampled its first token)")
+    if int(cfg.parallel.ep) > 1 or int(cfg.parallel.dp) > 1:
+        raise UserError(f"parallel.role={role}: each prefill or decode instance is one engine process (parallel.ep=1, "
+                        f"parallel.dp=1); got parallel.ep={cfg.parallel.ep}, parallel.dp={cfg.parallel.dp}")
+    timeout_of(cfg.parallel)  # > 0 (the KV links' timeout and heartbeat, the router's silence limit)
+    if int(cfg.disagg.restarts) < 0:
+        raise UserError(f"disagg.restarts must be >= 0, got {cfg.disagg.restarts}")
+    if float(cfg.disagg.reconnect_s) < 0:
+        raise UserError(f"disagg.reconnect_s must be >= 0 (0 = never), got {cfg.disagg.reconnect_s}")
+    if role == "router":
+        from inferhal.core.disagg.link import authkey_of, parse_address
 
-    return Router(llm.engine, cfg)
+        if not cfg.disagg.prefill and not cfg.disagg.decode:
+            raise UserError("parallel.role=router needs its instances: disagg.prefill=[host:port,...] and "
+                            "disagg.decode=[host:port,...]")
+        for r in ("prefill", "decode"):
+            for i, text in enumerate(cfg.disagg[r]):
+                parse_address(text, f"disagg.{r}[{i}]")
+        authkey_of(cfg)
+    if role in ("prefill", "decode"):
+        from inferhal.core.disagg.link import authkey_of, parse_address
+
+        parse_address(cfg.disagg.listen, "disagg.listen")
+        if not 0 <= int(cfg.disagg.kv_port) < 65536:
+            raise UserError(f"disagg.kv_port must be in [0, 65535], got {cfg.disagg.kv_port}")
+        authkey_of(cfg)
+
+
+def serve_instance(cfg) -> int:
+    """``parallel.role=prefill|decode``: one instance in the foreground, serving routers until SIGTERM."""
+    from inferhal.core.disagg.instance import serve_instance as run
+    from inferhal.core.disagg.link import authkey_of
+
+    check_roles(cfg)
+    role = str(cfg.parallel.role)
+
+    def announce(kind, arg):
+        port, kv_port = arg
+        host = str(cfg.disagg.listen).rpartition(":")[0]
+        kv = f"; KV link store on port {kv_port}" if kv_port is not None else ""
+        print(f"[serve] {role} instance of {cfg.model.name}: waiting for a router on {host}:{port}{kv}",
+              file=sys.stderr, flush=True)
+
+    stop = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda num, frame: (stop.append(num), os._exit(0)))
+    run(role, cfg, authkey_of(cfg), announce)
+    return 0
 
 
 def with_lifespan(app, engine):
@@ -105,10 +182,17 @@ def serve(cfg, llm=None) -> int:
 
     from inferhal.core.engine.llm import LLM
 
+    check_roles(cfg)
+    role = str(cfg.parallel.role)
+    if role in ("prefill", "decode"):
+        return serve_instance(cfg)
     settings_of(cfg, str(cfg.model.name))  # bad server settings fail before the model loads
-    if llm is None:
-        llm = LLM.from_config(cfg)
-    app, _ = make_app(llm, cfg)
+    if role in ("pd", "router"):
+        app, _ = make_router_app(cfg)
+    else:
+        if llm is None:
+            llm = LLM.from_config(cfg)
+        app, _ = make_app(llm, cfg)
     s = cfg.server
     config = uvicorn.Config(app, host=str(s.host), port=int(s.port), log_level="warning", access_log=False,
                             timeout_graceful_shutdown=float(s.shutdown_timeout_s), lifespan="on")
@@ -123,7 +207,7 @@ def serve(cfg, llm=None) -> int:
         while not server.started:
             await asyncio.sleep(0.05)
         port = server.servers[0].sockets[0].getsockname()[1] if server.servers else s.port
-        name = s.served_model_name or cfg.model.name
+        name = app.state.model_name
         print(f"[serve] {name} on http://{s.host}:{port}/v1 (OpenAI API; /health, /metrics)", file=sys.stderr,
               flush=True)
 

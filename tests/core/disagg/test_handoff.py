@@ -171,19 +171,3 @@ def test_two_processes_over_the_default_connector_give_the_colocated_tokens(tmp_
     assert dec["done"] == want and pre["done"] == {}
     assert pre["bytes"] == dec["bytes"] and len(dec["bytes"]) == len(want)
     assert pre["left"] == 0 and dec["left"] == 0
-
-
-def test_parallel_role_is_honoured_by_serve_only_and_only_as_pd():
-    from inferhal.core.cli.main import compose
-    from inferhal.core.config.errors import ConfigError
-    from inferhal.core.server.serve import disaggregated
-
-    with pytest.raises(ConfigError, match="parallel.role='pd' is refused"):
-        compose(["model=deepseek_v4_tiny", "parallel.role=pd"], command="generate")
-    base = llm()
-    for over, words in ((["parallel.role=prefill"], "as separate launches .on other hosts. are not implemented"),
-                        (["parallel.role=pd", "scheduler.async_scheduling=true"], "async_scheduling=false"),
-                        (["parallel.role=pd", "parallel=ep2"], "parallel.ep=1")):
-        cfg = compose(["model=deepseek_v4_tiny", *over], command="serve")
-        with pytest.raises(UserError, match=words):
-            disaggregated(base, cfg)

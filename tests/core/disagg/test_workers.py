@@ -1,18 +1,18 @@
-"""The decode worker's loop (core/disagg/workers.py) in a thread of this process, on the tiny V4: when the
-prefill process dies, a request may reach the decode side twice, as its KV payload (sent just before the
-death) and as the router's retry from its prompt. Whichever comes first runs it, the other is dropped
-before anything is allocated: one output stream, the colocated engine's tokens, no block left behind."""
+"""The decode instance's loop (core/disagg/workers.py: serve_router) in a thread of this process, on the tiny
+V4, its KV link a fake: when the prefill instance dies, a request may reach the decode side twice, as its KV
+payload (sent just before the death) and as the router's retry from its prompt. Whichever comes first runs
+it, the other is dropped before anything is allocated: one output stream, the colocated engine's tokens, no
+block left behind. When the router goes away, the instance aborts what it held and frees every block."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import queue
 import threading
 import time
 
 from inferhal import LLM, SamplingParams
-from inferhal.core.disagg.workers import _loop
+from inferhal.core.disagg import workers
 from inferhal.core.engine.engine import Engine
 from inferhal.core.engine.llm import compose_config
 
@@ -52,7 +52,7 @@ class Payloads:
         return self.q.get()
 
 
-def test_a_payload_and_a_retry_of_one_request_run_it_once():
+def test_a_payload_and_a_retry_of_one_request_run_it_once(monkeypatch):
     base = LLM.from_config(compose_config("deepseek_v4_tiny", "reference", overrides=["cache.num_blocks=64"]))
     sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in base.generate(PROMPTS, sp)]
@@ -70,10 +70,14 @@ def test_a_payload_and_a_retry_of_one_request_run_it_once():
     assert sorted(payloads) == ["r0", "r1"] and all(len(f) == 1 for f in firsts.values())
 
     ctl, out, probe, conn = queue.Queue(), Pipe(), queue.Queue(), Payloads()
-    worker = threading.Thread(target=_loop, args=("decode", decode, conn, ctl, out, probe, os.getppid()), daemon=True)
+    monkeypatch.setattr(workers, "make_link", lambda *a: conn)  # the link to "p0" is this fake
+    worker = threading.Thread(target=workers.serve_router, args=("decode", decode, None, ctl, out, probe.put),
+                              daemon=True)
     worker.start()
+    ctl.put(("link", ("p0", "key", "127.0.0.1", 1, 5.0)))
+    assert out.next("linked") == ("p0", None)
     retry = lambda rid: ("add", (rid, PROMPTS[int(rid[1])] + firsts[rid],
-                                 dataclasses.replace(sp, max_tokens=sp.max_tokens - 1), True, False))
+                                 dataclasses.replace(sp, max_tokens=sp.max_tokens - 1), True, None))
     tokens: dict[str, list] = {"r0": list(firsts["r0"]), "r1": []}
 
     def collect(rid):
@@ -97,8 +101,14 @@ def test_a_payload_and_a_retry_of_one_request_run_it_once():
     assert out.next("skipped") == "r1"
     ctl.put(("probe", None))
     acc = probe.get(timeout=30)
-    ctl.put(("stop", None))
+    # a third request is running when the router goes away: aborted, its blocks freed, the loop ends
+    ctl.put(("add", ("r2", PROMPTS[0], dataclasses.replace(sp, max_tokens=200), False, None)))
+    out.next("outputs")
+    assert decode.kv_manager.reqs
+    ctl.put(("router_gone", "EOFError"))
     worker.join(30)
+    assert not worker.is_alive() and not decode.kv_manager.reqs and not decode.has_unfinished()
+    decode.kv_manager.check()
     assert tokens["r0"] == want[0]
     assert firsts["r1"] + tokens["r1"] == want[1] == end.outputs[0].token_ids
     assert acc["kv_requests"] == [] and not acc["unfinished"] and acc["check"] is None

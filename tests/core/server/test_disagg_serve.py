@@ -1,9 +1,10 @@
-"""``inferhal serve parallel.role=pd``: this process serves HTTP and routes, a spawned prefill process
-prefills, a spawned decode process decodes (SmolLM2-135M, KV over gloo send/recv between the two). The
-openai client gets the colocated server's greedy text. Each process is killed with SIGKILL mid-stream:
-the requests it held are retried on the other one and every stream goes on to the same text, with
-nothing repeated or lost; the survivor's KV pool holds no request afterwards; /health names the dead role;
-with both dead, a request fails with 503 and /health answers 503."""
+"""``inferhal serve parallel.role=pd``: this process serves HTTP and routes (no weights loaded), a spawned
+prefill process prefills, a spawned decode process decodes (SmolLM2-135M, KV over gloo send/recv between
+the two). The openai client gets the colocated server's greedy text. Each process is killed with SIGKILL
+mid-stream: the requests it held are retried on the other one and every stream goes on to the same text,
+with nothing repeated or lost; the survivor's KV pool holds no request afterwards; /health names the dead
+role; with both dead (no restarts left), a request fails with 503 and /health answers 503. With restarts
+(the default), a killed process is spawned again and takes requests again."""
 
 from __future__ import annotations
 
@@ -30,22 +31,21 @@ TIMEOUT_S = 3
 
 
 @contextlib.contextmanager
-def pd(llm):
+def pd(restarts: int = 0):
     from inferhal.core.cli.main import compose
-    from inferhal.core.engine.llm import LLM
-    from inferhal.core.server.serve import make_app
+    from inferhal.core.server.serve import make_router_app
 
     cfg = compose([f"model={MODEL}", f"server.api_key={API_KEY}", "parallel.role=pd", "model.max_model_len=512",
-                   "cache.block_size=16", "cache.num_blocks=256", f"parallel.timeout_s={TIMEOUT_S}"], command="serve")
-    front = LLM.from_config(cfg, loaded_model=llm.engine.loaded, active_backend=llm.engine.backend)
-    app, engine = make_app(front, cfg)
+                   "cache.block_size=16", "cache.num_blocks=256", f"parallel.timeout_s={TIMEOUT_S}",
+                   f"disagg.restarts={restarts}"], command="serve")
+    app, engine = make_router_app(cfg)
     with run_server(app) as url:
         yield url, engine
 
 
 @pytest.fixture(scope="module")
-def pd_server(llm, offline, offline_long):
-    with pd(llm) as got:
+def pd_server(offline, offline_long):
+    with pd() as got:
         yield got
 
 
@@ -119,7 +119,8 @@ def test_pd_server_streams_the_colocated_greedy_text(pd_server, offline):
         assert "".join(parts) == offline[p].outputs[0].text
     router = engine.engine
     assert router.failed == {} and not router._reqs and router.retried == {}  # all decoded on the decode side
-    assert router.procs["prefill"].process.pid != os.getpid() != router.procs["decode"].process.pid
+    assert router.insts["prefill"].process.pid != os.getpid() != router.insts["decode"].process.pid
+    assert not hasattr(router, "loaded") and router.front.tokenizer is not None  # the router holds no weights
     assert health(url) == (200, {"status": "ok", "roles": {"prefill": "ok", "decode": "ok"}})
     no_leak(router, "prefill")
     no_leak(router, "decode")
@@ -162,7 +163,7 @@ def test_a_killed_decode_process_loses_no_request(pd_server, offline_long):
     got: dict[int, str] = {}
     threads = streams(client_of(url), FAILOVER_PROMPTS, range(len(FAILOVER_PROMPTS)), got)
     wait_for(lambda: any(at != "prefill" for at in where(router).values()), "a request held by the decode side")
-    os.kill(router.procs["decode"].process.pid, signal.SIGKILL)
+    os.kill(router.insts["decode"].process.pid, signal.SIGKILL)
     for t in threads:
         t.join(120)
     assert [got.get(i) for i in range(len(FAILOVER_PROMPTS))] == offline_long
@@ -174,11 +175,11 @@ def test_a_killed_decode_process_loses_no_request(pd_server, offline_long):
     assert body["roles"]["decode"].startswith("dead: ")
 
 
-def test_a_killed_prefill_process_loses_no_request(llm, offline, offline_long):
+def test_a_killed_prefill_process_loses_no_request(offline, offline_long):
     """Two requests decode on the decode process; the prefill process is stopped, a third request waits for
     it, and it is killed: the third is retried on the decode process, the two stream on from their KV."""
     prompts, want = FAILOVER_PROMPTS, offline_long
-    with pd(llm) as (url, engine):
+    with pd() as (url, engine):
         router = engine.engine
         client = client_of(url)
         got: dict[int, str] = {}
@@ -186,7 +187,7 @@ def test_a_killed_prefill_process_loses_no_request(llm, offline, offline_long):
         early = wait_for(lambda: (lambda w: sorted(w) if len(w) == 2 and all(
             at == "decode" and streamed(router, rid) >= 3 for rid, at in w.items()) else None)(where(router)),
             "two requests streaming from the decode process")
-        pre = router.procs["prefill"].process
+        pre = router.insts["prefill"].process
         os.kill(pre.pid, signal.SIGSTOP)
         threads += streams(client, prompts, [2], got)
         late = wait_for(lambda: [rid for rid, at in where(router).items() if rid not in early and at == "prefill"],
@@ -205,12 +206,12 @@ def test_a_killed_prefill_process_loses_no_request(llm, offline, offline_long):
         # the decode process runs new requests by itself now
         p = OFFLINE_PROMPTS[0]
         r = client.completions.create(model=MODEL, prompt=p, max_tokens=OFFLINE_MAX_TOKENS, temperature=0)
-        assert r.choices[0].text == offline[p].outputs[0].text and router.procs["prefill"].dead
+        assert r.choices[0].text == offline[p].outputs[0].text and router.insts["prefill"].dead
         no_leak(router, "decode")
         # both dead: a request fails with the OpenAI error schema, never hangs, and /health says so
-        os.kill(router.procs["decode"].process.pid, signal.SIGKILL)
+        os.kill(router.insts["decode"].process.pid, signal.SIGKILL)
         openai = pytest.importorskip("openai")
         with pytest.raises(openai.APIStatusError) as err:
             client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=4, temperature=0)
-        assert err.value.status_code == 503 and "both engine processes are dead" in str(err.value)
+        assert err.value.status_code == 503 and "every engine instance is dead" in str(err.value)
         assert health(url)[0] == 503
