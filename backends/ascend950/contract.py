@@ -103,6 +103,11 @@ SCHEMAS: dict[str, str] = {
         "npu_dynamic_quant(Tensor input, *, Tensor? smooth_scales=None, Tensor? group_index=None, "
         "int? dst_type=None, str quant_mode=\"pertoken\", float dst_type_max=0.0) -> (Tensor, Tensor)"
     ),
+    "npu_quant_matmul": (
+        "npu_quant_matmul(Tensor x1, Tensor x2, Tensor scale, *, Tensor? offset=None, Tensor? pertoken_scale=None, "
+        "Tensor? bias=None, int? output_dtype=None, int? x1_dtype=None, int? x2_dtype=None, "
+        "int? pertoken_scale_dtype=None, int? scale_dtype=None, int[]? group_sizes=None, Tensor? y_scale=None) -> Tensor"
+    ),
     "npu_dynamic_mx_quant": (
         "npu_dynamic_mx_quant(Tensor input, *, int axis=-1, str round_mode=\"rint\", ScalarType dst_type, "
         "int? scale_alg=None, float dst_type_max=0.0) -> (Tensor, Tensor)"
@@ -214,6 +219,18 @@ NAMESPACES: dict[str, str] = {
 #: where each operator's recorded signature (and the semantics its fake implements) comes from;
 #: operators absent here are from :data:`SOURCE`
 CITATIONS: dict[str, str] = {
+    "npu_quant_matmul": (
+        f"{SOURCE} for the schema. Its MX mode (950) is not in npu_quant_matmul's own doc (A2/A3 int8/int4 modes "
+        f"only); used as {_VLLM_ASCEND} vllm_ascend/quantization/methods/w8a8_mxfp8.py AscendW8A8MXFP8DynamicLinear"
+        f"Method.apply calls it (x1 from npu_dynamic_mx_quant, weight [K, N] and weight_scale uint8 [K/64, N, 2] as "
+        f"transposed views from process_weights_after_loading, scale_dtype = pertoken_scale_dtype = "
+        f"torch_npu.float8_e8m0fnu, output_dtype = x's dtype, group_sizes [1, 1, 32]; fp8.py AscendW8A8MXFP8DS"
+        f"DynamicLinearMethod does the same for DeepSeek's 128x128 FP8 blocks, taking each ue8m0 scale's exponent); "
+        f"scale shapes as the same wheel's _op_plugin_docs.py gives them for the 950's MX matmul of "
+        f"npu_all_gather_quant_mm (x1_scale (m, ceil(k/64), 2), x2_scale (ceil(k/64), n, 2) transposed only); "
+        f"torch_npu/op_plugin/meta/_meta_registrations.py npu_quant_matmul_meta / quant_matmul_group_sizes_check "
+        f"(pertoken_scale_dtype float8_e8m0fnu: k at dim -2 of pertoken_scale and -3 of scale) and "
+        f"TORCH_NPU_DTYPE_TO_STRING_MAP (293 = torch_npu.float8_e8m0fnu; torch dtypes as ScalarType values)"),
     "npu_lightning_indexer": (
         f"{_BINDING} for the argument list (the _C_ascend twin of torch_npu's operator); keyword use as in "
         f"{_VLLM_ASCEND} vllm_ascend/device/device_op.py indexer_select_post_process (torch_npu.npu_lightning_indexer); "

@@ -9,9 +9,15 @@ call is checked like a torch_npu one; small index bookkeeping around them stays 
 =================  ==============================  ================================================================
 op ID              operator(s)                     what the wrapper relies on
 =================  ==============================  ================================================================
-linear             aten linear                     plain weights in x's dtype (QuantWeight: reference, visibly:
-                                                   FP8 128x128 blocks / FP4 groups have no matching npu_quant_matmul
-                                                   mode without requantising, which changes the numbers)
+linear             aten linear                     plain weights in x's dtype
+(MX weights, 950)  npu_dynamic_mx_quant →          W8A8MXFP as vllm-ascend's W8A8_MXFP8 linear: fp8_block with
+                   npu_quant_matmul (MX mode)      power-of-two scales and 32-multiple column blocks (DeepSeek's
+                                                   ue8m0 128x128) or MXFP4 fp4_group (codes widened to e4m3): x in
+                                                   e4m3 with e8m0 [T, K/64, 2], weight e4m3 [K, N] with e8m0 [K/64,
+                                                   N, 2] (transposed views), scale_dtype / pertoken_scale_dtype 293,
+                                                   group_sizes [1, 1, 32], bias fp32; the activations' e4m3 rounding
+                                                   differs from the reference's bf16 x dequantised weight. Other
+                                                   QuantWeights (fp32 amax scales, int_block): reference, visibly
 lm_head            aten linear                     as linear, widened to fp32 into the lent buffer
 lm_head.argmax     aten linear → aten argmax       argmax over the fp32 logits (first index on ties is torch's rule;
                                                    on NPU it is what qualification checks)
@@ -30,25 +36,70 @@ from __future__ import annotations
 
 import torch
 
+from inferhal.backends.ascend950 import mx
+from inferhal.backends.ascend950.preconditions import HALF
 from inferhal.backends.reference import ops as ref
 from inferhal.backends.reference import spec as ref_spec
 from inferhal.core.ops.quant import QuantWeight
 
 
+#: a torch dtype as the ``int? output_dtype`` / ``int? *_dtype`` arguments take it: PyTorch's ScalarType enum value
+#: (torch-npu==2.13.0 torch_npu/op_plugin/meta/_meta_registrations.py TORCH_DTYPE_MAP; its gmm_get_dtype accepts 5,
+#: 15, 6, 3 and maps them back through TORCH_DTYPE_ENUM_VALUE_TO_SCALAR_TYPE_MAP; vllm-ascend passes the torch
+#: dtype, which the op schema turns into that value). Not aclDataType (ACL_BF16 = 27 is no ScalarType of torch's).
+SCALAR_TYPE = {torch.float16: 5, torch.bfloat16: 15, torch.float32: 6}
+#: torch_npu's own dtype value for e8m0 scales in those arguments (the same file: 293 = torch_npu.float8_e8m0fnu)
+NPU_FLOAT8_E8M0 = 293
+MX_MATMUL_MAX = 65535  # npu_quant_matmul's doc: the last dims of x1 and x2 at most 65535
+QUANT_HEAD = "the MXFP8 npu_quant_matmul is wired for linear only (fp32 logits are no documented MX output)"
+
+
 class DenseOps:
-    """Dense and sampling wrappers; expects ``self.npu`` and ``self._fallback``."""
+    """Dense and sampling wrappers; expects ``self.npu``, ``self._fallback``, ``self._has``, ``self.features`` and
+    ``self._mx_cache``."""
 
     def linear(self, x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
         # x: [T, K]; w: [N, K] -> [T, N]
         if isinstance(w, QuantWeight):
-            self._fallback("linear", f"{w.format} weight: no npu_quant_matmul mode takes it without requantising")
-            return ref.linear(x, w, bias)
+            mxw = self._mx_linear(w)
+            why = f"{w.format} weight: {mxw}" if isinstance(mxw, str) else ""
+            if not why and "mxfp8" not in self.features:
+                why = f"{w.format} weight: this generation has no MXFP8 npu_quant_matmul (950 only)"
+            elif not why and (x.dtype not in HALF or x.dim() != 2):
+                why = f"x {x.dtype} {tuple(x.shape)}: the MXFP8 matmul is wired for 2-D fp16/bf16 activations"
+            elif not why and max(w.shape) > MX_MATMUL_MAX:
+                why = f"{w.format} weight {w.shape}: the MX matmul takes K and N <= {MX_MATMUL_MAX}"
+            elif not why and not self._has("npu_dynamic_mx_quant"):
+                why = "npu_dynamic_mx_quant is not available in this torch_npu"
+            if why:
+                self._fallback("linear", why)
+                return ref.linear(x, w, bias)
+            return self._linear_mx(x, mxw, bias)
         return self.npu.aten_linear(x, w.to(x.dtype), None if bias is None else bias.to(x.dtype))
+
+    def _mx_linear(self, w: QuantWeight):
+        """A linear QuantWeight's MXFP8 form (converted once per weight object), or why it has none."""
+        key = ("linear", id(w))
+        hit = self._mx_cache.get(key)
+        if hit is None or hit[0] is not w:
+            hit = self._mx_cache[key] = (w, mx.mx_linear_weight(w))
+        return hit[1]
+
+    def _linear_mx(self, x: torch.Tensor, w_mx, bias: torch.Tensor | None) -> torch.Tensor:
+        # W8A8MXFP: x -> e4m3 [T, K] + e8m0 [T, K/64, 2]; weight e4m3 [K, N] + e8m0 [K/64, N, 2] -> [T, N] in x's dtype
+        xq, xs = self.npu.npu_dynamic_mx_quant(x.contiguous(), dst_type=torch.float8_e4m3fn)
+        if xs.dim() == 2:  # the [T, K/64, 2] pairs
+            xs = xs.reshape(xs.shape[0], -1, 2)
+        data, scale = w_mx
+        return self.npu.npu_quant_matmul(xq, data, scale, pertoken_scale=xs,
+                                         bias=None if bias is None else bias.float().contiguous(),
+                                         output_dtype=SCALAR_TYPE[x.dtype], scale_dtype=NPU_FLOAT8_E8M0,
+                                         pertoken_scale_dtype=NPU_FLOAT8_E8M0, group_sizes=[1, 1, 32])
 
     def lm_head(self, x: torch.Tensor, w, out: torch.Tensor | None = None) -> torch.Tensor:
         # x: [B, K]; w: [V, K] -> fp32 [B, V]
         if isinstance(w, QuantWeight):
-            self._fallback("lm_head", f"{w.format} weight: no npu_quant_matmul mode takes it without requantising")
+            self._fallback("lm_head", f"{w.format} weight: {QUANT_HEAD}")
             return ref.lm_head(x, w, out)
         v = w.shape[0]
         if out is None:
@@ -59,7 +110,7 @@ class DenseOps:
 
     def lm_head_argmax(self, x: torch.Tensor, w) -> torch.Tensor:
         if isinstance(w, QuantWeight):
-            self._fallback("lm_head.argmax", f"{w.format} weight: no npu_quant_matmul mode takes it without requantising")
+            self._fallback("lm_head.argmax", f"{w.format} weight: {QUANT_HEAD}")
             return ref.lm_head_argmax(x, w)
         return self.npu.aten_argmax(self.lm_head(x, w), -1).long()
 

@@ -63,7 +63,7 @@ from typing import Any, Callable
 import torch
 
 from inferhal.backends.ascend950 import preconditions  # noqa: F401  (registers the call checks)
-from inferhal.backends.ascend950.dense import DenseOps
+from inferhal.backends.ascend950.dense import SCALAR_TYPE, DenseOps
 from inferhal.backends.ascend950.ep import EpOps
 from inferhal.backends.ascend950.v4 import V4Ops
 from inferhal.backends.ascend950.preconditions import HALF
@@ -82,7 +82,7 @@ log = logging.getLogger("inferhal.ascend950")
 NPU_OPS: dict[str, tuple[str, ...]] = {
     "norm.rms": ("npu_rms_norm", "npu_add_rms_norm"),
     "rope.apply": ("npu_rotary_mul",),
-    "linear": ("aten_linear",),
+    "linear": ("aten_linear", "npu_dynamic_mx_quant", "npu_quant_matmul"),
     "lm_head": ("aten_linear",),
     "lm_head.argmax": ("aten_linear", "aten_argmax"),
     "attn.paged": ("npu_fused_infer_attention_score", "npu_fused_infer_attention_score_v2"),
@@ -120,11 +120,6 @@ ALL_FEATURES = frozenset({"sparse_attn_sharedkv", "kv_quant_sparse_attn_sharedkv
 
 CAUSAL_MASK_SIZE = 2048  # sparse_mode 2/3/4 take an optimised (2048, 2048) mask
 
-#: a torch dtype as the ``int? output_dtype`` / ``int? *_dtype`` arguments take it: PyTorch's ScalarType enum value
-#: (torch-npu==2.13.0 torch_npu/op_plugin/meta/_meta_registrations.py TORCH_DTYPE_MAP; gmm_get_dtype accepts 5, 15,
-#: 6, 3 and maps them back through TORCH_DTYPE_ENUM_VALUE_TO_SCALAR_TYPE_MAP; vllm-ascend passes the torch dtype,
-#: which the op schema turns into that value). Not aclDataType (ACL_BF16 = 27 is no ScalarType of torch_npu's).
-SCALAR_TYPE = {torch.float16: 5, torch.bfloat16: 15, torch.float32: 6}
 
 
 class NpuOps(V4Ops, DenseOps, EpOps):

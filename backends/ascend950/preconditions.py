@@ -153,6 +153,30 @@ def _check_gmm(b: dict) -> None:
                                                         "3 int32 (not an aclDataType code)")
 
 
+def _check_quant_matmul(b: dict) -> None:
+    op = "npu_quant_matmul"
+    x1, x2, sc, pt = b["x1"], b["x2"], b["scale"], b.get("pertoken_scale")
+    require(x1.dtype == torch.float8_e4m3fn, op, "only the MXFP8 mode (x1 float8_e4m3fn) is wired")
+    require(x2.dtype == torch.float8_e4m3fn and x1.dim() == 2 and x2.dim() == 2 and x1.shape[1] == x2.shape[0], op,
+            "MXFP8: x1 e4m3 [M, K], x2 e4m3 [K, N]")
+    m, k = x1.shape
+    n = x2.shape[1]
+    require(k % 64 == 0 and k <= 65535 and n <= 65535, op, "MXFP8: K a multiple of 64, K and N <= 65535")
+    require(x2.t().is_contiguous(), op, "MXFP8: x2 the transposed view of a contiguous [N, K] weight")
+    require(sc.dtype in (torch.uint8, torch.float8_e8m0fnu) and tuple(sc.shape) == (k // 64, n, 2)
+            and sc.transpose(0, 1).is_contiguous(), op,
+            "MXFP8: scale [K/64, N, 2] 8-bit, the transposed view of a contiguous [N, K/64, 2] (transposed only)")
+    require(pt is not None and pt.dtype in (torch.uint8, torch.float8_e8m0fnu) and tuple(pt.shape) == (m, k // 64, 2),
+            op, "MXFP8: pertoken_scale [M, K/64, 2] 8-bit")
+    require(b.get("scale_dtype") == 293 and b.get("pertoken_scale_dtype") == 293, op,
+            "MXFP8: scale_dtype and pertoken_scale_dtype 293 (torch_npu.float8_e8m0fnu)")
+    require(list(b.get("group_sizes") or ()) == [1, 1, 32], op, "MXFP8: group_sizes [1, 1, 32]")
+    require(b.get("output_dtype") in (5, 15), op, "MXFP8: output_dtype 5 (fp16) | 15 (bf16), ScalarType values")
+    bias = b.get("bias")
+    require(bias is None or (bias.dtype == torch.float32 and tuple(bias.shape) == (n,)), op, "bias fp32 [N]")
+    require(b.get("offset") is None and b.get("y_scale") is None, op, "no offset / y_scale in the MX mode")
+
+
 def _check_swiglu(b: dict) -> None:
     x = b["self"] if "self" in b else b["x"]
     op = "npu_swiglu" if "self" in b else "npu_clipped_swiglu"
@@ -424,6 +448,6 @@ CHECKS.update({
     "npu_moe_gating_top_k": [_check_gating], "npu_moe_init_routing_v2": [_check_init_routing],
     "npu_grouped_matmul": [_check_gmm], "npu_swiglu": [_check_swiglu], "npu_clipped_swiglu": [_check_swiglu],
     "npu_moe_finalize_routing": [_check_finalize], "npu_dynamic_quant": [_check_dyn_quant],
-    "npu_dynamic_mx_quant": [_check_dyn_mx_quant],
+    "npu_dynamic_mx_quant": [_check_dyn_mx_quant], "npu_quant_matmul": [_check_quant_matmul],
     "npu_grouped_matmul_swiglu_quant": [_check_gmm_swiglu_quant],
 })

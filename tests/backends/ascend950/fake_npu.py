@@ -170,6 +170,23 @@ class FakeNpu:
         dtype = xx.dtype if output_dtype is None else {5: torch.float16, 15: torch.bfloat16, 6: torch.float32}[output_dtype]
         return [out.to(dtype)]
 
+    def npu_quant_matmul(self, x1, x2, scale, *, offset=None, pertoken_scale=None, bias=None, output_dtype=None,
+                         x1_dtype=None, x2_dtype=None, pertoken_scale_dtype=None, scale_dtype=None, group_sizes=None,
+                         y_scale=None):
+        # MX mode (W8A8MXFP): x1 e4m3 [M, K] with e8m0 pertoken_scale [M, K/64, 2], x2 e4m3 [K, N] with e8m0 scale
+        # [K/64, N, 2]: each operand times 2**(byte - 127) per 32 along K, products summed in fp32, + bias (fp32)
+        def e8(t):
+            return torch.exp2(t.view(torch.uint8).float() - 127)
+
+        m, k = x1.shape
+        n = x2.shape[1]
+        xs = e8(pertoken_scale).reshape(m, k // 32).repeat_interleave(32, -1)
+        ws = e8(scale).permute(0, 2, 1).reshape(k // 32, n).repeat_interleave(32, 0)
+        out = (x1.float() * xs) @ (x2.float() * ws)
+        if bias is not None:
+            out = out + bias.float()
+        return out.to({5: torch.float16, 15: torch.bfloat16}[output_dtype])
+
     def npu_moe_finalize_routing(self, rows, skip1, skip2, bias, scales, expanded_src_to_dst_row,
                                  export_for_source_row, drop_pad_mode=0, k=1):
         t = rows.shape[0] // k

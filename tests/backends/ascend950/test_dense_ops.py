@@ -13,9 +13,11 @@ from inferhal.backends.reference import ep as ref_ep
 from inferhal.backends.reference import ops as ref
 from inferhal.backends.reference import spec as ref_spec
 from inferhal.backends.reference.comm import SingleProcessCommunicator
-from inferhal.backends.reference.quant import quantize_fp4_group
+from inferhal.backends.reference.kv_records import e2m1_codes
+from inferhal.backends.reference.quant import dequantize, quantize_fp4_group, quantize_fp8_block
 from inferhal.core.backend import ParallelLayout
 from inferhal.core.ops.params import ActParams, EPParams, SampleBatch
+from inferhal.core.ops.quant import QuantWeight
 
 BF16 = torch.bfloat16
 
@@ -34,6 +36,63 @@ def test_linear_and_heads(npu_ops, recorder, dtype):
     assert recorder.calls[0].tensor("weight").dtype == str(dtype).removeprefix("torch.")
     qw = quantize_fp4_group(w)
     assert torch.equal(npu_ops.linear(x, qw), ref.linear(x, qw)) and "fp4_group" in npu_ops.events[-1][1]
+
+
+def pow2_fp8_block(w: torch.Tensor) -> QuantWeight:
+    """128x128 fp8 blocks with power-of-two fp32 scales (DeepSeek's ue8m0 FP8 weights)."""
+    q = quantize_fp8_block(w)
+    sc = torch.exp2(torch.ceil(torch.log2(q.scale)))
+    full = sc.repeat_interleave(128, 0).repeat_interleave(128, 1)[:w.shape[0], :w.shape[1]]
+    return QuantWeight((w.float() / full).to(torch.float8_e4m3fn), sc, "fp8_block", q.shape, q.block)
+
+
+def mxfp4_linear(w: torch.Tensor) -> QuantWeight:
+    """``[N, K]`` → fp4_group with e8m0 scales 2**ceil(log2(amax / 6)) per 32 (MXFP4)."""
+    n, k = w.shape
+    blocks = w.float().reshape(n, k // 32, 32)
+    _, ex = torch.frexp(blocks.abs().amax(-1).clamp(min=1e-30) / 6)
+    codes = e2m1_codes(blocks / torch.exp2(ex.float())[..., None]).reshape(n, k // 2, 2)
+    packed = (codes[..., 0] | (codes[..., 1] << 4)).to(torch.uint8)
+    return QuantWeight(packed, (ex + 127).to(torch.uint8).view(torch.float8_e8m0fnu), "fp4_group", (n, k), (1, 32))
+
+
+@pytest.mark.parametrize("fmt", ["fp8_pow2", "mxfp4"])
+def test_mx_linear_is_w8a8_mxfp8_through_npu_quant_matmul(npu_ops, recorder, fmt):
+    g = torch.Generator().manual_seed(5)
+    x, w, b = torch.randn(7, 192, generator=g).to(BF16), torch.randn(160, 192, generator=g) * 0.1, torch.randn(160)
+    qw = pow2_fp8_block(w) if fmt == "fp8_pow2" else mxfp4_linear(w)
+    got, want = npu_ops.linear(x, qw, b), ref.linear(x, qw, b)
+    assert not npu_ops.events and got.dtype == BF16
+    # e4m3 activations against the reference's bf16: a few % of the output's norm (a wrong layout: ~100 %)
+    err = (got.float() - want.float()).norm() / want.float().norm()
+    assert err < 0.05, f"relative error {err:.3f}"
+    # exactly what the fake's operators compute: x's MX codes and scales times the dequantised weight
+    xq, xs = recorder.npu_dynamic_mx_quant(x, dst_type=torch.float8_e4m3fn)
+    xd = xq.float() * torch.exp2(xs.view(torch.uint8).float() - 127).reshape(7, 6).repeat_interleave(32, -1)
+    exact = (xd @ dequantize(qw).float().T + b).to(BF16)
+    assert (got.float() - exact.float()).abs().max() <= 0.01 * exact.float().abs().max()
+    assert recorder.ops_called()[:2] == ["npu_dynamic_mx_quant", "npu_quant_matmul"]
+    c = recorder.calls[1]
+    assert c.tensor("x2").shape == (192, 160) and not c.tensor("x2").contiguous
+    assert c.tensor("scale").shape == (3, 160, 2) and c.tensor("pertoken_scale").shape == (7, 3, 2)
+    assert c.args["group_sizes"] == (1, 1, 32) and c.args["scale_dtype"] == 293 and c.args["output_dtype"] == 15
+    npu_ops.linear(x, qw, b)
+    assert len(npu_ops._mx_cache) == 1  # converted once per weight
+
+
+@pytest.mark.parametrize("why,make,features", [
+    ("fp8_block scales that are not powers of two", lambda w: quantize_fp8_block(w), None),
+    ("K = 96", lambda w: pow2_fp8_block(w[:, :96]), None),
+    ("950 only", pow2_fp8_block, {"sparse_attn_sharedkv"}),
+])
+def test_non_mx_linears_fall_back_saying_why(recorder, why, make, features):
+    ops = NpuOps(recorder, features=features)
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(64, 192, generator=g)
+    qw = make(w)
+    x = torch.randn(3, qw.shape[1], generator=g).to(BF16)
+    assert torch.equal(ops.linear(x, qw), ref.linear(x, qw))
+    assert ops.events[-1][0] == "linear" and why in ops.events[-1][1] and not recorder.calls
 
 
 def test_embed_and_act(npu_ops, recorder):
