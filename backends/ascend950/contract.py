@@ -295,9 +295,11 @@ CITATIONS: dict[str, str] = {
         f"A5DeviceAdaptor.npu_grouped_matmul_gmm2 (x e4m3 with per_token_scale [M, K/64, 2] e8m0, weight e4m3 "
         f"[E, K, N] (the checkpoint's [E, N, K] transposed) with scale [E, K/64, N, 2] e8m0, as "
         f"vllm_ascend/quantization/methods/w8a8_mxfp8.py process_weights_after_loading lays them out; split_item 2, "
-        f"group_type 0). vllm-ascend passes uint8 scales with scale_dtype / per_token_scale_dtype = "
-        f"float8_e8m0fnu; the wrapper passes float8_e8m0fnu tensors instead (torch 2.13's own dtype): that reading "
-        f"is the first thing a hardware run of the MX path must confirm"),
+        f"group_type 0). Like vllm_ascend/ops/fused_moe/moe_mlp.py the wrapper states scale_dtype = "
+        f"per_token_scale_dtype = torch_npu.float8_e8m0fnu (293: torch-npu==2.13.0 torch_npu/op_plugin/meta/"
+        f"_meta_registrations.py, whose npu_grouped_matmul_meta accepts only that value; with it the scale tensors' "
+        f"own 8-bit dtype does not matter, as _op_plugin_docs.py says of npu_add_quant_gmm_'s x2_scale_dtype) and "
+        f"output_dtype as a ScalarType value (gmm_get_dtype: 5 fp16, 15 bf16, 6 fp32, 3 int32)"),
     "npu_gelu": ("hiascend.com Pytorch 7.0.0 API reference, torch_npu.npu_gelu (ptaoplist_001234): approximate "
                  "'none' (erf) | 'tanh'; fp16/bf16/fp32; it notes that torch's own gelu on the NPU ignores "
                  "approximate and uses tanh, hence this operator"),

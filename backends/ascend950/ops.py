@@ -41,7 +41,8 @@ moe.experts        npu_moe_init_routing_v2 → npu_grouped_matmul    init: exper
 (MX weights)       npu_dynamic_mx_quant → npu_grouped_matmul       W8A8MXFP (950): e4m3 activations with e8m0 [M,
                    (MXFP8) → swiglu → again → finalize             K/64, 2], weight e4m3 [E, K, N] with e8m0 [E,
                                                                    K/64, N, 2] (mx.py), output_dtype 15 | 5 (the
-                                                                   ScalarType values of bf16 | fp16, SCALAR_TYPE)
+                                                                   ScalarType values of bf16 | fp16, SCALAR_TYPE),
+                                                                   scale_dtype = per_token_scale_dtype = 293 (e8m0)
 (W8A8, extra)      npu_dynamic_quant, npu_grouped_matmul_swiglu_   see :meth:`NpuOps.experts_w8a8`; int8 weights in the
                    quant                                           FRACTAL_NZ layout vllm-ascend's w8a8 checkpoints use
 =================  =============================================  ==================================================
@@ -63,7 +64,7 @@ from typing import Any, Callable
 import torch
 
 from inferhal.backends.ascend950 import preconditions  # noqa: F401  (registers the call checks)
-from inferhal.backends.ascend950.dense import SCALAR_TYPE, DenseOps
+from inferhal.backends.ascend950.dense import NPU_FLOAT8_E8M0, SCALAR_TYPE, DenseOps
 from inferhal.backends.ascend950.ep import EpOps
 from inferhal.backends.ascend950.v4 import V4Ops
 from inferhal.backends.ascend950.preconditions import HALF
@@ -453,9 +454,11 @@ class NpuOps(V4Ops, DenseOps, EpOps):
         if hs.dim() == 2:  # the [M, K/64, 2] pairs, as vllm-ascend's maybe_normalize_mxfp_scale_layout
             hs = hs.reshape(hs.shape[0], -1, 2)
         data, scale = w_mx
+        # the scales' dtype stated as vllm-ascend's moe_mlp.py states it for MX (scale_dtype / per_token_scale_dtype
+        # torch_npu.float8_e8m0fnu); with them given, the tensors' own 8-bit dtype does not matter
         return self.npu.npu_grouped_matmul([hq], [data], scale=[scale], per_token_scale=[hs],
-                                           output_dtype=SCALAR_TYPE[h.dtype],
-                                           **gmm)[0]
+                                           output_dtype=SCALAR_TYPE[h.dtype], scale_dtype=NPU_FLOAT8_E8M0,
+                                           per_token_scale_dtype=NPU_FLOAT8_E8M0, **gmm)[0]
 
     def experts_w8a8(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w13_nz: torch.Tensor,
                      w13_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor) -> torch.Tensor:

@@ -139,13 +139,15 @@ def _check_gmm(b: dict) -> None:
         sc, pt = b.get("scale"), b.get("per_token_scale")
         require(w.dtype == x.dtype, op, "MXFP8: weight e4m3 like x")
         require(x.shape[1] % 64 == 0, op, "MXFP8: K a multiple of 64 (scales [.., K/64, .., 2])")
-        require(sc is not None and len(sc) == 1 and sc[0].dtype == e8 and
+        require(sc is not None and len(sc) == 1 and sc[0].dtype in (e8, torch.uint8) and
                 tuple(sc[0].shape) == (w.shape[0], x.shape[1] // 64, w.shape[2], 2), op,
-                "MXFP8: scale [E, K/64, N, 2] float8_e8m0fnu")
-        require(pt is not None and len(pt) == 1 and pt[0].dtype == e8 and
+                "MXFP8: scale [E, K/64, N, 2] 8-bit (float8_e8m0fnu or uint8)")
+        require(pt is not None and len(pt) == 1 and pt[0].dtype in (e8, torch.uint8) and
                 tuple(pt[0].shape) == (x.shape[0], x.shape[1] // 64, 2), op,
-                "MXFP8: per_token_scale [M, K/64, 2] float8_e8m0fnu")
+                "MXFP8: per_token_scale [M, K/64, 2] 8-bit (float8_e8m0fnu or uint8)")
         require(b.get("output_dtype") in (5, 15), op, "MXFP8: output_dtype fp16 (5) | bf16 (15), ScalarType values")
+        require(b.get("scale_dtype") == 293 and b.get("per_token_scale_dtype") == 293, op,
+                "MXFP8: scale_dtype and per_token_scale_dtype 293 (torch_npu.float8_e8m0fnu)")
     elif x.dtype != torch.int8:
         require(w.dtype == x.dtype, op, "x and weight share a floating dtype")
     if b.get("output_dtype") is not None:  # torch_npu's gmm_get_dtype: fp16, bf16, fp32, int32 only

@@ -66,6 +66,7 @@ def test_mx_experts_equal_reference(npu_ops, recorder, fmt):
     assert gmm1.tensor("x")[0].dtype == "float8_e4m3fn" and gmm1.args["weight"][0].shape == (6, 128, 128)
     assert gmm1.args["scale"][0].shape == (6, 2, 128, 2) and gmm1.args["scale"][0].dtype == "float8_e8m0fnu"
     assert gmm1.args["per_token_scale"][0].shape == (18, 2, 2) and gmm1.args["output_dtype"] == 15  # ScalarType bf16
+    assert gmm1.args["scale_dtype"] == gmm1.args["per_token_scale_dtype"] == 293  # torch_npu.float8_e8m0fnu
     npu_ops.moe_experts(x, w, ids, qgu, qd, p)  # converted once per weight
     assert len(npu_ops._mx_cache) == 2
 
