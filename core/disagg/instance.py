@@ -100,7 +100,10 @@ def serve_instance(role: str, cfg: Any, key: bytes, announce: Callable[[str, Any
                 conn.close()
                 continue
             reader(conn, ctl, f"inferhal-{role}-router")
-            why = serve_router(role, eng, store, ctl, conn, heartbeat_s=timeout_s / 4, alive=alive)
+            try:
+                why = serve_router(role, eng, store, ctl, conn, heartbeat_s=timeout_s / 4, alive=alive)
+            except OSError:  # a send to a router that went away (its requests were aborted on the way out)
+                why = "router_gone"
             conn.close()
             if once or why == "stop":
                 return

@@ -46,6 +46,7 @@ drawn.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import queue
@@ -161,6 +162,9 @@ class Router:
         self.pairs: dict[tuple[str, str], dict] = {}  # (prefill, decode) -> {"key", prefill: ok?, decode: ok?}
         self._connected: "queue.Queue" = queue.Queue()  # (name, conn | None, why) from reconnect threads
         self._pair_no = 0
+        self._lock = threading.RLock()  # held by step(); probe() reads for itself when no loop is stepping
+        self._early: list = []  # outputs read by probe() outside step(), returned by the next step()
+        self.placed: collections.Counter = collections.Counter()  # (instance, decode instance or None) -> requests
         self.front: Any = None
         self.closed = False
         if spawn:
@@ -314,8 +318,10 @@ class Router:
             time.sleep(0.01)
 
     def _link(self, p: _Inst, d: _Inst) -> None:
-        self._pair_no += 1
-        key = f"pair{self._pair_no}-{p.name}-{d.name}"
+        import secrets
+
+        self._pair_no += 1  # a key never used before at that store, by this router or an earlier one
+        key = f"{secrets.token_hex(6)}-{self._pair_no}-{p.name}-{d.name}"
         self.pairs[(p.name, d.name)] = {"key": key, "prefill": None, "decode": None}
         port = int(d.hello["kv_port"])
         for inst, peer in ((p, d.name), (d, p.name)):
@@ -387,7 +393,11 @@ class Router:
         return outs
 
     def step(self) -> list:
-        outs: list = []
+        with self._lock:
+            return self._step()
+
+    def _step(self) -> list:
+        outs, self._early = self._early, []
         self._watch(outs)
         live = {i.conn.conn: i for i in self.insts.values() if i.live}
         if not live:
@@ -411,10 +421,18 @@ class Router:
         if not inst.live:
             raise UserError(f"{name} is not live ({inst.dead or inst.state})")
         self._send(inst, ("probe", None))
-        try:
-            return inst.probes.get(timeout=timeout)
-        except queue.Empty:
-            raise UserError(f"{name} did not answer within {timeout} s") from None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                return inst.probes.get(timeout=0.05)
+            except queue.Empty:
+                pass
+            if self._lock.acquire(blocking=False):  # no loop steps this router now: read its messages here
+                try:
+                    self._drain(inst, self._early)
+                finally:
+                    self._lock.release()
+        raise UserError(f"{name} did not answer within {timeout} s")
 
     def close(self) -> None:
         """Stop the spawned processes; leave separately launched instances running (they abort this
@@ -458,6 +476,7 @@ class Router:
             rec.held = (prompt, params, once)
             return
         rec.at, rec.where, rec.dest = ("prefill" if to is not None else "decode"), on.name, to
+        self.placed[(on.name, to)] += 1
         self._send(on, ("add", (rid, prompt, params, once, to)))
 
     def _place_pending(self) -> None:

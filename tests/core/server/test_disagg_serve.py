@@ -215,3 +215,28 @@ def test_a_killed_prefill_process_loses_no_request(offline, offline_long):
             client.completions.create(model=MODEL, prompt=prompts[0], max_tokens=4, temperature=0)
         assert err.value.status_code == 503 and "every engine instance is dead" in str(err.value)
         assert health(url)[0] == 503
+
+
+def test_a_killed_process_is_spawned_again_and_decodes_again(offline):
+    """disagg.restarts=1: the decode process is killed while idle; the router spawns it again, links it to the
+    prefill process, and the next request is handed to it as before; a second death is final."""
+    with pd(restarts=1) as (url, engine):
+        router = engine.engine
+        dec = router.insts["decode"]
+        first = dec.process.pid
+        os.kill(first, signal.SIGKILL)
+        wait_for(lambda: dec.restarts == 1 and dec.live and router._usable(("prefill", "decode")),
+                 "the decode process to be spawned again and linked", 180)
+        assert dec.process.pid != first and health(url) == (200, {"status": "ok", "roles": {"prefill": "ok",
+                                                                                                "decode": "ok"}})
+        p = OFFLINE_PROMPTS[0]
+        r = client_of(url).completions.create(model=MODEL, prompt=p, max_tokens=OFFLINE_MAX_TOKENS, temperature=0)
+        assert r.choices[0].text == offline[p].outputs[0].text
+        assert router.placed[("prefill", "decode")] == 1 and router.retried == {}  # handed to the new process
+        no_leak(router, "prefill")
+        no_leak(router, "decode")
+        os.kill(dec.process.pid, signal.SIGKILL)
+        wait_for(lambda: dec.state == "dead", "the second death", 30)
+        time.sleep(0.5)
+        assert dec.state == "dead" and dec.restarts == 1  # no restart left
+        assert health(url)[1]["roles"]["decode"].startswith("dead: ")
