@@ -221,6 +221,8 @@ def test_a_mismatched_instance_and_a_wrong_key_are_refused_by_name(fleet):
             router_over([fleet["prefill0"]], [odd])
     finally:
         odd.kill()
+    with pytest.raises(UserError, match=r"prefill0 at 127.0.0.1:\d+ is a decode instance, listed as disagg.prefill"):
+        router_over([fleet["decode1"]], [fleet["decode0"]])
     with pytest.raises(UserError, match="refused the key"):
         router_over([fleet["prefill0"]], [fleet["decode0"]], "disagg.authkey=wrong")
     with pytest.raises(UserError, match=r"no answer within .* from decode0 \(127.0.0.1:1\)"):

@@ -240,3 +240,63 @@ def test_a_killed_process_is_spawned_again_and_decodes_again(offline):
         time.sleep(0.5)
         assert dec.state == "dead" and dec.restarts == 1  # no restart left
         assert health(url)[1]["roles"]["decode"].startswith("dead: ")
+
+
+class Launch:
+    """``inferhal serve ARGS`` as a user runs it (a process of its own); ready once it printed ``marker``."""
+
+    def __init__(self, args, marker: str, env) -> None:
+        import subprocess
+        import sys
+
+        self.lines: list = []
+        self.p = subprocess.Popen([sys.executable, "-m", "inferhal.core.cli.main", "serve", *args],
+                                  stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+        for line in self.p.stderr:
+            self.lines.append(line)
+            if marker in line:
+                self.ready = line
+                break
+        else:
+            raise AssertionError("".join(self.lines))
+        threading.Thread(target=lambda: self.lines.extend(self.p.stderr), daemon=True).start()
+
+    def port(self, after: str) -> int:
+        return int(self.ready.split(after, 1)[1].split(":", 1)[1].split("/")[0].split(";")[0])
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait(30)
+
+
+def test_separate_launches_from_the_cli_serve_the_colocated_text(offline):
+    """The user's flow: a prefill and a decode instance launched by `inferhal serve parallel.role=...`, then a
+    router launched the same way (no weights), the openai client against the router; SIGTERM stops the
+    router cleanly and leaves the instances waiting for the next one."""
+    env = dict(os.environ, INFERHAL_DISAGG_KEY="k-separate", OMP_NUM_THREADS="1")
+    common = [f"model={MODEL}", "model.max_model_len=512", "cache.num_blocks=256"]
+    procs = []
+    try:
+        for role in ("prefill", "decode"):
+            procs.append(Launch([*common, f"parallel.role={role}", "disagg.listen=127.0.0.1:0"],
+                                "waiting for a router on", env))
+        pre, dec = (f"127.0.0.1:{p.port('waiting for a router on ')}" for p in procs)
+        router = Launch(["parallel.role=router", "server.port=0", f"server.api_key={API_KEY}",
+                         f"disagg.prefill=[{pre}]", f"disagg.decode=[{dec}]"], "(OpenAI API", env)
+        procs.append(router)
+        assert f"[serve] {MODEL} on http://127.0.0.1:" in router.ready
+        url = f"http://127.0.0.1:{router.port('http://127.0.0.1')}"
+        client = client_of(url)
+        for p in OFFLINE_PROMPTS:
+            r = client.completions.create(model=MODEL, prompt=p, max_tokens=OFFLINE_MAX_TOKENS, temperature=0)
+            assert r.choices[0].text == offline[p].outputs[0].text
+        assert health(url) == (200, {"status": "ok", "roles": {"prefill0": "ok", "decode0": "ok"}})
+        router.p.send_signal(signal.SIGTERM)
+        assert router.p.wait(60) == 0
+        for inst in procs[:2]:  # each says so and waits for the next router
+            wait_for(lambda: any("the router went away" in ln for ln in inst.lines), "the instance to notice", 30)
+            assert inst.p.poll() is None
+    finally:
+        for p in procs:
+            p.stop()
