@@ -50,6 +50,7 @@ import collections
 import dataclasses
 import logging
 import queue
+import sys
 import threading
 import time
 from multiprocessing.connection import wait
@@ -290,7 +291,8 @@ class Router:
             self.front.tighten(h["limits"])
         h = dict(h, tokenizer=None)
         inst.hello, inst.state, inst.dead, inst.heard = h, "live", None, time.monotonic()
-        log.warning("%s (%s, pid %s) is live", inst.name, self._where(inst), h["pid"])
+        print(f"[router] {inst.name} ({inst.role} instance at {self._where(inst)}, pid {h['pid']}) is live",
+              file=sys.stderr, flush=True)
 
     def _link_all(self, strict: bool = False, timeout_s: float = 0.0) -> None:
         """Link every live prefill/decode pair not linked yet; at start-up, wait until all are (or fail)."""

@@ -10,8 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
