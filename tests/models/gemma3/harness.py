@@ -46,16 +46,20 @@ def step(model, kv: ContiguousKV, ids_per_seq: Sequence[Sequence[int]], computed
     return model.forward_greedy(batch, kv.storage) if greedy else model.forward(batch, kv.storage)
 
 
-def greedy(model, prompts: Sequence[Sequence[int]], max_new: int, block_size: int = 16):
-    """→ (tokens [B][max_new], first-step logits [B, V], every step's logits list)."""
+def greedy(model, prompts: Sequence[Sequence[int]], max_new: int, block_size: int = 16, each=None):
+    """→ (tokens [B][max_new], every step's logits ``[B, V]``). With ``each``, ``each(step, logits)`` sees
+    each step's logits instead and the list stays empty (10 prompts x 32 steps of a 262k vocabulary is
+    335 MB of fp32 kept for nothing)."""
     kv = ContiguousKV(model, len(prompts), max(len(p) for p in prompts) + max_new + 1, block_size)
+    all_logits: list = []
+    keep = each if each is not None else (lambda s, lg: all_logits.append(lg))
     logits = step(model, kv, prompts, [0] * len(prompts))
-    all_logits = [logits]
+    keep(0, logits)
     out = [[int(t)] for t in logits.argmax(-1)]
     lens = [len(p) for p in prompts]
-    for _ in range(max_new - 1):
+    for s in range(1, max_new):
         logits = step(model, kv, [[o[-1]] for o in out], lens)
-        all_logits.append(logits)
+        keep(s, logits)
         lens = [n + 1 for n in lens]
         for o, t in zip(out, logits.argmax(-1).tolist()):
             o.append(int(t))
