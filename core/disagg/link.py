@@ -65,6 +65,9 @@ def connect(address: tuple[str, int], key: bytes, timeout_s: float) -> Any:
     sock.settimeout(None)
     conn = Connection(sock.detach())
     try:
+        if not conn.poll(timeout_s):  # an instance serving another router accepts no one until that one goes
+            raise ConnectionError(f"{address[0]}:{address[1]} accepted the connection but sent no challenge within "
+                                  f"{timeout_s:g} s (is it serving another router?)")
         answer_challenge(conn, key)
         deliver_challenge(conn, key)
     except BaseException:

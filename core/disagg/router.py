@@ -27,7 +27,7 @@ instance sent its KV; the decode instance may not have it yet), ``decode`` (runn
 ``where``), ``pending`` (waiting for an instance).
 
 **Faults.** An instance is dead when its connection ends (its process died, or its host closed it) or
-it sends nothing for ``parallel.timeout_s`` (it sends its gauges every second when idle):
+it sends nothing for ``parallel.timeout_s`` (it sends its gauges at least once a second):
 
 - a dead prefill instance: its requests at ``prefill`` are placed again from their prompt plus the tokens
   already streamed; those ``handed`` are retried on the decode instance their KV went to, which takes
@@ -215,8 +215,8 @@ class Router:
                     self._read_hello(inst, strict=True)
             if time.monotonic() > deadline:
                 late = [f"{i.name} ({self._where(i)})" for i in self.insts.values() if i.state != "live"]
-                raise UserError(f"no answer within {timeout_s:.0f} s from {', '.join(late)}: is it running, with "
-                                f"the same disagg.authkey?")
+                raise UserError(f"no answer within {timeout_s:.0f} s from {', '.join(late)} (is it running, with "
+                                f"the same disagg.authkey, and not serving another router?)")
         self._link_all(strict=True, timeout_s=max(deadline - time.monotonic(), self.timeout_s))
 
     def _where(self, inst: _Inst) -> str:

@@ -20,7 +20,7 @@ Messages, plain data:
   under ``key``); ``("unlink", peer)``; ``("probe", None)``: answer ``("probe", accounting)``; ``("stop",
   None)``.
 - instance → router (``out``): ``("outputs", (outputs, gauges))`` after each step that gave outputs;
-  ``("gauges", gauges)`` once a second when idle (the router's sign of life); ``("taken", rid)`` /
+  ``("gauges", gauges)`` at least once a second (the router's sign of life, also through long prefills); ``("taken", rid)`` /
   ``("skipped", rid)`` for a retry; ``("failed", (rid, why))`` a request this instance cannot run;
   ``("linked", (peer, why))`` a link is up (``why`` None) or could not be made; ``("link_lost", (peer,
   why))``; ``("send_failed", (rid, peer, why))`` a hand-off the decode peer never got.
@@ -259,10 +259,10 @@ def serve_router(role: str, eng: Any, store: Any, ctl: Any, out: Any, probe: Opt
                 if s.broken:  # a heartbeat failed: that decode instance is gone
                     links.drop(peer)
                     out.send(("link_lost", (peer, s.broken)))
+            if time.monotonic() - beat > IDLE_BEAT_S:  # a sign of life, idle or in steps that give no output
+                out.send(("gauges", gauges(eng)))
+                beat = time.monotonic()
             if not eng.has_unfinished():
-                if time.monotonic() - beat > IDLE_BEAT_S:
-                    out.send(("gauges", gauges(eng)))
-                    beat = time.monotonic()
                 continue
             outs = eng.step()
             handoffs = eng.take_handoffs() if role == "prefill" else []

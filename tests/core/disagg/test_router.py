@@ -225,9 +225,40 @@ def test_a_mismatched_instance_and_a_wrong_key_are_refused_by_name(fleet):
         router_over([fleet["decode1"]], [fleet["decode0"]])
     with pytest.raises(UserError, match="refused the key"):
         router_over([fleet["prefill0"]], [fleet["decode0"]], "disagg.authkey=wrong")
+    held = router_over([fleet["prefill0"]], [fleet["decode0"]])
+    try:  # an instance serves one router at a time
+        with pytest.raises(UserError, match=r"no answer within 3 s from prefill0 .*not serving another router"):
+            from inferhal.core.cli.main import compose
+            from inferhal.core.disagg.router import Router
+
+            Router(compose([*BASE, "parallel.role=router", f"disagg.authkey={KEY}",
+                            f"disagg.prefill=[{fleet['prefill0'].address}]"], command="serve"), spawn=False,
+                   start_timeout_s=3)
+    finally:
+        held.close()
     with pytest.raises(UserError, match=r"no answer within .* from decode0 \(127.0.0.1:1\)"):
         from inferhal.core.cli.main import compose
         from inferhal.core.disagg.router import Router
 
         Router(compose([*BASE, "parallel.role=router", f"disagg.authkey={KEY}", "disagg.decode=['127.0.0.1:1']"],
                        command="serve"), spawn=False, start_timeout_s=2)
+
+
+def test_a_silent_instance_is_taken_out_and_rejoins_when_it_answers_again(fleet, colocated):
+    """A stopped process (a hung host) keeps its connection open but sends nothing: after parallel.timeout_s
+    the router takes it out of service; once it runs again it finds its router gone, and the router's
+    reconnect brings it back."""
+    router = router_over([fleet["prefill0"]], [fleet["decode0"], fleet["decode1"]])
+    hung = fleet["decode1"]
+    try:
+        os.kill(hung.p.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        step_until(router, lambda: router.insts["decode1"].state == "dead", "decode1 to be taken out", 30)
+        assert time.monotonic() - t0 >= 4 and "sent nothing for 5 s" in router.failed["decode1"]
+        assert run(router, "f") == colocated  # on the instances left
+        os.kill(hung.p.pid, signal.SIGCONT)
+        step_until(router, lambda: router._usable(("prefill0", "decode1")), "decode1 to rejoin", 60)
+        no_leak(router)
+    finally:
+        os.kill(hung.p.pid, signal.SIGCONT)
+        router.close()
