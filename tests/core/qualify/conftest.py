@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import sys
 
 import pytest
 
@@ -11,6 +12,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 
 
 def _load(name: str):
+    if str(HERE) not in sys.path:  # the backends import their shared hooks (cpu_hooks.py) from here
+        sys.path.insert(0, str(HERE))
     spec = importlib.util.spec_from_file_location(f"inferhal_test_{name}", HERE / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -4,13 +4,9 @@ wrapper outside an operator's documented limits."""
 
 from __future__ import annotations
 
-from inferhal.core.hookspecs import API_VERSION, hookimpl
+from cpu_hooks import inferhal_api_version, inferhal_communicator, inferhal_device, inferhal_kv_storage  # noqa: F401 (hooks of this backend too)
+from inferhal.core.hookspecs import hookimpl
 from inferhal.core.profile import DeviceProfile, ExecLevel, Probe
-
-
-@hookimpl
-def inferhal_api_version():
-    return API_VERSION
 
 
 @hookimpl
@@ -22,13 +18,6 @@ def inferhal_probe():
 def inferhal_device_profile(config):
     return DeviceProfile(backend="percall", device_name="per-call fallback test device", torch_device="cpu",
                          exec_level=ExecLevel.DEVICE, dtypes={"float32", "bfloat16"})
-
-
-@hookimpl
-def inferhal_device(profile):
-    from inferhal.backends.reference.device import ReferenceDevice
-
-    return ReferenceDevice("cpu")
 
 
 class LoggedOp:
@@ -56,17 +45,3 @@ def _rms(log):
 def inferhal_provide_ops():
     log: list = []
     return {"norm.rms": LoggedOp(_rms(log), fallback_log=log)}
-
-
-@hookimpl
-def inferhal_kv_storage(request, profile):
-    from inferhal.backends.reference.device import TorchKVStorage
-
-    return TorchKVStorage(request)
-
-
-@hookimpl
-def inferhal_communicator(layout):
-    from inferhal.backends.reference.comm import make_communicator
-
-    return make_communicator(layout)

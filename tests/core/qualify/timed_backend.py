@@ -3,13 +3,9 @@
 
 from __future__ import annotations
 
-from inferhal.core.hookspecs import API_VERSION, hookimpl
+from cpu_hooks import inferhal_api_version, inferhal_communicator, inferhal_device, inferhal_kv_storage  # noqa: F401 (hooks of this backend too)
+from inferhal.core.hookspecs import hookimpl
 from inferhal.core.profile import DeviceProfile, ExecLevel, Probe
-
-
-@hookimpl
-def inferhal_api_version():
-    return API_VERSION
 
 
 @hookimpl
@@ -25,28 +21,7 @@ def inferhal_device_profile(config):
 
 
 @hookimpl
-def inferhal_device(profile):
-    from inferhal.backends.reference.device import ReferenceDevice
-
-    return ReferenceDevice("cpu")
-
-
-@hookimpl
 def inferhal_provide_ops():
     from inferhal.backends.reference.ops import OPS
 
     return {"norm.rms": OPS["norm.rms"], "embed": OPS["embed"]}
-
-
-@hookimpl
-def inferhal_kv_storage(request, profile):
-    from inferhal.backends.reference.device import TorchKVStorage
-
-    return TorchKVStorage(request)
-
-
-@hookimpl
-def inferhal_communicator(layout):
-    from inferhal.backends.reference.comm import make_communicator
-
-    return make_communicator(layout)

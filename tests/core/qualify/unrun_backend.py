@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from inferhal.core.hookspecs import API_VERSION, hookimpl
+from cpu_hooks import inferhal_api_version, inferhal_communicator, inferhal_device, inferhal_kv_storage  # noqa: F401 (hooks of this backend too)
+from inferhal.core.hookspecs import hookimpl
 from inferhal.core.ops.table import OpImpl
 from inferhal.core.profile import DeviceProfile, ExecLevel, Probe
-
-
-@hookimpl
-def inferhal_api_version():
-    return API_VERSION
 
 
 @hookimpl
@@ -23,13 +19,6 @@ def inferhal_device_profile(config):
                          exec_level=ExecLevel.WIRED_UNRUN, dtypes={"float32", "bfloat16"})
 
 
-@hookimpl
-def inferhal_device(profile):
-    from inferhal.backends.reference.device import ReferenceDevice
-
-    return ReferenceDevice("cpu")
-
-
 def _never(*args, **kwargs):
     raise AssertionError("a wired-unrun op was called")
 
@@ -37,17 +26,3 @@ def _never(*args, **kwargs):
 @hookimpl
 def inferhal_provide_ops():
     return {"norm.rms": OpImpl(_never, ExecLevel.WIRED_UNRUN, "device operator, recorded only")}
-
-
-@hookimpl
-def inferhal_kv_storage(request, profile):
-    from inferhal.backends.reference.device import TorchKVStorage
-
-    return TorchKVStorage(request)
-
-
-@hookimpl
-def inferhal_communicator(layout):
-    from inferhal.backends.reference.comm import make_communicator
-
-    return make_communicator(layout)
