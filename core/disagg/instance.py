@@ -90,8 +90,10 @@ def serve_instance(role: str, cfg: Any, key: bytes, announce: Callable[[str, Any
             except AuthenticationError:
                 log.warning("a connection to this %s instance was refused: it did not hold the shared key", role)
                 continue
-            except OSError:
-                return
+            except (EOFError, OSError) as exc:  # a client gone before its handshake (e.g. a router that gave up)
+                log.warning("a connection to this %s instance ended before its handshake: %s", role, exc)
+                time.sleep(0.05)
+                continue
             conn = Locked(conn)
             ctl: "queue.Queue" = queue.Queue()
             try:

@@ -16,9 +16,13 @@ decode instance (:mod:`.workers`), made when both are up.
 :class:`~inferhal.core.server.async_engine.AsyncEngine`: ``make_request`` validates, ``add`` places a
 request, ``step`` collects what the instances sent and watches them.
 
-**Placement, by load.** A request goes to the prefill instance with the fewest prompt tokens still to
-prefill (as the router counts them), and is handed to the decode instance with the fewest requests (then
-the emptiest KV pool) among those linked to it. With no linked decode instance the prefill instance
+**Placement, by prefix and load.** A request goes to the prefill instance that last prefilled the
+longest run of its leading full blocks (:class:`_Prefixes`: the router's record, a hint of what that
+instance's prefix cache holds), unless that instance has more than ``PREFIX_SLACK`` blocks' worth of prompt
+tokens still to prefill beyond the least loaded one; otherwise, and for a prompt no instance has seen, to
+the prefill instance with the fewest prompt tokens still to prefill (as the router counts them). It is
+handed to the decode instance with the fewest requests (then the emptiest KV pool) among those linked to
+it. With no linked decode instance the prefill instance
 decodes it too; with no prefill instance a decode instance runs it whole. With none live but one
 (re)starting, it waits for that one.
 
@@ -100,6 +104,47 @@ class _Rec:
     held: Any = None  # pending: (prompt, params, once) to place when an instance is live
 
 
+#: a prefix hit is given up for load when the hit's instance has this many more blocks' worth of prompt
+#: tokens still to prefill than the least loaded prefill instance
+PREFIX_SLACK = 64
+
+
+class _Prefixes:
+    """Per prefill instance, the chained hashes of the leading full blocks of the prompts the router sent it
+    (the last ``cap`` of them): which instance's prefix cache most likely holds a new prompt's prefix."""
+
+    def __init__(self, block_size: int, cap: int = 65536, max_blocks: int = 256) -> None:
+        self.block_size, self.cap, self.max_blocks = int(block_size), cap, max_blocks
+        self.seen: dict[str, collections.OrderedDict] = collections.defaultdict(collections.OrderedDict)
+
+    def keys(self, prompt: list) -> list[int]:
+        out, h, b = [], 0, self.block_size
+        for i in range(min(len(prompt) // b, self.max_blocks)):
+            h = hash((h, tuple(prompt[i * b:(i + 1) * b])))
+            out.append(h)
+        return out
+
+    def hit(self, name: str, keys: list[int]) -> int:
+        """Leading blocks of ``keys`` that ``name`` was sent."""
+        seen, n = self.seen.get(name, {}), 0
+        for k in keys:
+            if k not in seen:
+                break
+            n += 1
+        return n
+
+    def add(self, name: str, keys: list[int]) -> None:
+        seen = self.seen[name]
+        for k in keys:
+            seen[k] = None
+            seen.move_to_end(k)
+        while len(seen) > self.cap:
+            seen.popitem(last=False)
+
+    def forget(self, name: str) -> None:
+        self.seen.pop(name, None)
+
+
 class _Counts:
     """What the server's metrics read of an engine, over the instances (their last reported counts):
     running and waiting over the live ones; counters (preemptions, drafts) over all, so they never drop."""
@@ -165,6 +210,8 @@ class Router:
         self._pair_no = 0
         self._lock = threading.RLock()  # held by step(); probe() reads for itself when no loop is stepping
         self._early: list = []  # outputs read by probe() outside step(), returned by the next step()
+        self._prefixes: Optional[_Prefixes] = None  # made at the first hello (the block size)
+        self.prefix_placed = 0  # requests placed on the prefill instance that was sent their prefix
         self.placed: collections.Counter = collections.Counter()  # (instance, decode instance or None) -> requests
         self.front: Any = None
         self.closed = False
@@ -287,6 +334,7 @@ class Router:
                                           refuse=True)
         if self.front is None:
             self.front = Front(h["tokenizer"], h["limits"])
+            self._prefixes = _Prefixes(int(h["describe"]["block_size"]))
         else:
             self.front.tighten(h["limits"])
         h = dict(h, tokenizer=None)
@@ -468,7 +516,7 @@ class Router:
         pre = [i for i in self.insts.values() if i.role == "prefill" and i.live]
         dec = [i for i in self.insts.values() if i.role == "decode" and i.live and i.name != avoid]
         if pre:
-            on = min(pre, key=self._load)
+            on = self._by_prefix(pre, prompt)
             linked = [d for d in dec if self._usable((on.name, d.name))]
             to = min(linked, key=self._load).name if linked else None
         elif dec:
@@ -480,6 +528,21 @@ class Router:
         rec.at, rec.where, rec.dest = ("prefill" if to is not None else "decode"), on.name, to
         self.placed[(on.name, to)] += 1
         self._send(on, ("add", (rid, prompt, params, once, to)))
+
+    def _by_prefix(self, pre: list, prompt: list) -> _Inst:
+        """The prefill instance for ``prompt``: the one holding its longest known prefix, unless that one is
+        ``PREFIX_SLACK`` blocks of prompt behind the least loaded (module docstring); recorded for the next."""
+        least = min(pre, key=self._load)
+        keys = self._prefixes.keys(prompt) if self._prefixes is not None else []
+        if not keys:
+            return least
+        hits = {i.name: self._prefixes.hit(i.name, keys) for i in pre}
+        on = min(pre, key=lambda i: (-hits[i.name], self._load(i)))
+        if self._load(on)[0] - self._load(least)[0] > PREFIX_SLACK * self._prefixes.block_size:
+            on = least  # the hit's instance is too far behind: the prefill is recomputed elsewhere
+        self.prefix_placed += hits[on.name] > 0
+        self._prefixes.add(on.name, keys)
+        return on
 
     def _place_pending(self) -> None:
         for rid, rec in list(self._reqs.items()):
@@ -634,6 +697,8 @@ class Router:
         """``inst`` is out of service: its requests are placed again, its links dropped."""
         was_live = inst.live
         inst.state, inst.dead, inst.refused = "dead", why, inst.refused or refuse
+        if self._prefixes is not None:
+            self._prefixes.forget(inst.name)  # its cache died with it (a rejoined instance starts empty)
         inst.retry_at = time.monotonic() + (self.reconnect_s if inst.process is None else 0.0)
         if inst.conn is not None:
             inst.conn.close()

@@ -262,3 +262,35 @@ def test_a_silent_instance_is_taken_out_and_rejoins_when_it_answers_again(fleet,
     finally:
         os.kill(hung.p.pid, signal.SIGCONT)
         router.close()
+
+
+def test_requests_sharing_a_prefix_go_to_the_prefill_instance_that_holds_it(fleet):
+    """Placement by prefix: a prompt whose leading blocks went to one prefill instance goes there again (a hit
+    in its prefix cache), while a prompt nobody has seen goes to the least loaded instance."""
+    from inferhal.core.sampling.params import SamplingParams
+
+    router = router_over([fleet["prefill0"], fleet["prefill1"]], [fleet["decode0"]])
+    shared = [(5 * i + 1) % 190 + 1 for i in range(64)]  # four full blocks of 16
+    sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    try:
+        def one(rid, prompt):
+            router.add(router.make_request(prompt, sp, request_id=rid))
+            where, cached = router._reqs[rid].where, None
+            while rid in router._reqs:
+                for o in router.step():
+                    if o.request_id == rid and cached is None:
+                        cached = o.num_cached_tokens  # the first output: the prefill instance's
+            return where, cached
+
+        router.add(router.make_request([9] * 40, sp.__class__(max_tokens=200, ignore_eos=True), request_id="busy"))
+        busy_on = router._reqs["busy"].where
+        home, cached = one("s0", shared + [7])  # placed while "busy" waits at its prefill instance: the other
+        assert cached == 0 and {home, busy_on} == {"prefill0", "prefill1"}
+        for k in range(1, 4):
+            where, cached = one(f"s{k}", shared + [7 + k])
+            assert where == home and cached >= 48, (k, where, cached)
+        assert router.prefix_placed == 3
+        router.abort(["busy"])
+        no_leak(router)
+    finally:
+        router.close()
