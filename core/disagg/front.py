@@ -2,7 +2,7 @@
 at hello (:func:`~.instance.hello`). :class:`Front` validates a request as an engine's
 :meth:`~inferhal.core.engine.engine.Engine.make_request` does (the prompt, ``max_model_len``, the KV pool's
 room, a structured-output constraint compiled), so a bad request is a 400 at the router and never reaches
-an instance."""
+an instance (the prompt checks are the scheduler's own :func:`~inferhal.core.scheduler.scheduler.check_length`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Hashable, Optional
 from inferhal.core.engine.engine import Engine
 from inferhal.core.sampling.params import SamplingParams, SamplingParamsError
 from inferhal.core.scheduler.request import Request
-from inferhal.core.scheduler.scheduler import RequestError
+from inferhal.core.scheduler.scheduler import RequestError, check_length
 
 
 class Front:
@@ -47,16 +47,7 @@ class Front:
         _, ids = self.encode(prompt)
         rid = f"r{next(self._ids)}" if request_id is None else str(request_id)
         req = Request(rid, ids, params, eos_token_ids=self.eos_token_ids, extra_keys=tuple(extra_keys))
-        n = len(ids)
-        if n == 0:
-            raise RequestError(f"request {rid!r}: the prompt is empty")
-        if n >= self.max_model_len:
-            raise RequestError(f"request {rid!r}: prompt of {n} tokens does not fit max_model_len={self.max_model_len} "
-                               f"(at most {self.max_model_len - 1} prompt tokens, leaving room for one generated token)")
-        if not self.chunked_prefill and n > self.max_num_batched_tokens:
-            raise RequestError(f"request {rid!r}: prompt of {n} tokens exceeds scheduler.max_num_batched_tokens="
-                               f"{self.max_num_batched_tokens} and chunked_prefill is off")
-        total = min(n + params.max_tokens, self.max_model_len)
+        total = check_length(req, self.max_model_len, self.chunked_prefill, self.max_num_batched_tokens)
         if total > self.capacity_tokens:
             raise RequestError(f"request {rid!r}: {total} tokens do not fit the KV pool of every instance (at most "
                                f"{self.capacity_tokens}); lower max_tokens, or raise cache.kv_cache_bytes (or "
@@ -65,5 +56,3 @@ class Front:
             req.grammar = self.grammars().matcher(params.structured)
         return req
 
-    def discard(self, request_id: str) -> None:
-        pass

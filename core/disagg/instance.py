@@ -39,11 +39,8 @@ def load(role: str, cfg: Any) -> Any:
 
 def capacity_tokens(eng: Any) -> int:
     """The longest request (prompt + max_tokens, at most ``max_model_len``) whose KV fits this pool."""
-    kv, mbt = eng.scheduler.kv, int(eng.scheduler.cfg.max_num_batched_tokens)
-
     def fits(total: int) -> bool:
-        need, have = kv.max_blocks_one_step(total, mbt), kv.num_blocks
-        return all(n <= have[g] for g, n in need.items())
+        return not eng.scheduler.kv_short(total)
 
     lo, hi = 0, int(eng.max_model_len)
     if fits(hi):

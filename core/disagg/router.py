@@ -408,9 +408,6 @@ class Router:
     def make_request(self, prompt, params=None, request_id=None, extra_keys=()):
         return self.front.make_request(prompt, params, request_id, extra_keys)  # raises on a bad request
 
-    def discard(self, request_id: str) -> None:
-        pass
-
     def add(self, req: Any) -> str:
         rid = req.request_id
         if rid in self._reqs:

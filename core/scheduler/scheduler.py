@@ -53,6 +53,23 @@ class NoRoomNow(RequestError):
     """The request fits this engine, but not beside what runs now (:meth:`Scheduler.adopt`): try again later."""
 
 
+def check_length(req: Request, max_model_len: int, chunked_prefill: bool, max_num_batched_tokens: int) -> int:
+    """Raise :class:`RequestError` when ``req``'s prompt can never run under these limits; → the tokens it
+    may hold at its end (prompt + ``max_tokens``, at most ``max_model_len``)."""
+    n = req.num_prompt_tokens
+    if n == 0:
+        raise RequestError(f"request {req.request_id!r}: the prompt is empty")
+    if n >= max_model_len:
+        raise RequestError(
+            f"request {req.request_id!r}: prompt of {n} tokens does not fit max_model_len={max_model_len} "
+            f"(at most {max_model_len - 1} prompt tokens, leaving room for one generated token)")
+    if not chunked_prefill and n > max_num_batched_tokens:
+        raise RequestError(
+            f"request {req.request_id!r}: prompt of {n} tokens exceeds scheduler.max_num_batched_tokens="
+            f"{max_num_batched_tokens} and chunked_prefill is off")
+    return min(n + req.params.max_tokens, max_model_len)
+
+
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, max_model_len: int) -> None:
         if cfg.policy not in POLICIES:
@@ -89,28 +106,22 @@ class Scheduler:
 
     def check_request(self, req: Request) -> None:
         """Raise :class:`RequestError` when ``req`` can never run; changes nothing."""
-        n = req.num_prompt_tokens
-        if n == 0:
-            raise RequestError(f"request {req.request_id!r}: the prompt is empty")
-        if n >= self.max_model_len:
-            raise RequestError(
-                f"request {req.request_id!r}: prompt of {n} tokens does not fit max_model_len={self.max_model_len} "
-                f"(at most {self.max_model_len - 1} prompt tokens, leaving room for one generated token)")
-        if not self.cfg.chunked_prefill and n > self.cfg.max_num_batched_tokens:
-            raise RequestError(
-                f"request {req.request_id!r}: prompt of {n} tokens exceeds scheduler.max_num_batched_tokens="
-                f"{self.cfg.max_num_batched_tokens} and chunked_prefill is off")
-        total = min(n + req.params.max_tokens, self.max_model_len)
-        need = self.kv.max_blocks_one_step(total, self.cfg.max_num_batched_tokens)
-        have = self.kv.num_blocks
-        short = [g for g, n in need.items() if n > have[g]]
+        total = check_length(req, self.max_model_len, self.cfg.chunked_prefill, self.cfg.max_num_batched_tokens)
+        short = self.kv_short(total)
         if short:
             raise RequestError(
                 f"request {req.request_id!r}: {total} tokens need "
-                + ", ".join(f"{need[g]} blocks of KV group {g!r} (its pool has {have[g]})" for g in short)
+                + ", ".join(f"{need} blocks of KV group {g!r} (its pool has {have})" for g, (need, have) in short.items())
                 + "; raise cache.kv_cache_bytes (or cache.num_blocks) or lower max_tokens")
         if req.request_id in self.requests:
             raise RequestError(f"request id {req.request_id!r} is already in use")
+
+    def kv_short(self, total: int) -> dict[str, tuple[int, int]]:
+        """KV groups whose whole pool is too small for a request of ``total`` tokens: group → (blocks it
+        needs, blocks the pool has); empty when it fits an idle pool."""
+        need = self.kv.max_blocks_one_step(total, self.cfg.max_num_batched_tokens)
+        have = self.kv.num_blocks
+        return {g: (n, have[g]) for g, n in need.items() if n > have[g]}
 
     def adopt(self, req: Request, num_computed: int) -> None:
         """Take ``req`` as running with positions ``[0, num_computed)`` already computed elsewhere (a
