@@ -17,7 +17,7 @@ decode instance (:mod:`.workers`), made when both are up.
 request, ``step`` collects what the instances sent and watches them.
 
 **Placement, by prefix and load.** A request goes to the prefill instance that last prefilled the
-longest run of its leading full blocks (:class:`_Prefixes`: the router's record, a hint of what that
+longest run of its leading full blocks (:class:`~.prefixes.Prefixes`: the router's record, a hint of what that
 instance's prefix cache holds), unless that instance has more than ``PREFIX_SLACK`` blocks' worth of prompt
 tokens still to prefill beyond the least loaded one; otherwise, and for a prompt no instance has seen, to
 the prefill instance with the fewest prompt tokens still to prefill (as the router counts them). It is
@@ -60,6 +60,7 @@ import time
 from multiprocessing.connection import wait
 from typing import Any, Iterable, Optional
 
+from inferhal.core.disagg.prefixes import PREFIX_SLACK, Prefixes
 from inferhal.core.errors import UserError
 
 log = logging.getLogger("inferhal.disagg")
@@ -102,47 +103,6 @@ class _Rec:
     last: Any = None  # its latest output, as its stream knows it
     retry_from: Any = None  # the output it had streamed when it was last retried
     held: Any = None  # pending: (prompt, params, once) to place when an instance is live
-
-
-#: a prefix hit is given up for load when the hit's instance has this many more blocks' worth of prompt
-#: tokens still to prefill than the least loaded prefill instance
-PREFIX_SLACK = 64
-
-
-class _Prefixes:
-    """Per prefill instance, the chained hashes of the leading full blocks of the prompts the router sent it
-    (the last ``cap`` of them): which instance's prefix cache most likely holds a new prompt's prefix."""
-
-    def __init__(self, block_size: int, cap: int = 65536, max_blocks: int = 256) -> None:
-        self.block_size, self.cap, self.max_blocks = int(block_size), cap, max_blocks
-        self.seen: dict[str, collections.OrderedDict] = collections.defaultdict(collections.OrderedDict)
-
-    def keys(self, prompt: list) -> list[int]:
-        out, h, b = [], 0, self.block_size
-        for i in range(min(len(prompt) // b, self.max_blocks)):
-            h = hash((h, tuple(prompt[i * b:(i + 1) * b])))
-            out.append(h)
-        return out
-
-    def hit(self, name: str, keys: list[int]) -> int:
-        """Leading blocks of ``keys`` that ``name`` was sent."""
-        seen, n = self.seen.get(name, {}), 0
-        for k in keys:
-            if k not in seen:
-                break
-            n += 1
-        return n
-
-    def add(self, name: str, keys: list[int]) -> None:
-        seen = self.seen[name]
-        for k in keys:
-            seen[k] = None
-            seen.move_to_end(k)
-        while len(seen) > self.cap:
-            seen.popitem(last=False)
-
-    def forget(self, name: str) -> None:
-        self.seen.pop(name, None)
 
 
 class _Counts:
@@ -210,7 +170,7 @@ class Router:
         self._pair_no = 0
         self._lock = threading.RLock()  # held by step(); probe() reads for itself when no loop is stepping
         self._early: list = []  # outputs read by probe() outside step(), returned by the next step()
-        self._prefixes: Optional[_Prefixes] = None  # made at the first hello (the block size)
+        self._prefixes: Optional[Prefixes] = None  # made at the first hello (the block size)
         self.prefix_placed = 0  # requests placed on the prefill instance that was sent their prefix
         self.placed: collections.Counter = collections.Counter()  # (instance, decode instance or None) -> requests
         self.front: Any = None
@@ -276,8 +236,6 @@ class Router:
         connected to (at start-up: retried until the deadline)."""
         from multiprocessing import AuthenticationError
 
-        from inferhal.core.disagg.link import Locked, connect
-
         if inst.process is not None:
             try:
                 if not inst.announce.poll(wait_s):
@@ -293,7 +251,7 @@ class Router:
                 return self._start_failed(inst, f"the {inst.role} process failed to start: {arg}", strict)
             inst.address = ("127.0.0.1", int(arg[0]))
         try:
-            inst.conn = Locked(connect(inst.address, self.key, timeout_s=min(5.0, self.timeout_s)))
+            inst.conn = self._dial(inst)
         except AuthenticationError:
             return self._start_failed(inst, f"{inst.name} at {self._where(inst)} refused the key: give the router "
                                             f"and every instance the same disagg.authkey", strict, refuse=True)
@@ -334,7 +292,7 @@ class Router:
                                           refuse=True)
         if self.front is None:
             self.front = Front(h["tokenizer"], h["limits"])
-            self._prefixes = _Prefixes(int(h["describe"]["block_size"]))
+            self._prefixes = Prefixes(int(h["describe"]["block_size"]))
         else:
             self.front.tighten(h["limits"])
         h = dict(h, tokenizer=None)
@@ -447,10 +405,11 @@ class Router:
         outs, self._early = self._early, []
         self._watch(outs)
         live = {i.conn.conn: i for i in self.insts.values() if i.live}
-        if not live:
-            time.sleep(0.02)
-        for c in wait(list(live), timeout=0.02) if live else ():
-            self._drain(live[c], outs)
+        if live:
+            for c in wait(list(live), timeout=0.02):
+                self._drain(live[c], outs)
+        else:
+            time.sleep(0.02)  # nothing to wait on: starting, restarting or reconnecting
         if not any(i.live or i.state in ("starting", "hello") for i in self.insts.values()):
             why = "; ".join(f"{n}: {i.dead}" for n, i in self.insts.items())
             if self.spawn:  # no restart left: the server's loop ends, every stream gets engine_dead
@@ -512,12 +471,13 @@ class Router:
         """Send ``rid`` to the least loaded live instance (module docstring), or hold it ``pending``."""
         pre = [i for i in self.insts.values() if i.role == "prefill" and i.live]
         dec = [i for i in self.insts.values() if i.role == "decode" and i.live and i.name != avoid]
+        load = {i.name: self._load(i) for i in pre + dec}
         if pre:
-            on = self._by_prefix(pre, prompt)
+            on = self._by_prefix(pre, prompt, load)
             linked = [d for d in dec if self._usable((on.name, d.name))]
-            to = min(linked, key=self._load).name if linked else None
+            to = min(linked, key=lambda d: load[d.name]).name if linked else None
         elif dec:
-            on, to = min(dec, key=self._load), None
+            on, to = min(dec, key=lambda d: load[d.name]), None
         else:
             rec.at, rec.where, rec.dest = "pending", None, None
             rec.held = (prompt, params, once)
@@ -526,24 +486,27 @@ class Router:
         self.placed[(on.name, to)] += 1
         self._send(on, ("add", (rid, prompt, params, once, to)))
 
-    def _by_prefix(self, pre: list, prompt: list) -> _Inst:
+    def _by_prefix(self, pre: list, prompt: list, load: dict) -> _Inst:
         """The prefill instance for ``prompt``: the one holding its longest known prefix, unless that one is
-        ``PREFIX_SLACK`` blocks of prompt behind the least loaded (module docstring); recorded for the next."""
-        least = min(pre, key=self._load)
+        ``PREFIX_SLACK`` blocks of prompt behind the least loaded (module docstring); recorded for the next.
+        ``load``: each instance's :meth:`_load`."""
+        least = min(pre, key=lambda i: load[i.name])
         keys = self._prefixes.keys(prompt) if self._prefixes is not None else []
         if not keys:
             return least
         hits = {i.name: self._prefixes.hit(i.name, keys) for i in pre}
-        on = min(pre, key=lambda i: (-hits[i.name], self._load(i)))
-        if self._load(on)[0] - self._load(least)[0] > PREFIX_SLACK * self._prefixes.block_size:
+        on = min(pre, key=lambda i: (-hits[i.name], load[i.name]))
+        if load[on.name][0] - load[least.name][0] > PREFIX_SLACK * self._prefixes.block_size:
             on = least  # the hit's instance is too far behind: the prefill is recomputed elsewhere
         self.prefix_placed += hits[on.name] > 0
         self._prefixes.add(on.name, keys)
         return on
 
     def _place_pending(self) -> None:
+        if not any(i.live for i in self.insts.values()):
+            return
         for rid, rec in list(self._reqs.items()):
-            if rec.at == "pending" and any(i.live for i in self.insts.values()):
+            if rec.at == "pending":
                 self._place(rid, rec, *rec.held)
 
     def _send(self, inst: _Inst, msg: Any) -> None:
@@ -681,11 +644,15 @@ class Router:
                 continue
             inst.conn, inst.state, inst.heard, inst.hello = conn, "hello", time.monotonic(), None
 
-    def _reconnect(self, inst: _Inst) -> None:
+    def _dial(self, inst: _Inst) -> Any:
+        """A connection to ``inst``'s address (raises as :func:`~inferhal.core.disagg.link.connect`)."""
         from inferhal.core.disagg.link import Locked, connect
 
+        return Locked(connect(inst.address, self.key, timeout_s=min(5.0, self.timeout_s)))
+
+    def _reconnect(self, inst: _Inst) -> None:
         try:
-            conn = Locked(connect(inst.address, self.key, timeout_s=min(5.0, self.timeout_s)))
+            conn = self._dial(inst)
         except Exception:  # noqa: BLE001 - not back yet
             conn = None
         self._connected.put((inst.name, conn))

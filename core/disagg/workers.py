@@ -136,8 +136,7 @@ class _Links:
         self.gen: dict[str, int] = collections.defaultdict(int)  # a peer's link generation (stale events dropped)
 
     def start(self, peer: str, key: str, host: str, port: int, timeout_s: float) -> None:
-        self.drop(peer)
-        self.gen[peer] += 1
+        self.drop(peer)  # a link made before is stale from here (drop starts a new generation)
         g = self.gen[peer]
 
         def run() -> None:
@@ -287,8 +286,7 @@ def serve_router(role: str, eng: Any, store: Any, ctl: Any, out: Any, probe: Opt
         return "gone"
     finally:
         links.close()
-        live = [rid for rid in list(eng.scheduler.requests)]
-        if live:
-            eng.abort(live)
+        if eng.scheduler.requests:
+            eng.abort(list(eng.scheduler.requests))
         eng._transfers.clear()
         eng.keep_local.clear()

@@ -57,11 +57,10 @@ def make_app(llm, cfg):
 def make_router_app(cfg, router=None):
     """``parallel.role=pd`` or ``router``: (FastAPI app, AsyncEngine) over a
     :class:`~inferhal.core.disagg.router.Router` (built here unless given), which loads no weights; the
-    served model is the instances' (their hello names it)."""
+    served model is the instances' (their hello names it). ``cfg`` as :func:`check_roles` passed it (`serve`
+    checks it first)."""
     from inferhal.core.disagg.router import Router
 
-    check_roles(cfg)
-    settings_of(cfg, "")  # bad server settings fail before anything spawns or connects
     if router is None:
         router = Router(cfg, spawn=str(cfg.parallel.role) == "pd")
     if router.tokenizer is None:
@@ -139,11 +138,11 @@ def check_roles(cfg) -> None:
 
 
 def serve_instance(cfg) -> int:
-    """``parallel.role=prefill|decode``: one instance in the foreground, serving routers until SIGTERM."""
+    """``parallel.role=prefill|decode``: one instance in the foreground, serving routers until SIGTERM (``cfg``
+    as :func:`check_roles` passed it)."""
     from inferhal.core.disagg.instance import serve_instance as run
     from inferhal.core.disagg.link import authkey_of
 
-    check_roles(cfg)
     role = str(cfg.parallel.role)
 
     def announce(kind, arg):
@@ -153,9 +152,8 @@ def serve_instance(cfg) -> int:
         print(f"[serve] {role} instance of {cfg.model.name}: waiting for a router on {host}:{port}{kv}",
               file=sys.stderr, flush=True)
 
-    stop = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda num, frame: (stop.append(num), os._exit(0)))
+    for sig in (signal.SIGINT, signal.SIGTERM):  # an instance holds nothing to save: the router retries elsewhere
+        signal.signal(sig, lambda num, frame: os._exit(0))
     run(role, cfg, authkey_of(cfg), announce)
     return 0
 
