@@ -25,23 +25,28 @@ def test_every_package_directory_is_declared_in_pyproject():
     assert not missing, f"add these to [tool.setuptools] packages in pyproject.toml (or `pip install .` misses them): {missing}"
 
 
-def _config_groups() -> set[str]:
-    """conf/'s directories that hold files: Python can import them (namespace packages), so setuptools prints a
-    40-line warning for each one that ships files without being declared."""
-    return {".".join(("inferhal", *d.relative_to(ROOT).parts)) for d in (ROOT / "conf").rglob("*")
-            if d.is_dir() and d.name != "__pycache__" and any(f.is_file() for f in d.iterdir())}
+def _data_dirs() -> set[str]:
+    """Directories of tracked files under the package directories that hold no ``__init__.py`` (conf/'s config
+    groups, fitted weights): Python can import them (namespace packages), so setuptools prints a 40-line warning
+    for each one that ships files without being declared."""
+    files = subprocess.run(["git", "ls-files", *PACKAGE_DIRS], capture_output=True, text=True, cwd=ROOT,
+                           check=True).stdout.split()
+    dirs = {pathlib.PurePosixPath(f).parent for f in files}
+    return {".".join(("inferhal", *d.parts)) for d in dirs if not (ROOT / d / "__init__.py").is_file()}
 
 
-def test_every_config_group_is_declared_so_the_install_is_quiet():
-    missing = sorted(_config_groups() - _declared())
-    assert not missing, f"add these config groups to [tool.setuptools] packages in pyproject.toml: {missing}"
+def test_every_data_directory_is_declared_so_the_install_is_quiet():
+    found = _data_dirs()
+    assert "inferhal.conf.model" in found and "inferhal.core.models.deepseek_v4.fitted" in found, found
+    missing = sorted(found - _declared())
+    assert not missing, f"add these data directories to [tool.setuptools] packages in pyproject.toml: {missing}"
 
 
 def test_declared_packages_exist():
     for pkg in _declared() - {"inferhal"}:
         d = ROOT.joinpath(*pkg.split(".")[1:])
-        if pkg in _config_groups():  # YAML only, no __init__.py
-            assert all(f.suffix == ".yaml" for f in d.iterdir() if f.is_file()), pkg
+        if pkg in _data_dirs():  # data only, no __init__.py
+            assert not any(f.suffix == ".py" for f in d.iterdir()), pkg
         else:
             assert (d / "__init__.py").is_file(), pkg
 
