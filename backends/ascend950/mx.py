@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from inferhal.backends.reference.quant import unpack_e2m1
+from inferhal.core.ops.quantize import unpack_e2m1
 from inferhal.core.ops.quant import QuantWeight
 
 

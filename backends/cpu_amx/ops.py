@@ -29,7 +29,7 @@ import torch
 from inferhal.backends.reference import matmul
 from inferhal.backends.reference import ops as ref
 from inferhal.backends.reference.attention import attn_paged as reference_attn_paged
-from inferhal.backends.reference.quant import dequantize
+from inferhal.core.ops.quantize import dequantize
 from inferhal.core.ops.params import ActParams, AttnBatch, AttnParams, KVWriteParams, RmsNormParams, RopeParams
 from inferhal.kernels.cpu import amx, attention, elementwise, head, int_block
 

@@ -141,7 +141,7 @@ def run_workers(jobs: list[tuple[str, list[str]]], args, out_dir: Path) -> list[
 def v4_cases(torch, dev):
     """(name, kernel call, reference call, rtol, atol) at V4 production-like shapes."""
     from inferhal.backends.reference import attention as ra, mhc as rm, moe as rmoe, ops as ro
-    from inferhal.backends.reference.quant import quantize_fp4_group, quantize_fp8_block
+    from inferhal.core.ops.quantize import quantize_fp4_group, quantize_fp8_block
     from inferhal.core.ops import params as P
     from inferhal.core.ops.quant import QuantWeight
     from inferhal.kernels import attn_paged, kv_write, mhc, moe_experts, moe_route, norm, rope
@@ -210,7 +210,7 @@ def v4_dense_cases(torch, dev, g):
     """The dense GEMMs and the remaining row ops at V4-Flash sizes (hidden 4096, q_lora 1024, a 32,768-row
     slice of the 129,280-token vocabulary, 4 hyper-connection streams, 3 MTP drafts)."""
     from inferhal.backends.reference import mhc as rm, ops as ro, spec as rs
-    from inferhal.backends.reference.quant import dequantize, quantize_fp4_group, quantize_fp8_block
+    from inferhal.core.ops.quantize import dequantize, quantize_fp4_group, quantize_fp8_block
     from inferhal.core.ops import params as P
     from inferhal.core.ops.quant import QuantWeight
     from inferhal.kernels import act_gated, embed, linear, linear_lowp, mhc_head, spec_verify

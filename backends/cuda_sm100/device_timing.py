@@ -114,7 +114,7 @@ def perf_rows(interpret: bool) -> list[dict]:
         return [{"section": "perf", "status": "not-run", "message": "timing needs a device", "execution_level": level_label(prof)}]
     import triton.testing as tt
 
-    from inferhal.backends.reference.quant import quantize_fp8_block
+    from inferhal.core.ops.quantize import quantize_fp8_block
     from inferhal.core.ops import params as P
     from inferhal.kernels import attn_paged, moe_experts, norm
 
@@ -210,7 +210,7 @@ def perf_rows(interpret: bool) -> list[dict]:
 
 
 def decode_perf(torch, dev, tgt, bench, d, i, k, ep) -> None:
-    from inferhal.backends.reference.quant import quantize_fp8_block
+    from inferhal.core.ops.quantize import quantize_fp8_block
     from inferhal.kernels import moe_experts
 
     bf = torch.bfloat16
@@ -238,7 +238,7 @@ def gemm_perf(torch, dev, tgt, bench) -> None:
     """Dense GEMMs (kernels/linear.py): a prefill-sized product and a decode-sized one (weight-bound) at
     V4-Flash's hidden 4096, bf16 / FP8 blocks (bf16 activations) / FP8 x FP8; the LM head and its fused argmax
     over the 129,280-token vocabulary at 32 rows."""
-    from inferhal.backends.reference.quant import quantize_fp8_block
+    from inferhal.core.ops.quantize import quantize_fp8_block
     from inferhal.kernels import linear, linear_lowp
 
     bf = torch.bfloat16

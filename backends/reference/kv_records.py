@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from inferhal.backends.reference.quant import E2M1_VALUES, unpack_e2m1
+from inferhal.core.ops.quantize import E2M1_VALUES, unpack_e2m1
 from inferhal.core.paging.formats import CODE_MAX, KVFormat
 
 # e2m1 magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6: the midpoints between neighbours; a tie goes to the even code,

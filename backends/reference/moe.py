@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from inferhal.backends.reference.quant import dequantize
+from inferhal.core.ops.quantize import dequantize
 from inferhal.core.ops.params import ExpertsParams, RouteParams
 from inferhal.core.ops.quant import QuantWeight
 

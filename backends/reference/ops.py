@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from inferhal.backends.reference.matmul import product
 from inferhal.backends.reference import kv_records
-from inferhal.backends.reference.quant import dequantize
+from inferhal.core.ops.quantize import dequantize
 from inferhal.core.ops.params import ActParams, KVWriteParams, RmsNormParams, RopeParams, SampleBatch
 from inferhal.core.ops.quant import QuantWeight
 

@@ -1,5 +1,6 @@
 """Quantised weights as plain data. Loaders build them; ops that understand the format consume them;
-the reference backend dequantises them inside its ops (``backends/reference/quant.py``)."""
+the reference backend dequantises them inside its ops (:mod:`inferhal.core.ops.quantize`: each format's
+encoding and decoding in plain torch)."""
 
 from __future__ import annotations
 

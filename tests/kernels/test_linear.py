@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from inferhal.backends.reference import ops as ref
-from inferhal.backends.reference.quant import dequantize, quantize_fp4_group, quantize_fp8_block, quantize_int_block
+from inferhal.core.ops.quantize import dequantize, quantize_fp4_group, quantize_fp8_block, quantize_int_block
 from inferhal.core.ops.quant import QuantWeight
 from inferhal.kernels.linear import linear, lm_head, lm_head_argmax
 from inferhal.kernels.linear_lowp import act_quant, act_quant_fp4, linear_w4a4, linear_w8a8
@@ -136,7 +136,7 @@ def test_fp4_activations_w4a4(layout, close):
     amax) - 2) (OCP MX), NVFP4 amax / 6 in e4m3; codes the nearest e2m1 of x / scale, saturated at 6. The
     product against the reference one of the dequantised activations. (The interpreter's dot_scaled misreads
     e4m3 scales: NVFP4 tiles are decoded to fp32 there, behind INTERP.)"""
-    from inferhal.backends.reference.quant import unpack_e2m1
+    from inferhal.core.ops.quantize import unpack_e2m1
 
     group = 32 if layout == "mxfp4" else 16
     x, w, _ = data(5, 96, 128, 12, torch.bfloat16)

@@ -26,7 +26,8 @@ from inferhal.core.models.deepseek_v4.kv import torch_dtype, v4_config
 from inferhal.core.models.deepseek_v4.make_checkpoint import random_tensors
 from inferhal.core.models.deepseek_v4.model import DeepseekV4ForCausalLM
 from inferhal.core.models.deepseek_v4.names import canonical, split_expert
-from inferhal.core.models.deepseek_v4.quantized import make_quant, to_dense
+from inferhal.core.models.deepseek_v4.quantized import make_quant
+from inferhal.core.ops.quantize import dequantize
 from inferhal.core.models.deepseek_v4.shapes import expected, keep_fp32
 from inferhal.core.models.deepseek_v4.tokenizer import load_tokenizer
 from inferhal.core.ops.quant import QuantWeight
@@ -121,7 +122,7 @@ def _cat2(a: Any, b: Any) -> Any:
     if isinstance(a, QuantWeight) and isinstance(b, QuantWeight) and (a.format == "fp4_group" or a.shape[0] % a.block[0] == 0):
         return QuantWeight(torch.cat((a.data, b.data)), torch.cat((a.scale, b.scale)), a.format,
                            (a.shape[0] + b.shape[0], a.shape[1]), a.block)
-    return torch.cat((to_dense(a), to_dense(b)))
+    return torch.cat((dequantize(a), dequantize(b)))
 
 
 def _stack(ws: list) -> Any:
@@ -129,7 +130,7 @@ def _stack(ws: list) -> Any:
         w0 = ws[0]
         return QuantWeight(torch.stack([w.data for w in ws]), torch.stack([w.scale for w in ws]), w0.format,
                            (len(ws), *w0.shape), w0.block)
-    return torch.stack([to_dense(w) for w in ws])
+    return torch.stack([dequantize(w) for w in ws])
 
 
 def validate(weights: dict[str, Any], cfg: Any) -> bool:
@@ -160,7 +161,7 @@ def finalize(weights: dict[str, Any], dtype: torch.dtype, device: str, fp8_ok: b
             if keep and name not in ("embed_tokens.weight",):
                 out[name] = QuantWeight(w.data.to(device), w.scale.to(device), w.format, w.shape, w.block)
                 continue
-            w = to_dense(w)
+            w = dequantize(w)
         if name.endswith("tid2eid"):
             out[name] = w.to(device=device, dtype=torch.long)
         elif keep_fp32(name):

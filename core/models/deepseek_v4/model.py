@@ -38,6 +38,7 @@ from inferhal.core.models.deepseek_v4.kv import kv_groups, record_formats
 from inferhal.core.models.deepseek_v4.rope import RopeCache
 from inferhal.core.ops.params import ExpertsParams, KVWriteParams, MhcParams, RmsNormParams, RopeParams, RouteParams
 from inferhal.core.ops.quant import QuantWeight
+from inferhal.core.ops.quantize import dequantize
 from inferhal.core.paging.spec import KVGroupSpec
 from inferhal.core.parallel.tbo import split_batch
 
@@ -55,9 +56,7 @@ def _rows(w: torch.Tensor | QuantWeight, start: int, end: int) -> torch.Tensor |
         return w[start:end]
     br = w.block[0]
     if w.format != "fp8_block" or start % br or (end % br and end != w.shape[0]):
-        from inferhal.core.models.deepseek_v4.quantized import to_dense
-
-        return to_dense(w)[start:end]  # groups that cut through a scale block run dense
+        return dequantize(w)[start:end]  # groups that cut through a scale block run dense
     return QuantWeight(w.data[start:end], w.scale[start // br:-(-end // br)], w.format, (end - start, w.shape[1]), w.block)
 
 
@@ -67,9 +66,7 @@ def _cat_rows(a: torch.Tensor | QuantWeight, b: torch.Tensor | QuantWeight) -> t
             a.format == "fp4_group" or a.shape[0] % a.block[0] == 0):
         return QuantWeight(torch.cat((a.data, b.data))[None], torch.cat((a.scale, b.scale))[None], a.format,
                            (1, a.shape[0] + b.shape[0], a.shape[1]), a.block)
-    from inferhal.core.models.deepseek_v4.quantized import to_dense
-
-    return torch.cat((to_dense(a), to_dense(b)))[None]
+    return torch.cat((dequantize(a), dequantize(b)))[None]
 
 
 class DeepseekV4ForCausalLM:

@@ -4,8 +4,7 @@
   ``[..., ceil(N/bn), ceil(K/bk)]`` in fp32, float8_e8m0fnu or raw ue8m0 bytes (uint8); w = q * s per block.
 - FP4 (e2m1, two codes per byte, low nibble first) in int8/uint8 ``[..., N, K/2]`` with one scale per
   32-element group along K, ``[..., N, K/32]``.
-Dequantisation for backends without the feature goes through the reference math of the op itself
-(``inferhal.backends.reference.quant`` is not imported by core: the formula is restated here).
+Weights that run dense are dequantised by the format's own definition, :func:`inferhal.core.ops.quantize.dequantize`.
 """
 
 from __future__ import annotations
@@ -14,8 +13,6 @@ import torch
 
 from inferhal.core.errors import UserError
 from inferhal.core.ops.quant import QuantWeight
-
-_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 
 
 def _scale(s: torch.Tensor) -> torch.Tensor:
@@ -46,18 +43,3 @@ def make_quant(name: str, data: torch.Tensor, scale: torch.Tensor, shape: tuple[
         return QuantWeight(data.view(torch.uint8), scale, "fp4_group", tuple(shape), (1, k // scale.shape[-1]))
     raise UserError(f"checkpoint tensor {name!r}: a scale is given but the weight dtype {data.dtype} is neither "
                     f"float8_e4m3fn nor packed fp4 (int8/uint8)")
-
-
-def to_dense(w: torch.Tensor | QuantWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Dequantise (w = q * scale per block or group)."""
-    if isinstance(w, torch.Tensor):
-        return w.to(dtype)
-    *_, n, k = w.shape
-    s = w.scale.float()
-    if w.format == "fp8_block":
-        bn, bk = w.block
-        s = s.repeat_interleave(bn, dim=-2).repeat_interleave(bk, dim=-1)[..., :n, :k]
-        return (w.data.float() * s).to(dtype)
-    lut = torch.tensor(_E2M1, device=w.data.device)
-    codes = torch.stack(((w.data & 0x0F).long(), (w.data >> 4).long()), dim=-1).flatten(-2)
-    return (lut[codes][..., :k] * s.repeat_interleave(w.block[1], dim=-1)[..., :k]).to(dtype)

@@ -8,6 +8,7 @@ import math
 import torch
 
 from inferhal.core.ops.params import ActParams, RmsNormParams, RopeParams
+from inferhal.core.ops.quantize import quantize_fp4_group, quantize_fp8_block, quantize_int_block
 from inferhal.core.qualify.cases.base import (DTYPES, OpCase, cases_for, gen, matmul_cost, nbytes,
                                               randn, row_dim0)
 from inferhal.core.qualify.tolerances import EXACT, ulps
@@ -91,8 +92,7 @@ def rope_apply() -> list[OpCase]:
 # ------------------------------------------------------------------------------------------- linear
 
 def _weight(g: torch.Generator, n: int, k: int, dtype: str, fmt: str):
-    """A ``[n, k]`` weight of scale 1/sqrt(k): plain in ``dtype``, or quantised by the reference backend's
-    quantisers (imported at call time: core imports no backend)."""
+    """A ``[n, k]`` weight of scale 1/sqrt(k): plain in ``dtype``, or quantised to ``fmt``."""
     return _weight_of(randn(g, n, k, scale=k ** -0.5), fmt, dtype)
 
 
@@ -100,8 +100,6 @@ def _weight_of(w: torch.Tensor, fmt: str, dtype: str):
     """fp32 ``w`` as a weight: plain in ``dtype``, or quantised to ``fmt``."""
     if fmt == "plain":
         return w.to(DTYPES[dtype])
-    from inferhal.backends.reference.quant import quantize_fp4_group, quantize_fp8_block, quantize_int_block
-
     if fmt.startswith("int_block"):  # "int_block" (symmetric int8, blocks of 32) or "int_block+offset" (16)
         return quantize_int_block(w, 16, offset=True) if fmt.endswith("+offset") else quantize_int_block(w)
     return quantize_fp8_block(w) if fmt == "fp8_block" else quantize_fp4_group(w)

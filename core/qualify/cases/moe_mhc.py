@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from inferhal.core.ops.params import ExpertsParams, MhcParams, RouteParams
+from inferhal.core.ops.quantize import quantize_fp4_group, quantize_fp8_block
 from inferhal.core.qualify.cases.base import DTYPES, OpCase, cases_for, gen, matmul_cost, nbytes, randn, row_dim0
 from inferhal.core.qualify.tolerances import ulps
 
@@ -48,8 +49,6 @@ def moe_route() -> list[OpCase]:
 
 
 def _quant(w: torch.Tensor, fmt: str):
-    from inferhal.backends.reference.quant import quantize_fp4_group, quantize_fp8_block  # call time only
-
     return quantize_fp8_block(w) if fmt == "fp8_block" else quantize_fp4_group(w)
 
 

@@ -30,7 +30,7 @@ def linear(x, w, bias=None):
     if isinstance(w, torch.Tensor):
         wd = w.to(x.dtype)
     else:
-        from inferhal.backends.reference.quant import dequantize
+        from inferhal.core.ops.quantize import dequantize
 
         wd = dequantize(w, x.dtype)
     t = x.shape[0]

@@ -15,7 +15,7 @@ from inferhal.backends.ascend950.ops import NPU_OPS
 from inferhal.backends.reference import attention as ref_attn
 from inferhal.backends.reference import moe as ref_moe
 from inferhal.backends.reference import ops as ref
-from inferhal.backends.reference.quant import quantize_fp4_group
+from inferhal.core.ops.quantize import quantize_fp4_group
 from inferhal.core.backend import KVGroupLayout, KVStorageRequest
 from inferhal.core.ops.params import (AttnBatch, AttnParams, ExpertsParams, KVWriteParams, RmsNormParams,
                                       RopeParams, RouteParams)

@@ -14,7 +14,7 @@ from inferhal.backends.reference import ops as ref
 from inferhal.backends.reference import spec as ref_spec
 from inferhal.backends.reference.comm import SingleProcessCommunicator
 from inferhal.backends.reference.kv_records import e2m1_codes
-from inferhal.backends.reference.quant import dequantize, quantize_fp4_group, quantize_fp8_block
+from inferhal.core.ops.quantize import dequantize, quantize_fp4_group, quantize_fp8_block
 from inferhal.core.backend import ParallelLayout
 from inferhal.core.ops.params import ActParams, EPParams, SampleBatch
 from inferhal.core.ops.quant import QuantWeight

@@ -12,7 +12,7 @@ from inferhal.backends.ascend950 import mx
 from inferhal.backends.ascend950.ops import NpuOps
 from inferhal.backends.reference import moe as ref_moe
 from inferhal.backends.reference.kv_records import e2m1_codes
-from inferhal.backends.reference.quant import dequantize, quantize_fp4_group, quantize_fp8_block
+from inferhal.core.ops.quantize import dequantize, quantize_fp4_group, quantize_fp8_block
 from inferhal.core.ops.params import ExpertsParams
 from inferhal.core.ops.quant import QuantWeight
 

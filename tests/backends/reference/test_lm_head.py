@@ -40,7 +40,7 @@ def test_logits_land_in_the_callers_buffer_and_a_wrong_buffer_is_named():
 
 
 def test_a_quantised_head_runs_as_one_product_into_the_buffer():
-    from inferhal.backends.reference.quant import dequantize, quantize_fp8_block
+    from inferhal.core.ops.quantize import dequantize, quantize_fp8_block
 
     g = torch.Generator().manual_seed(5)
     q = quantize_fp8_block(torch.randn(256, 128, generator=g))

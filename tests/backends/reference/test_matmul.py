@@ -215,7 +215,7 @@ def test_products_run_unpacked_past_the_packing_budget(dtype, monkeypatch):
 
 
 def test_pack_cache_counts_a_quantised_sources_scales_in_its_budget():
-    from inferhal.backends.reference.quant import quantize_int_block
+    from inferhal.core.ops.quantize import quantize_int_block
 
     q = quantize_int_block(torch.randn(4, 64), 16, offset=True)  # int8 data 256 B, scale and offset 64 B each
     cache = M.PackCache(lambda w: w.data.clone(), max_bytes=383)

@@ -1,11 +1,11 @@
-"""int_block weights (core/ops/quant.py) and their reference dequantisation (backends/reference/quant.py)."""
+"""int_block weights (core/ops/quant.py) and their dequantisation (core/ops/quantize.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from inferhal.backends.reference.quant import dequantize
+from inferhal.core.ops.quantize import dequantize
 from inferhal.core.ops.quant import QuantWeight, cat_rows, int_block
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferhal.backends.reference.quant import dequantize
+from inferhal.core.ops.quantize import dequantize
 from inferhal.core.ops.quant import int_block as make_int_block
 from inferhal.kernels.cpu import amx, int_block, lib
 

@@ -64,7 +64,7 @@ def test_quantised_checkpoint_stays_quantised_and_matches_dequantised(tmp_path, 
     assert w["layers.1.self_attn.q_b_proj.weight"].format == "fp8_block"
     assert lm.info["quantized"] == ["fp4_group", "fp8_block"]
     # the same file, dequantised to dense fp32 by hand and saved without scales, gives the same logits
-    from inferhal.core.models.deepseek_v4.quantized import to_dense
+    from inferhal.core.ops.quantize import dequantize
 
     raw = load_file(os.path.join(q, "model.safetensors"))
     dense = {}
@@ -78,7 +78,7 @@ def test_quantised_checkpoint_stays_quantised_and_matches_dequantised(tmp_path, 
         shape = (*t.shape[:-1], t.shape[-1] * 2) if t.dtype == torch.uint8 else tuple(t.shape)
         from inferhal.core.models.deepseek_v4.quantized import make_quant
 
-        dense[k] = to_dense(make_quant(k, t, s, shape)).contiguous()
+        dense[k] = dequantize(make_quant(k, t, s, shape)).contiguous()
     d = tmp_path / "d"
     d.mkdir()
     save_file(dense, str(d / "model.safetensors"))

@@ -59,7 +59,7 @@ def test_every_tensor_type_of_the_real_file_decodes_bit_identically(gemma_path):
 
 
 def test_integer_blocks_of_every_product_type_rebuild_the_dequantised_values(gemma_path):
-    from inferhal.backends.reference.quant import dequantize as rebuild
+    from inferhal.core.ops.quantize import dequantize as rebuild
 
     f = GGUFFile(gemma_path)
     smallest = {}

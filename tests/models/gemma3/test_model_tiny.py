@@ -111,7 +111,7 @@ def test_step_weight_bytes_counts_every_weight_once_and_the_tied_table_as_the_he
     assert ours.step_weight_bytes() == want == (7 * (4 * 64 + 2 * 32 + 192 * 64 + 64 * 128 + 192 * 64 + 64 * 96)
                                                 + 64 + 300 * 64) * 4
     assert ours.step_weight_bytes(head=False) == want - 300 * 64 * 4
-    from inferhal.backends.reference.quant import quantize_fp8_block
+    from inferhal.core.ops.quantize import quantize_fp8_block
 
     ours.layers[0].o = qo = quantize_fp8_block(ours.layers[0].o, (32, 32))  # a weight kept quantised: its own bytes
     assert ours.step_weight_bytes() == want - 64 * 128 * 4 + qo.nbytes() and qo.nbytes() == 64 * 128 + 2 * 4 * 4

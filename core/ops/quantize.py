@@ -1,4 +1,6 @@
-"""Dequantisation of :class:`~inferhal.core.ops.quant.QuantWeight` (the reference's way to run them)."""
+"""Each :class:`~inferhal.core.ops.quant.QuantWeight` format in plain torch, on any device: ``dequantize`` (the
+format's definition, and the reference backend's way to run a quantised weight) and the ``quantize_*``
+encoders (for tests, qualification cases and benchmarks; a checkpoint's own codes are loaded as they are)."""
 
 from __future__ import annotations
 
