@@ -116,7 +116,8 @@ def inferhal_provide_ops(profile: "DeviceProfile", config: "BackendConfig") -> "
         selection. An op may be wrapped in :class:`~inferhal.core.ops.table.OpImpl` to state its
         execution level when it differs from the profile's (e.g. one op compiled, another fallback).
         An op that hands some calls to the reference itself (outside a device operator's limits) gives
-        its implementation a ``fallback_log`` list and appends ``(op_id, reason)`` per such call:
+        its implementation a ``fallback_log`` list (best a :class:`~inferhal.core.ops.table.FallbackLog`,
+        which stays bounded in a long-running server) and appends ``(op_id, reason)`` per such call:
         ``inferhal qualify`` then reports those cases at level ``fallback``, not at the op's level.
 
     Ops left out fall back to the ``reference`` backend's implementation, visibly: ``inferhal
@@ -236,6 +237,9 @@ def inferhal_backend_extra(name: str, profile: "DeviceProfile") -> Any:
       devices this backend has data for but that need not be present (datasheet numbers, each with its
       ``sources``; interconnect in ``extra["links"]``: ``scale_up``/``scale_out`` → ``name``, ``bandwidth``
       bytes/s per direction, ``domain``). ``inferhal plan plan.device=NAME`` plans with it.
+    - ``"benchmarks"``: a mapping of benchmark name → importable module name, each module with
+      ``run(cfg) -> int``: ``inferhal bench NAME`` runs it beside core's own (a bench of one backend lives
+      with that backend; core imports none). A name core already uses is refused.
 
     Return ``None``
     for an unknown name; :meth:`ActiveBackend.extra <inferhal.core.registry.ActiveBackend.extra>`

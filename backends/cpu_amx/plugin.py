@@ -53,3 +53,10 @@ def inferhal_communicator(layout):
     from inferhal.backends.cpu_amx.comm import make_communicator
 
     return make_communicator(layout, backend="gloo")
+
+
+@hookimpl
+def inferhal_backend_extra(name):
+    if name == "benchmarks":  # `inferhal bench cpu_linear`: the CPU backends' products against oneDNN's
+        return {"cpu_linear": "inferhal.backends.cpu_amx.bench_linear"}
+    return None

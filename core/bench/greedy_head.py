@@ -5,7 +5,7 @@ states are captured first: the e2e benchmark's prompts run greedy through the en
 tokens each) and every row that reaches ``lm_head.argmax`` is kept. Then, at each ``bench.concurrency``
 level ``m`` (default 1, 8, 32), windows of ``m`` captured rows run through:
 
-- **logits**: the backend's ``lm_head`` into a reused fp32 buffer, then the reference's greedy argmax
+- **logits**: the backend's ``lm_head`` into a reused fp32 buffer, then its ``sample`` on greedy rows
   (what a greedy step cost before ``lm_head.argmax``: the runner's buffer and ``sample``'s greedy rows);
 - **greedy**: the backend's ``lm_head.argmax``.
 
@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 import torch
 
 from inferhal.core.bench import write_json
+from inferhal.core.ops.params import SampleBatch
 
 
 def capture(llm, prompts: Sequence[str], max_tokens: int) -> torch.Tensor:
@@ -82,7 +83,6 @@ def run(cfg) -> int:
     from inferhal.core.cli.console import console as make_console
     from rich.table import Table
 
-    from inferhal.backends.reference.ops import argmax_rows
     from inferhal.core.bench.clients import PROMPTS
     from inferhal.core.engine.llm import LLM
 
@@ -103,8 +103,10 @@ def run(cfg) -> int:
                   f"{repeats} windows per level")
     buf = torch.empty(max(levels), head.shape[0], dtype=torch.float32)
 
+    greedy_rows = {m: SampleBatch((0.0,) * m, (0,) * m, (1.0,) * m) for m in range(1, max(levels) + 1)}
+
     def logits_fn(x):
-        return argmax_rows(ops["lm_head"](x, head, buf[: x.shape[0]]))
+        return ops["sample"](ops["lm_head"](x, head, buf[: x.shape[0]]), greedy_rows[x.shape[0]])
 
     def greedy_fn(x):
         return ops["lm_head.argmax"](x, head)

@@ -1,4 +1,5 @@
-"""``inferhal bench KIND``: run the benchmark module ``inferhal.core.bench.KIND`` (its ``run(cfg) -> int``).
+"""``inferhal bench KIND``: run the benchmark module ``inferhal.core.bench.KIND``, or a backend's (its
+``"benchmarks"`` extra), by its ``run(cfg) -> int``.
 
 Benchmarks are not timed tests: they measure and report (a rich table and a JSON file), and their exit
 status says only whether they ran.
@@ -12,12 +13,22 @@ import pkgutil
 from inferhal.core.errors import UserError
 
 
-def kinds() -> list[str]:
-    """The benchmark modules: those of inferhal.core.bench with a ``run`` (helpers such as ``host`` have none)."""
+def kinds() -> dict[str, str]:
+    """Benchmark name → module: inferhal.core.bench's modules with a ``run`` (helpers such as ``host`` have none),
+    then each registered backend's ``"benchmarks"`` extra (a backend's own benchmark lives with it)."""
     import inferhal.core.bench as pkg
+    from inferhal.core.registry import BackendRegistry
 
     names = (m.name for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_"))
-    return sorted(n for n in names if callable(getattr(importlib.import_module(f"{pkg.__name__}.{n}"), "run", None)))
+    found = {n: f"{pkg.__name__}.{n}" for n in sorted(names)
+             if callable(getattr(importlib.import_module(f"{pkg.__name__}.{n}"), "run", None))}
+    reg = BackendRegistry.discover()
+    for backend in reg.names():
+        for name, module in (reg.extra(backend, "benchmarks") or {}).items():
+            if name in found:
+                raise UserError(f"backend {backend!r}: its benchmark {name!r} is already {found[name]}; rename it")
+            found[name] = module
+    return dict(sorted(found.items()))
 
 
 def check(bench) -> None:
@@ -38,5 +49,5 @@ def run(cfg, words) -> int:
         got = " ".join(words) or "nothing"
         raise UserError(f"usage: inferhal bench KIND [overrides]; got {got!r}; kinds: {', '.join(available)}")
     check(cfg.bench)
-    module = importlib.import_module(f"inferhal.core.bench.{words[0]}")
+    module = importlib.import_module(available[words[0]])
     return int(module.run(cfg) or 0)

@@ -55,3 +55,17 @@ def test_core_file_names_no_chip_or_backend(path):
         if FORBIDDEN.search(line)
     ]
     assert not hits, f"{path.relative_to(ROOT)} names a device or backend:\n" + "\n".join(hits)
+
+
+def test_no_core_module_imports_a_backend_even_at_call_time():
+    """STYLE 14: a deferred ``from inferhal.backends... import`` inside a function is still core depending on a
+    backend (a bench of one backend lives with that backend; quantisation formats live in core/ops)."""
+    import ast
+
+    hits = []
+    for path in sorted((ROOT / "core").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            hits += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names if n.startswith("inferhal.backends")]
+    assert not hits, "core imports a backend:\n" + "\n".join(hits)

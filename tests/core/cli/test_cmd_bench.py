@@ -7,12 +7,36 @@ import pytest
 
 from inferhal.core.cli import cmd_bench
 from inferhal.core.cli.main import main
+from inferhal.core.errors import UserError
 
 
 def test_kinds_are_the_bench_modules_with_a_run():
     kinds = cmd_bench.kinds()
     assert {"e2e", "engine", "eplb", "greedy_head", "ops", "cpu_linear"} <= set(kinds)
     assert "host" not in kinds and "bounds" not in kinds
+    # a backend's own benchmark lives with it, listed through its "benchmarks" extra: core imports no backend
+    assert kinds["cpu_linear"] == "inferhal.backends.cpu_amx.bench_linear"
+    assert all(m.startswith("inferhal.core.bench.") for k, m in kinds.items() if k != "cpu_linear")
+
+
+def test_a_backend_benchmark_named_like_a_core_one_is_refused(monkeypatch):
+    import types
+
+    import inferhal.backends.reference.plugin as ref
+    from inferhal.core.hookspecs import REQUIRED_HOOKS, hookimpl
+    from inferhal.core.registry import BackendRegistry
+
+    def inferhal_backend_extra(name):
+        return {"e2e": "somewhere.else"} if name == "benchmarks" else None
+
+    clash = types.ModuleType("clash")  # the reference's required hooks, and a benchmark named like core's
+    for hook in REQUIRED_HOOKS:
+        setattr(clash, hook, getattr(ref, hook))
+    clash.inferhal_backend_extra = hookimpl(inferhal_backend_extra)
+    real = BackendRegistry.discover
+    monkeypatch.setattr(BackendRegistry, "discover", classmethod(lambda cls: real(extra={"clash": clash})))
+    with pytest.raises(UserError, match="backend 'clash': its benchmark 'e2e' is already inferhal.core.bench.e2e"):
+        cmd_bench.kinds()
 
 
 @pytest.mark.parametrize("override,needle", [

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from inferhal.backends.reference import ops as ref
-from inferhal.core.bench import cpu_linear
+from inferhal.backends.cpu_amx import bench_linear as cpu_linear
 
 
 def _slow_copy(x, w):  # an "engine" whose output differs from oneDNN's by a known amount
