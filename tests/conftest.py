@@ -1,6 +1,12 @@
-"""Shared test setup. Tests never put the repository root on sys.path (see pyproject: --import-mode=importlib)."""
+"""Shared test setup. Tests never put the repository root on sys.path (see pyproject: --import-mode=importlib);
+helpers shared across test directories live in tests/fixtures, importable by module name."""
+
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))  # e.g. serve_process.py
 
 
 def _kit_plugin() -> list[str]:

@@ -1,15 +1,14 @@
 """The router of disaggregated serving: the HTTP server's engine, over prefill and decode instances.
 
 - ``inferhal serve parallel.role=pd``: one launch. The router spawns one prefill and one decode process
-  on this host (:func:`~.instance.spawned`), and respawns one that dies (``disagg.restarts`` times each).
+  on this host, and respawns one that dies (``disagg.restarts`` times each).
 - ``inferhal serve parallel.role=router disagg.prefill=[h:p,...] disagg.decode=[h:p,...]``: the router
-  alone, in front of instances launched on their own (``parallel.role=prefill|decode``, on any hosts).
-  It reconnects to an instance that went away every ``disagg.reconnect_s``, so a restarted instance
-  rejoins by itself.
+  alone, in front of instances launched on their own (``parallel.role=prefill|decode``, on any hosts),
+  dialled again while they are away.
 
-The router loads no weights: it tokenizes and validates with the tokenizer and limits the instances sent
-at hello (:class:`~.front.Front`), and refuses at hello an instance whose model or KV layout differs from
-the others', naming the difference. It never touches KV: every prefill instance holds a KV link to every
+How the instances are started, linked and watched is :mod:`.fleet`'s; this module is the requests'. The
+router loads no weights: it tokenizes and validates with the tokenizer and limits the instances sent at
+hello (:class:`~.front.Front`). It never touches KV: every prefill instance holds a KV link to every
 decode instance (:mod:`.workers`), made when both are up.
 
 :class:`Router` stands where an engine stands for the server's
@@ -30,8 +29,8 @@ Where a request is: ``prefill`` (prefilling on ``where``, to be handed to ``dest
 instance sent its KV; the decode instance may not have it yet), ``decode`` (running to its end on
 ``where``), ``pending`` (waiting for an instance).
 
-**Faults.** An instance is dead when its connection ends (its process died, or its host closed it) or
-it sends nothing for ``parallel.timeout_s`` (it sends its gauges at least once a second):
+**Faults.** When an instance is dead (:mod:`.fleet`: its connection ended, or it was silent for
+``parallel.timeout_s``):
 
 - a dead prefill instance: its requests at ``prefill`` are placed again from their prompt plus the tokens
   already streamed; those ``handed`` are retried on the decode instance their KV went to, which takes
@@ -54,43 +53,16 @@ import collections
 import dataclasses
 import logging
 import queue
-import sys
 import threading
 import time
 from multiprocessing.connection import wait
 from typing import Any, Iterable, Optional
 
+from inferhal.core.disagg.fleet import Fleet, Member
 from inferhal.core.disagg.prefixes import PREFIX_SLACK, Prefixes
 from inferhal.core.errors import UserError
 
 log = logging.getLogger("inferhal.disagg")
-
-ROLES = ("prefill", "decode")
-
-
-@dataclasses.dataclass
-class _Inst:
-    """One instance as the router holds it."""
-
-    name: str
-    role: str
-    address: Optional[tuple] = None  # (host, port) where it listens
-    process: Any = None  # spawned (parallel.role=pd)
-    announce: Any = None  # spawned: the pipe end it says "listening" on
-    conn: Any = None  # the connection, while connected
-    hello: Optional[dict] = None
-    state: str = "starting"  # starting | hello | live | dead
-    dead: Optional[str] = None  # why it is out of service
-    refused: bool = False  # its model or KV layout differs: never taken back
-    restarts: int = 0
-    gauges: dict = dataclasses.field(default_factory=dict)
-    heard: float = 0.0  # when it last sent anything
-    retry_at: float = 0.0  # dead: when to try it again
-    probes: "queue.Queue" = dataclasses.field(default_factory=queue.Queue)
-
-    @property
-    def live(self) -> bool:
-        return self.state == "live"
 
 
 @dataclasses.dataclass
@@ -121,7 +93,7 @@ class _Counts:
 
     @property
     def waiting(self) -> range:
-        return range(self._sum("waiting", live=True) + sum(r.at == "pending" for r in list(self._r._reqs.values())))
+        return range(self._sum("waiting", live=True) + sum(r.at == "pending" for r in list(self._r.requests.values())))
 
     @property
     def num_preemptions(self) -> int:
@@ -145,199 +117,54 @@ class _Usage:
         return max((float(i.gauges.get("kv_usage", 0.0)) for i in self._r.insts.values() if i.live), default=0.0)
 
 
-class Router:
-    """The HTTP front's engine over prefill and decode instances (module docstring). ``spawn``: start one
-    prefill and one decode process here (``parallel.role=pd``); otherwise connect to ``disagg.prefill``
-    and ``disagg.decode``."""
+class Router(Fleet):
+    """The HTTP front's engine over prefill and decode instances (module docstring): the requests, over the
+    instances of :class:`~.fleet.Fleet` (``spawn``: ``parallel.role=pd``)."""
 
     def __init__(self, cfg: Any, spawn: bool, start_timeout_s: float = 600.0) -> None:
-        from omegaconf import OmegaConf
-
-        from inferhal.core.disagg.link import authkey_of, parse_address, random_key
-        from inferhal.core.parallel.launch import timeout_of
-
-        self.timeout_s = timeout_of(cfg.parallel)
-        self.spawn = spawn
-        self.key = random_key() if spawn else authkey_of(cfg)
-        self.max_restarts = int(cfg.disagg.restarts)
-        self.reconnect_s = float(cfg.disagg.reconnect_s)
-        self.insts: dict[str, _Inst] = {}
-        self._reqs: dict[str, _Rec] = {}
+        self.requests: dict[str, _Rec] = {}
         self._resumed: dict[str, Any] = {}  # request id -> the output it had streamed when it was retried
         self.retried: dict[str, str] = {}  # request id -> the instance it was last retried on (taken there)
-        self.pairs: dict[tuple[str, str], dict] = {}  # (prefill, decode) -> {"key", prefill: ok?, decode: ok?}
-        self._connected: "queue.Queue" = queue.Queue()  # (name, conn | None, why) from reconnect threads
-        self._pair_no = 0
         self._lock = threading.RLock()  # held by step(); probe() reads for itself when no loop is stepping
         self._early: list = []  # outputs read by probe() outside step(), returned by the next step()
         self._prefixes: Optional[Prefixes] = None  # made at the first hello (the block size)
         self.prefix_placed = 0  # requests placed on the prefill instance that was sent their prefix
         self.placed: collections.Counter = collections.Counter()  # (instance, decode instance or None) -> requests
         self.front: Any = None
-        self.closed = False
-        if spawn:
-            d = OmegaConf.to_container(cfg, resolve=True)
-            d["parallel"]["role"] = "any"  # each instance's own config: a plain engine, given its role there
-            d["disagg"].update(listen="127.0.0.1:0", kv_port=0)
-            self._cfg_dict = d
-            for role in ROLES:
-                self.insts[role] = _Inst(role, role)
-                self._spawn(self.insts[role])
-        else:
-            for role in ROLES:
-                for i, text in enumerate(cfg.disagg[role]):
-                    name = f"{role}{i}"
-                    self.insts[name] = _Inst(name, role, parse_address(text, f"disagg.{role}[{i}]"))
-        try:
-            self._start(start_timeout_s)
-        except BaseException:
-            self.close()
-            raise
+        super().__init__(cfg, spawn, start_timeout_s)
         self.scheduler, self.kv_manager = _Counts(self), _Usage(self)
 
-    # ------------------------------------------------------------------ start-up
+    # ------------------------------------------------------------------ the fleet's events
 
-    def _spawn(self, inst: _Inst) -> None:
-        import multiprocessing as mp
-
-        from inferhal.core.disagg.instance import spawned
-
-        ctx = mp.get_context("spawn")
-        r, w = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=spawned, args=(inst.role, self._cfg_dict, self.key, w), daemon=True,
-                        name=f"inferhal-{inst.name}")
-        p.start()
-        w.close()  # the process holds the only write end: its death is EOF here
-        inst.process, inst.announce, inst.state, inst.conn, inst.hello = p, r, "starting", None, None
-
-    def _start(self, timeout_s: float) -> None:
-        """Every instance connected and said hello, all of one model and KV layout, every pair linked. A
-        failure is said, naming the instance, not waited out."""
-        deadline = time.monotonic() + timeout_s
-        while any(i.state != "live" for i in self.insts.values()):
-            for inst in self.insts.values():
-                if inst.state == "starting":
-                    self._advance_start(inst, wait_s=0.1, strict=True)
-                elif inst.state == "hello":
-                    self._read_hello(inst, strict=True)
-            if time.monotonic() > deadline:
-                late = [f"{i.name} ({self._where(i)})" for i in self.insts.values() if i.state != "live"]
-                raise UserError(f"no answer within {timeout_s:.0f} s from {', '.join(late)} (is it running, with "
-                                f"the same disagg.authkey, and not serving another router?)")
-        self._link_all(strict=True, timeout_s=max(deadline - time.monotonic(), self.timeout_s))
-
-    def _where(self, inst: _Inst) -> str:
-        if inst.address is not None:
-            return f"{inst.address[0]}:{inst.address[1]}"
-        return f"pid {inst.process.pid}" if inst.process is not None else "?"
-
-    def _advance_start(self, inst: _Inst, wait_s: float, strict: bool) -> None:
-        """A starting instance: a spawned one says where it listens (then we connect); a remote one is
-        connected to (at start-up: retried until the deadline)."""
-        from multiprocessing import AuthenticationError
-
-        if inst.process is not None:
-            try:
-                if not inst.announce.poll(wait_s):
-                    if not inst.process.is_alive():
-                        raise EOFError
-                    return
-                kind, arg = inst.announce.recv()
-            except (EOFError, OSError):
-                inst.process.join(1)
-                return self._start_failed(inst, f"the {inst.role} process exited (code {inst.process.exitcode})",
-                                          strict)
-            if kind == "error":
-                return self._start_failed(inst, f"the {inst.role} process failed to start: {arg}", strict)
-            inst.address = ("127.0.0.1", int(arg[0]))
-        try:
-            inst.conn = self._dial(inst)
-        except AuthenticationError:
-            return self._start_failed(inst, f"{inst.name} at {self._where(inst)} refused the key: give the router "
-                                            f"and every instance the same disagg.authkey", strict, refuse=True)
-        except OSError as exc:
-            if inst.process is not None:
-                return self._start_failed(inst, f"cannot connect to the {inst.role} process: {exc}", strict)
-            time.sleep(wait_s)  # not up yet
-            return
-        inst.state, inst.heard = "hello", time.monotonic()
-
-    def _start_failed(self, inst: _Inst, why: str, strict: bool, refuse: bool = False) -> None:
-        if strict:
-            raise UserError(why)
-        self._down(inst, why, [], refuse=refuse)
-
-    def _read_hello(self, inst: _Inst, strict: bool, wait_s: float = 0.1) -> None:
+    def _hello(self, inst: Member, hello: dict) -> None:
         from inferhal.core.disagg.front import Front
-        from inferhal.core.disagg.handoff import check_compatible
 
-        try:
-            if not inst.conn.poll(wait_s):
-                if time.monotonic() - inst.heard > self.timeout_s:
-                    raise EOFError("no hello")
-                return
-            kind, h = inst.conn.recv()
-        except (EOFError, OSError) as exc:
-            return self._start_failed(inst, f"{inst.name} at {self._where(inst)} closed before its hello ({exc})",
-                                      strict)
-        if h["role"] != inst.role:
-            return self._start_failed(inst, f"{inst.name} at {self._where(inst)} is a {h['role']} instance, listed "
-                                            f"as disagg.{inst.role}", strict, refuse=True)
-        ref = next((i.hello for i in self.insts.values() if i.hello is not None and i is not inst), None)
-        if ref is not None:
-            try:
-                check_compatible(ref["describe"], h["describe"], me="other", them=inst.name)
-            except UserError as exc:
-                return self._start_failed(inst, f"{inst.name} at {self._where(inst)} is refused: {exc}", strict,
-                                          refuse=True)
         if self.front is None:
-            self.front = Front(h["tokenizer"], h["limits"])
-            self._prefixes = Prefixes(int(h["describe"]["block_size"]))
+            self.front = Front(hello["tokenizer"], hello["limits"])
+            self._prefixes = Prefixes(int(hello["describe"]["block_size"]))
         else:
-            self.front.tighten(h["limits"])
-        h = dict(h, tokenizer=None)
-        inst.hello, inst.state, inst.dead, inst.heard = h, "live", None, time.monotonic()
-        print(f"[router] {inst.name} ({inst.role} instance at {self._where(inst)}, pid {h['pid']}) is live",
-              file=sys.stderr, flush=True)
+            self.front.tighten(hello["limits"])
 
-    def _link_all(self, strict: bool = False, timeout_s: float = 0.0) -> None:
-        """Link every live prefill/decode pair not linked yet; at start-up, wait until all are (or fail)."""
-        for p in self.insts.values():
-            for d in self.insts.values():
-                if p.role == "prefill" and d.role == "decode" and p.live and d.live and (p.name, d.name) not in self.pairs:
-                    self._link(p, d)
-        if not strict:
+    def _joined(self) -> None:
+        self._place_pending()
+
+    def _lost(self, inst: Member, was_live: bool, outs: list) -> None:
+        """Its requests are placed again (module docstring, **Faults**)."""
+        if self._prefixes is not None:
+            self._prefixes.forget(inst.name)  # its cache died with it (a rejoined instance starts empty)
+        if not was_live:
             return
-        deadline = time.monotonic() + timeout_s
-        outs: list = []
-        while any(not self._usable(pair) for pair in self.pairs):
-            for inst in self.insts.values():
-                self._drain(inst, outs)
-            bad = [(k, v) for k, v in self.pairs.items() if any(isinstance(v.get(r), str) for r in ROLES)]
-            if bad:
-                (p, d), v = bad[0]
-                why = v["prefill"] if isinstance(v["prefill"], str) else v["decode"]
-                raise UserError(f"the KV link between {p} and {d} failed: {why}")
-            if any(not i.live for i in self.insts.values()):
-                raise UserError("; ".join(f"{i.name}: {i.dead}" for i in self.insts.values() if not i.live))
-            if time.monotonic() > deadline:
-                raise UserError(f"the KV links {sorted(k for k in self.pairs if not self._usable(k))} were not made "
-                                f"within {timeout_s:.0f} s (parallel.timeout_s)")
-            time.sleep(0.01)
+        for rid, rec in list(self.requests.items()):
+            if inst.role == "prefill" and rec.where == inst.name:
+                if rec.at == "handed" and rec.dest is not None and self.insts[rec.dest].live:
+                    self._retry(rid, on=rec.dest)  # the KV may be there already: it takes whichever comes first
+                else:
+                    self._retry(rid)
+            elif inst.role == "decode" and (rec.where == inst.name or (rec.dest == inst.name and rec.at == "handed")):
+                self._retry(rid, avoid=inst.name)
+            elif rec.dest == inst.name:  # still prefilling: its prefill instance keeps it
+                rec.dest = None
 
-    def _link(self, p: _Inst, d: _Inst) -> None:
-        import secrets
-
-        self._pair_no += 1  # a key never used before at that store, by this router or an earlier one
-        key = f"{secrets.token_hex(6)}-{self._pair_no}-{p.name}-{d.name}"
-        self.pairs[(p.name, d.name)] = {"key": key, "prefill": None, "decode": None}
-        port = int(d.hello["kv_port"])
-        for inst, peer in ((p, d.name), (d, p.name)):
-            self._send(inst, ("link", (peer, key, d.address[0], port, self.timeout_s)))
-
-    def _usable(self, pair: tuple[str, str]) -> bool:
-        v = self.pairs.get(pair)
-        return v is not None and v["prefill"] is True and v["decode"] is True
 
     # ------------------------------------------------------------------ what the server calls
 
@@ -353,29 +180,19 @@ class Router:
     def model(self) -> Any:
         return self.front.model
 
-    @property
-    def failed(self) -> dict[str, str]:
-        """Instances out of service: name -> why."""
-        return {n: i.dead for n, i in self.insts.items() if i.dead is not None}
-
-    def health(self) -> dict[str, str]:
-        """Each instance's state for ``/health``: ``ok``, ``starting (restart n)`` or ``dead: why``."""
-        return {n: "ok" if i.live else f"dead: {i.dead}" if i.state == "dead" else f"starting (restart {i.restarts})"
-                if i.restarts else "starting" for n, i in self.insts.items()}
-
     def make_request(self, prompt, params=None, request_id=None, extra_keys=()):
         return self.front.make_request(prompt, params, request_id, extra_keys)  # raises on a bad request
 
     def add(self, req: Any) -> str:
         rid = req.request_id
-        if rid in self._reqs:
+        if rid in self.requests:
             raise UserError(f"request id {rid!r} is already in use")
         if not any(i.live or i.state in ("starting", "hello") for i in self.insts.values()):
             from inferhal.core.server.async_engine import EngineDead
 
             raise EngineDead("no engine instance is live (" + "; ".join(f"{n}: {i.dead}" for n, i in self.insts.items())
                              + (f"); the router tries each again every {self.reconnect_s:g} s" if not self.spawn else ")"))
-        self._reqs[rid] = rec = _Rec(list(req.prompt_token_ids), req.params, "pending")
+        self.requests[rid] = rec = _Rec(list(req.prompt_token_ids), req.params, "pending")
         self._place(rid, rec, rec.prompt, rec.params, once=False)
         return rid
 
@@ -386,7 +203,7 @@ class Router:
     def abort(self, request_ids: Iterable[str]) -> list:
         outs = []
         for rid in request_ids:
-            rec = self._reqs.pop(rid, None)
+            rec = self.requests.pop(rid, None)
             if rec is None:
                 continue
             for name in {rec.where, rec.dest if rec.at in ("prefill", "handed") else None} - {None}:
@@ -414,7 +231,7 @@ class Router:
             why = "; ".join(f"{n}: {i.dead}" for n, i in self.insts.items())
             if self.spawn:  # no restart left: the server's loop ends, every stream gets engine_dead
                 raise RuntimeError(f"every engine instance is dead ({why})")
-            stranded = [rid for rid, r in self._reqs.items() if r.at == "pending"]
+            stranded = [rid for rid, r in self.requests.items() if r.at == "pending"]
             if stranded:  # separate instances may come back, but these streams do not wait for them
                 log.error("no engine instance is live (%s): %d request(s) aborted", why, len(stranded))
                 outs.extend(self.abort(stranded))
@@ -440,30 +257,13 @@ class Router:
                     self._lock.release()
         raise UserError(f"{name} did not answer within {timeout} s")
 
-    def close(self) -> None:
-        """Stop the spawned processes; leave separately launched instances running (they abort this
-        router's requests and wait for the next router)."""
-        self.closed = True
-        for inst in self.insts.values():
-            if inst.conn is not None and inst.process is not None:
-                self._send(inst, ("stop", None))
-            if inst.conn is not None:
-                inst.conn.close()
-        for inst in self.insts.values():
-            p = inst.process
-            if p is not None:
-                p.join(5)
-                if p.is_alive():
-                    p.kill()
-                    p.join(5)
-
     # ------------------------------------------------------------------ placement
 
-    def _load(self, inst: _Inst) -> tuple:
+    def _load(self, inst: Member) -> tuple:
         if inst.role == "prefill":
-            return (sum(len(r.prompt) for r in self._reqs.values() if r.where == inst.name and r.at == "prefill"),
+            return (sum(len(r.prompt) for r in self.requests.values() if r.where == inst.name and r.at == "prefill"),
                     int(inst.gauges.get("running", 0)))
-        return (sum(1 for r in self._reqs.values() if (r.dest == inst.name and r.at in ("prefill", "handed"))
+        return (sum(1 for r in self.requests.values() if (r.dest == inst.name and r.at in ("prefill", "handed"))
                     or (r.where == inst.name and r.at == "decode")), float(inst.gauges.get("kv_usage", 0.0)))
 
     def _place(self, rid: str, rec: _Rec, prompt: list, params: Any, once: bool,
@@ -474,7 +274,7 @@ class Router:
         load = {i.name: self._load(i) for i in pre + dec}
         if pre:
             on = self._by_prefix(pre, prompt, load)
-            linked = [d for d in dec if self._usable((on.name, d.name))]
+            linked = [d for d in dec if self.linked((on.name, d.name))]
             to = min(linked, key=lambda d: load[d.name]).name if linked else None
         elif dec:
             on, to = min(dec, key=lambda d: load[d.name]), None
@@ -486,7 +286,7 @@ class Router:
         self.placed[(on.name, to)] += 1
         self._send(on, ("add", (rid, prompt, params, once, to)))
 
-    def _by_prefix(self, pre: list, prompt: list, load: dict) -> _Inst:
+    def _by_prefix(self, pre: list, prompt: list, load: dict) -> Member:
         """The prefill instance for ``prompt``: the one holding its longest known prefix, unless that one is
         ``PREFIX_SLACK`` blocks of prompt behind the least loaded (module docstring); recorded for the next.
         ``load``: each instance's :meth:`_load`."""
@@ -505,67 +305,28 @@ class Router:
     def _place_pending(self) -> None:
         if not any(i.live for i in self.insts.values()):
             return
-        for rid, rec in list(self._reqs.items()):
+        for rid, rec in list(self.requests.items()):
             if rec.at == "pending":
                 self._place(rid, rec, *rec.held)
 
-    def _send(self, inst: _Inst, msg: Any) -> None:
-        if inst.conn is None or inst.state == "dead":
-            return
-        try:
-            inst.conn.send(msg)
-        except OSError:
-            pass  # its end is seen at its next read
+    # ------------------------------------------------------------------ requests' messages and retries
 
-    # ------------------------------------------------------------------ the instances' messages
-
-    def _drain(self, inst: _Inst, outs: list) -> None:
-        while inst.live:
-            try:
-                if not inst.conn.poll():
-                    return
-                kind, arg = inst.conn.recv()
-            except (EOFError, OSError):
-                if inst.process is not None:
-                    inst.process.join(1)
-                    why = f"the {inst.role} process exited (code {inst.process.exitcode})"
-                else:
-                    why = f"{inst.name} at {self._where(inst)} closed its connection"
-                self._down(inst, why, outs)
-                return
-            inst.heard = time.monotonic()
-            self._handle(inst, kind, arg, outs)
-
-    def _handle(self, inst: _Inst, kind: str, arg: Any, outs: list) -> None:
+    def _handle(self, inst: Member, kind: str, arg: Any, outs: list) -> None:
         if kind == "outputs":
             got, inst.gauges = arg
             for o in got:
                 self._output(inst, o, outs)
-        elif kind == "gauges":
-            inst.gauges = arg
         elif kind == "taken":
-            rec = self._reqs.get(arg)
+            rec = self.requests.get(arg)
             if rec is not None:
                 self.retried[arg] = inst.name
                 if rec.retry_from is not None:
                     self._resumed[arg] = rec.retry_from
         elif kind == "skipped":
             log.info("request %s: its KV reached %s before its retry did; it runs from there", arg, inst.name)
-        elif kind == "probe":
-            inst.probes.put(arg)
-        elif kind == "linked":
-            peer, why = arg
-            pair = (inst.name, peer) if inst.role == "prefill" else (peer, inst.name)
-            if pair in self.pairs:
-                self.pairs[pair][inst.role] = True if why is None else why
-            if why is not None:
-                log.error("the KV link %s -> %s failed on %s: %s", *pair, inst.name, why)
-        elif kind == "link_lost":
-            peer, why = arg
-            self._unlink(inst.name, peer, why)
         elif kind == "failed":
             rid, why = arg
-            rec = self._reqs.get(rid)
+            rec = self.requests.get(rid)
             if rec is None:
                 return
             if inst.role == "decode" and rec.dest == inst.name and rec.at in ("prefill", "handed"):
@@ -578,19 +339,21 @@ class Router:
             rid, peer, why = arg
             if peer is not None:
                 self._unlink(inst.name, peer, why)
-            rec = self._reqs.get(rid)
+            rec = self.requests.get(rid)
             if rec is not None and rec.at == "handed" and rec.where == inst.name:
                 self._retry(rid, avoid=peer)
+        else:
+            super()._handle(inst, kind, arg, outs)
 
-    def _output(self, inst: _Inst, o: Any, outs: list) -> None:
+    def _output(self, inst: Member, o: Any, outs: list) -> None:
         rid = o.request_id
-        rec = self._reqs.get(rid)
+        rec = self.requests.get(rid)
         handed = o.finished and o.outputs[0].finish_reason == "transferred"
         if rec is None:
             return  # aborted (its hand-off target was told so) or from before a retry
         if inst.name == rec.dest and rec.at == "prefill":  # the prefill instance said "handed" first: read that first
             self._drain(self.insts[rec.where], outs)
-            if self._reqs.get(rid) is not rec:
+            if self.requests.get(rid) is not rec:
                 return
         if inst.name != rec.where and not (inst.name == rec.dest and rec.at == "handed"):
             return  # from before a retry moved it
@@ -602,104 +365,15 @@ class Router:
         o = self._resume(o)
         rec.last = o
         if o.finished:
-            del self._reqs[rid]
+            del self.requests[rid]
         outs.append(o)
         if handed and (rec.dest is None or not self.insts[rec.dest].live):
             self._retry(rid)
 
-    # ------------------------------------------------------------------ faults, restarts, reconnects
-
-    def _watch(self, outs: list) -> None:
-        now = time.monotonic()
-        for inst in self.insts.values():
-            if inst.live:
-                if inst.process is not None and not inst.process.is_alive():
-                    self._drain(inst, outs)  # what it sent before it died, then EOF
-                elif inst.process is None and now - inst.heard > self.timeout_s:
-                    self._down(inst, f"{inst.name} at {self._where(inst)} sent nothing for {self.timeout_s:g} s "
-                                     f"(parallel.timeout_s)", outs)
-            elif inst.state == "starting" and inst.process is not None:
-                self._advance_start(inst, wait_s=0, strict=False)
-            elif inst.state == "hello":
-                self._read_hello(inst, strict=False, wait_s=0)
-                if inst.live:
-                    self._link_all()
-                    self._place_pending()
-            elif inst.state == "dead" and not inst.refused and now >= inst.retry_at:
-                if inst.process is not None and inst.restarts < self.max_restarts:
-                    inst.restarts += 1
-                    log.warning("restarting %s (restart %d of %d)", inst.name, inst.restarts, self.max_restarts)
-                    self._spawn(inst)
-                elif inst.process is None and self.reconnect_s > 0:
-                    inst.retry_at = float("inf")  # one try at a time
-                    threading.Thread(target=self._reconnect, args=(inst,), daemon=True).start()
-        while True:
-            try:
-                name, conn = self._connected.get_nowait()
-            except queue.Empty:
-                break
-            inst = self.insts[name]
-            if conn is None or self.closed:
-                inst.retry_at = time.monotonic() + self.reconnect_s
-                continue
-            inst.conn, inst.state, inst.heard, inst.hello = conn, "hello", time.monotonic(), None
-
-    def _dial(self, inst: _Inst) -> Any:
-        """A connection to ``inst``'s address (raises as :func:`~inferhal.core.disagg.link.connect`)."""
-        from inferhal.core.disagg.link import Locked, connect
-
-        return Locked(connect(inst.address, self.key, timeout_s=min(5.0, self.timeout_s)))
-
-    def _reconnect(self, inst: _Inst) -> None:
-        try:
-            conn = self._dial(inst)
-        except Exception:  # noqa: BLE001 - not back yet
-            conn = None
-        self._connected.put((inst.name, conn))
-
-    def _down(self, inst: _Inst, why: str, outs: list, refuse: bool = False) -> None:
-        """``inst`` is out of service: its requests are placed again, its links dropped."""
-        was_live = inst.live
-        inst.state, inst.dead, inst.refused = "dead", why, inst.refused or refuse
-        if self._prefixes is not None:
-            self._prefixes.forget(inst.name)  # its cache died with it (a rejoined instance starts empty)
-        inst.retry_at = time.monotonic() + (self.reconnect_s if inst.process is None else 0.0)
-        if inst.conn is not None:
-            inst.conn.close()
-            inst.conn = None
-        if inst.process is not None and inst.process.is_alive():
-            inst.process.kill()
-        log.error("%s: %s", inst.name, why)
-        for pair in [k for k in self.pairs if inst.name in k]:
-            del self.pairs[pair]
-            other = pair[1] if pair[0] == inst.name else pair[0]
-            self._send(self.insts[other], ("unlink", inst.name))
-        if not was_live:
-            return
-        for rid, rec in list(self._reqs.items()):
-            if inst.role == "prefill" and rec.where == inst.name:
-                if rec.at == "handed" and rec.dest is not None and self.insts[rec.dest].live:
-                    self._retry(rid, on=rec.dest)  # the KV may be there already: it takes whichever comes first
-                else:
-                    self._retry(rid)
-            elif inst.role == "decode" and (rec.where == inst.name or (rec.dest == inst.name and rec.at == "handed")):
-                self._retry(rid, avoid=inst.name)
-            elif rec.dest == inst.name:  # still prefilling: its prefill instance keeps it
-                rec.dest = None
-
-    def _unlink(self, name: str, peer: str, why: str) -> None:
-        """A KV link broke with both ends alive (or one about to be seen dead): drop it; made again at the
-        next step while both are live."""
-        p, d = (name, peer) if self.insts[name].role == "prefill" else (peer, name)
-        if self.pairs.pop((p, d), None) is not None:
-            log.warning("the KV link %s -> %s is down (%s)", p, d, why)
-            for a, b in ((p, d), (d, p)):
-                self._send(self.insts[a], ("unlink", b))
-
     def _retry(self, rid: str, on: Optional[str] = None, avoid: Optional[str] = None) -> None:
         """Run ``rid`` again from its prompt and what it streamed: on ``on`` (a decode instance, to run it
         there) or wherever placement says (never handed to ``avoid``)."""
-        rec = self._reqs[rid]
+        rec = self.requests[rid]
         last = rec.last
         done = list(last.outputs[0].token_ids) if last is not None else []
         params = dataclasses.replace(rec.params, max_tokens=rec.params.max_tokens - len(done))

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 
 import pytest
+from serve_process import ServeProcess
 
 from inferhal.core.errors import UserError
 
@@ -27,35 +25,15 @@ PROMPTS = [[(7 * i + 3 * j) % 190 + 1 for i in range(5 + 9 * j)] for j in range(
 MAX_TOKENS = 10
 
 
-class Instance:
+class Instance(ServeProcess):
     """One ``inferhal serve parallel.role=ROLE`` process on a loopback port (``port`` 0: any)."""
 
     def __init__(self, role: str, *over: str, port: int = 0) -> None:
         env = dict(os.environ, INFERHAL_DISAGG_KEY=KEY, OMP_NUM_THREADS="1")
-        self.role, self.log = role, []
-        self.p = subprocess.Popen([sys.executable, "-m", "inferhal.core.cli.main", "serve", *BASE, *over,
-                                   f"parallel.role={role}", f"disagg.listen=127.0.0.1:{port}"],
-                                  stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
-        deadline = time.monotonic() + 120
-        for line in self.p.stderr:
-            self.log.append(line)
-            if "waiting for a router on" in line:
-                self.port = int(line.split("waiting for a router on ")[1].split(";")[0].rsplit(":", 1)[1])
-                break
-            if time.monotonic() > deadline:
-                break
-        else:
-            raise AssertionError(f"the {role} instance did not start: {''.join(self.log)}")
-        threading.Thread(target=lambda: self.log.extend(self.p.stderr), daemon=True).start()
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def kill(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()
-        self.p.wait(30)
+        super().__init__([*BASE, *over, f"parallel.role={role}", f"disagg.listen=127.0.0.1:{port}"],
+                         "waiting for a router on", env)
+        self.role, self.port = role, self.port_after("waiting for a router on ")
+        self.address = f"127.0.0.1:{self.port}"
 
 
 def router_over(pre, dec, *over):
@@ -92,7 +70,7 @@ def fleet():
         yield insts
     finally:
         for i in insts.values():
-            i.kill()
+            i.stop()
 
 
 def run(router, tag: str, during=None, timeout: float = 120.0) -> list:
@@ -159,7 +137,7 @@ def test_a_new_router_finds_clean_instances_when_the_last_one_went_away_mid_requ
     router = router_over([fleet["prefill0"]], [fleet["decode0"]])
     for i, (p, sp) in enumerate(zip(PROMPTS, params())):
         router.add(router.make_request(p, sp.__class__(max_tokens=200, ignore_eos=True), request_id=f"gone-{i}"))
-    step_until(router, lambda: any(r.at == "decode" for r in router._reqs.values()), "a request decoding")
+    step_until(router, lambda: any(r.at == "decode" for r in router.requests.values()), "a request decoding")
     router.close()  # the instances abort what it sent them and free its blocks
     second = router_over([fleet["prefill0"]], [fleet["decode0"]])
     try:
@@ -174,8 +152,8 @@ def test_a_killed_decode_instance_loses_no_request_and_rejoins_when_launched_aga
     router = router_over([fleet["prefill0"], fleet["prefill1"]], [fleet["decode0"], fleet["decode1"]])
     try:
         def kill_decode1(r):
-            if any(rec.where == "decode1" and rec.at == "decode" for rec in r._reqs.values()):
-                fleet["decode1"].kill()
+            if any(rec.where == "decode1" and rec.at == "decode" for rec in r.requests.values()):
+                fleet["decode1"].stop()
                 return True
             return False
 
@@ -184,7 +162,7 @@ def test_a_killed_decode_instance_loses_no_request_and_rejoins_when_launched_aga
         assert all(router.insts[n].live for n in ("prefill0", "prefill1", "decode0"))
         no_leak(router)
         fleet["decode1"] = Instance("decode", port=fleet["decode1"].port)  # the operator launches it again
-        step_until(router, lambda: router._usable(("prefill0", "decode1")) and router._usable(("prefill1", "decode1")),
+        step_until(router, lambda: router.linked(("prefill0", "decode1")) and router.linked(("prefill1", "decode1")),
                    "decode1 to rejoin, linked to both prefill instances")
         before = sum(n for (_, d), n in router.placed.items() if d == "decode1")
         assert run(router, "d") == colocated
@@ -201,8 +179,8 @@ def test_a_killed_prefill_instance_loses_no_request(fleet, colocated):
         os.kill(victim.p.pid, signal.SIGSTOP)  # requests placed on it wait there
 
         def kill_prefill1(r):
-            if any(rec.where == "prefill1" and rec.at == "prefill" for rec in r._reqs.values()):
-                victim.kill()
+            if any(rec.where == "prefill1" and rec.at == "prefill" for rec in r.requests.values()):
+                victim.stop()
                 return True
             return False
 
@@ -220,7 +198,7 @@ def test_a_mismatched_instance_and_a_wrong_key_are_refused_by_name(fleet):
         with pytest.raises(UserError, match=r"decode0 at 127.0.0.1:\d+ is refused: .*KV group"):
             router_over([fleet["prefill0"]], [odd])
     finally:
-        odd.kill()
+        odd.stop()
     with pytest.raises(UserError, match=r"prefill0 at 127.0.0.1:\d+ is a decode instance, listed as disagg.prefill"):
         router_over([fleet["decode1"]], [fleet["decode0"]])
     with pytest.raises(UserError, match="refused the key"):
@@ -257,7 +235,7 @@ def test_a_silent_instance_is_taken_out_and_rejoins_when_it_answers_again(fleet,
         assert time.monotonic() - t0 >= 4 and "sent nothing for 5 s" in router.failed["decode1"]
         assert run(router, "f") == colocated  # on the instances left
         os.kill(hung.p.pid, signal.SIGCONT)
-        step_until(router, lambda: router._usable(("prefill0", "decode1")), "decode1 to rejoin", 60)
+        step_until(router, lambda: router.linked(("prefill0", "decode1")), "decode1 to rejoin", 60)
         no_leak(router)
     finally:
         os.kill(hung.p.pid, signal.SIGCONT)
@@ -275,15 +253,15 @@ def test_requests_sharing_a_prefix_go_to_the_prefill_instance_that_holds_it(flee
     try:
         def one(rid, prompt):
             router.add(router.make_request(prompt, sp, request_id=rid))
-            where, cached = router._reqs[rid].where, None
-            while rid in router._reqs:
+            where, cached = router.requests[rid].where, None
+            while rid in router.requests:
                 for o in router.step():
                     if o.request_id == rid and cached is None:
                         cached = o.num_cached_tokens  # the first output: the prefill instance's
             return where, cached
 
         router.add(router.make_request([9] * 40, sp.__class__(max_tokens=200, ignore_eos=True), request_id="busy"))
-        busy_on = router._reqs["busy"].where
+        busy_on = router.requests["busy"].where
         home, cached = one("s0", shared + [7])  # placed while "busy" waits at its prefill instance: the other
         assert cached == 0 and {home, busy_on} == {"prefill0", "prefill1"}
         for k in range(1, 4):

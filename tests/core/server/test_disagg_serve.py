@@ -19,6 +19,7 @@ import urllib.request
 
 import pytest
 
+from serve_process import ServeProcess
 from server_fixtures import (API_KEY, FAILOVER_MAX_TOKENS, FAILOVER_PROMPTS, MODEL, OFFLINE_MAX_TOKENS,
                              OFFLINE_PROMPTS, run_server)
 
@@ -61,14 +62,14 @@ def where(router) -> dict[str, str]:
     """request id -> where the router has it (read from the test thread: retried if the dict changes)."""
     for _ in range(100):
         try:
-            return {rid: rec.at for rid, rec in list(router._reqs.items())}
+            return {rid: rec.at for rid, rec in list(router.requests.items())}
         except RuntimeError:
             time.sleep(0.001)
     raise AssertionError("could not read the router's requests")
 
 
 def streamed(router, rid) -> int:
-    rec = router._reqs.get(rid)
+    rec = router.requests.get(rid)
     return len(rec.last.outputs[0].token_ids) if rec is not None and rec.last is not None else 0
 
 
@@ -118,7 +119,7 @@ def test_pd_server_streams_the_colocated_greedy_text(pd_server, offline):
             model=MODEL, prompt=p, max_tokens=OFFLINE_MAX_TOKENS, temperature=0, stream=True) if ch.choices]
         assert "".join(parts) == offline[p].outputs[0].text
     router = engine.engine
-    assert router.failed == {} and not router._reqs and router.retried == {}  # all decoded on the decode side
+    assert router.failed == {} and not router.requests and router.retried == {}  # all decoded on the decode side
     assert router.insts["prefill"].process.pid != os.getpid() != router.insts["decode"].process.pid
     assert not hasattr(router, "loaded") and router.front.tokenizer is not None  # the router holds no weights
     assert health(url) == (200, {"status": "ok", "roles": {"prefill": "ok", "decode": "ok"}})
@@ -150,7 +151,7 @@ def test_a_client_that_goes_away_frees_its_blocks_on_both_sides(pd_server):
     rid = wait_for(lambda: [r for r, at in where(router).items() if at == "decode" and streamed(router, r) >= 3],
                    "the request decoding on the decode process")[0]
     stream.close()
-    wait_for(lambda: rid not in router._reqs, "the router to abort the request", 30)
+    wait_for(lambda: rid not in router.requests, "the router to abort the request", 30)
     for role in ("prefill", "decode"):
         wait_for(lambda: not router.probe(role)["kv_requests"], f"the {role} process to free the request's blocks", 30)
         no_leak(router, role)
@@ -168,7 +169,7 @@ def test_a_killed_decode_process_loses_no_request(pd_server, offline_long):
         t.join(120)
     assert [got.get(i) for i in range(len(FAILOVER_PROMPTS))] == offline_long
     assert set(router.failed) == {"decode"} and "decode process" in router.failed["decode"]
-    assert not router._reqs and router.retried and set(router.retried.values()) == {"prefill"}
+    assert not router.requests and router.retried and set(router.retried.values()) == {"prefill"}
     no_leak(router, "prefill")
     status, body = health(url)
     assert status == 200 and body["status"] == "degraded" and body["roles"]["prefill"] == "ok"
@@ -197,7 +198,7 @@ def test_a_killed_prefill_process_loses_no_request(offline, offline_long):
         for t in threads:
             t.join(120)
         assert [got.get(i) for i in range(len(prompts))] == want
-        assert set(router.failed) == {"prefill"} and not router._reqs
+        assert set(router.failed) == {"prefill"} and not router.requests
         assert router.retried == {late[0]: "decode"}  # the two on the decode side went on from their KV
         no_leak(router, "decode")
         status, body = health(url)
@@ -225,7 +226,7 @@ def test_a_killed_process_is_spawned_again_and_decodes_again(offline):
         dec = router.insts["decode"]
         first = dec.process.pid
         os.kill(first, signal.SIGKILL)
-        wait_for(lambda: dec.restarts == 1 and dec.live and router._usable(("prefill", "decode")),
+        wait_for(lambda: dec.restarts == 1 and dec.live and router.linked(("prefill", "decode")),
                  "the decode process to be spawned again and linked", 180)
         assert dec.process.pid != first and health(url) == (200, {"status": "ok", "roles": {"prefill": "ok",
                                                                                                 "decode": "ok"}})
@@ -242,34 +243,6 @@ def test_a_killed_process_is_spawned_again_and_decodes_again(offline):
         assert health(url)[1]["roles"]["decode"].startswith("dead: ")
 
 
-class Launch:
-    """``inferhal serve ARGS`` as a user runs it (a process of its own); ready once it printed ``marker``."""
-
-    def __init__(self, args, marker: str, env) -> None:
-        import subprocess
-        import sys
-
-        self.lines: list = []
-        self.p = subprocess.Popen([sys.executable, "-m", "inferhal.core.cli.main", "serve", *args],
-                                  stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
-        for line in self.p.stderr:
-            self.lines.append(line)
-            if marker in line:
-                self.ready = line
-                break
-        else:
-            raise AssertionError("".join(self.lines))
-        threading.Thread(target=lambda: self.lines.extend(self.p.stderr), daemon=True).start()
-
-    def port(self, after: str) -> int:
-        return int(self.ready.split(after, 1)[1].split(":", 1)[1].split("/")[0].split(";")[0])
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.kill()
-        self.p.wait(30)
-
-
 def test_separate_launches_from_the_cli_serve_the_colocated_text(offline):
     """The user's flow: a prefill and a decode instance launched by `inferhal serve parallel.role=...`, then a
     router launched the same way (no weights), the openai client against the router; SIGTERM stops the
@@ -279,14 +252,14 @@ def test_separate_launches_from_the_cli_serve_the_colocated_text(offline):
     procs = []
     try:
         for role in ("prefill", "decode"):
-            procs.append(Launch([*common, f"parallel.role={role}", "disagg.listen=127.0.0.1:0"],
+            procs.append(ServeProcess([*common, f"parallel.role={role}", "disagg.listen=127.0.0.1:0"],
                                 "waiting for a router on", env))
-        pre, dec = (f"127.0.0.1:{p.port('waiting for a router on ')}" for p in procs)
-        router = Launch(["parallel.role=router", "server.port=0", f"server.api_key={API_KEY}",
+        pre, dec = (f"127.0.0.1:{p.port_after('waiting for a router on ')}" for p in procs)
+        router = ServeProcess(["parallel.role=router", "server.port=0", f"server.api_key={API_KEY}",
                          f"disagg.prefill=[{pre}]", f"disagg.decode=[{dec}]"], "(OpenAI API", env)
         procs.append(router)
         assert f"[serve] {MODEL} on http://127.0.0.1:" in router.ready
-        url = f"http://127.0.0.1:{router.port('http://127.0.0.1')}"
+        url = f"http://127.0.0.1:{router.port_after('http://127.0.0.1')}"
         client = client_of(url)
         for p in OFFLINE_PROMPTS:
             r = client.completions.create(model=MODEL, prompt=p, max_tokens=OFFLINE_MAX_TOKENS, temperature=0)
