@@ -75,7 +75,7 @@ from inferhal.backends.reference import kv_records
 from inferhal.backends.ascend950 import kv_quant, mx
 from inferhal.core.ops.params import AttnBatch, AttnParams, ExpertsParams, KVWriteParams, RmsNormParams, RopeParams, RouteParams
 from inferhal.core.ops.quant import QuantWeight
-from inferhal.core.ops.table import OpImpl
+from inferhal.core.ops.table import FallbackLog, OpImpl
 
 log = logging.getLogger("inferhal.ascend950")
 
@@ -126,7 +126,8 @@ CAUSAL_MASK_SIZE = 2048  # sparse_mode 2/3/4 take an optimised (2048, 2048) mask
 class NpuOps(V4Ops, DenseOps, EpOps):
     """The wrappers, bound to one operator namespace (:class:`~.operators.AscendOperators` on a host, a fake
     in the tests). ``features`` are the device profile's (generation differences as data; None = all).
-    ``events`` lists every fallback taken."""
+    ``events`` lists the fallbacks taken (the newest :attr:`FallbackLog.keep <inferhal.core.ops.table.FallbackLog>`;
+    a warning is logged the first time each reason is met)."""
 
     def __init__(self, npu: Any, features: Any = None, group_name: Callable[[Any], str | None] | None = None,
                  strict: bool = False) -> None:
@@ -135,7 +136,7 @@ class NpuOps(V4Ops, DenseOps, EpOps):
         self.strict = strict
         if group_name is not None:
             self.group_name = group_name
-        self.events: list[tuple[str, str]] = []
+        self.events = FallbackLog()  # the newest fallbacks, bounded; every wrapper's fallback_log
         self._mx_cache: dict[int, tuple[Any, Any]] = {}
         self._masks: dict[tuple[str, str], torch.Tensor] = {}
 
@@ -162,7 +163,8 @@ class NpuOps(V4Ops, DenseOps, EpOps):
             raise StrictFallbackError(f"ascend950 {op_id}: this call needs the reference ({reason}), and "
                                       f"backend.strict=true forbids it")
         self.events.append((op_id, reason))
-        log.warning("ascend950: %s falls back to the reference for this call: %s", op_id, reason)
+        if self.events.counts[(op_id, reason)] == 1:  # once per reason: a server may take it every step
+            log.warning("ascend950: %s falls back to the reference for calls like this one: %s", op_id, reason)
 
     # ------------------------------------------------------------------------------------ norm.rms
 
@@ -488,7 +490,7 @@ class WiredOp(OpImpl):
     wrapper of its table): ``inferhal qualify`` reads it and reports a case whose call fell back at level
     ``fallback``, not at the operator's level."""
 
-    fallback_log: list = field(default_factory=list, compare=False, repr=False)
+    fallback_log: list = field(default_factory=FallbackLog, compare=False, repr=False)
 
 
 def declared() -> dict[str, str]:

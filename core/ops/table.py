@@ -22,6 +22,33 @@ class StrictFallbackError(RuntimeError):
     """An op has no native implementation and ``backend.strict=true`` forbids the reference fallback."""
 
 
+class FallbackLog(list):
+    """An op implementation's per-call fallbacks, ``(op_id, reason)`` each (its ``fallback_log``, read by
+    ``inferhal qualify``). A server on a backend that falls back every step must not grow without bound, so
+    only the newest ``keep`` entries stay; ``total`` counts every entry, ``counts`` each distinct one
+    (reasons come from configurations and operator limits: few)."""
+
+    def __init__(self, keep: int = 1024) -> None:
+        super().__init__()
+        self.keep, self.total, self.counts = keep, 0, {}
+
+    def append(self, entry: tuple[str, str]) -> None:
+        self.total += 1
+        self.counts[entry] = self.counts.get(entry, 0) + 1
+        if len(self) >= self.keep:
+            del self[: len(self) - self.keep + 1]
+        super().append(entry)
+
+    def mark(self) -> int:
+        """Where the log stands now, for :meth:`since`."""
+        return self.total
+
+    def since(self, mark: int) -> list:
+        """The entries appended after :meth:`mark` returned ``mark`` (the newest ``keep`` of them)."""
+        n = min(self.total - mark, len(self))
+        return list(self[len(self) - n:]) if n > 0 else []
+
+
 @dataclass(frozen=True)
 class OpImpl:
     """A native op with its execution level (defaults to the backend profile's level)."""

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from inferhal.core.ops.table import FallbackLog
 from inferhal.core.ops.vocabulary import OPS
 from inferhal.core.profile import ExecLevel
 from inferhal.core.qualify import checks
@@ -104,11 +105,17 @@ def fallback_log(fn: Any) -> list | None:
     return log if isinstance(log, list) else None
 
 
+def _mark(log: list | None) -> int:
+    """Where ``log`` stands now: a :class:`~inferhal.core.ops.table.FallbackLog`'s mark, a plain list's length."""
+    return 0 if log is None else log.mark() if isinstance(log, FallbackLog) else len(log)
+
+
 def _fell_back(log: list | None, start: int, op_id: str) -> list[str]:
-    """The distinct reasons ``op_id`` fell back since entry ``start`` of ``log``, in order."""
+    """The distinct reasons ``op_id`` fell back since ``start`` (:func:`_mark`) of ``log``, in order."""
     if log is None:
         return []
-    return list(dict.fromkeys(reason for op, reason in log[start:] if op == op_id))
+    new = log.since(start) if isinstance(log, FallbackLog) else log[start:]
+    return list(dict.fromkeys(reason for op, reason in new if op == op_id))
 
 
 def run_case(case, active, reference, level: ExecLevel, opts: QualifyOptions, baseline: dict,
@@ -133,7 +140,7 @@ def run_case(case, active, reference, level: ExecLevel, opts: QualifyOptions, ba
         env=CaseEnv(active), ref_env=CaseEnv(reference))
     stage = "run"
     log = fallback_log(ctx.fn)
-    start = len(log) if log is not None else 0
+    start = _mark(log)
     try:
         first = checks.call(case, ctx.fn, ctx.seed, ctx.torch_device, ctx.env)
         fell = _fell_back(log, start, case.op_id)

@@ -62,3 +62,33 @@ def test_intercept_refuses_unknown_or_missing_ops_before_changing_anything():
         with t.intercept(lambda e: e.fn, ["linear", "rope.apply"]):
             pass
     assert t._entries == before
+
+
+def test_a_fallback_log_keeps_the_newest_entries_and_counts_all():
+    from inferhal.core.ops.table import FallbackLog
+
+    log = FallbackLog(keep=4)
+    m0 = log.mark()
+    for i in range(10):
+        log.append(("linear", f"why {i % 3}"))
+    assert list(log) == [("linear", f"why {i % 3}") for i in range(6, 10)] and isinstance(log, list)
+    assert log.total == 10 and log.counts[("linear", "why 0")] == 4
+    assert log.since(m0) == list(log)  # more than it keeps happened since: the newest it has
+    m = log.mark()
+    assert log.since(m) == []
+    log.append(("lm_head", "quantised"))
+    assert log.since(m) == [("lm_head", "quantised")] and len(log) == 4
+
+
+def test_qualify_reads_a_fallback_log_past_its_bound():
+    from inferhal.core.ops.table import FallbackLog
+    from inferhal.core.qualify.runner import _fell_back, _mark
+
+    log = FallbackLog(keep=2)
+    for _ in range(5):
+        log.append(("norm.rms", "old"))
+    start = _mark(log)  # len(log) would be 2 here, and stay 2
+    log.append(("norm.rms", "dtype float64"))
+    assert _fell_back(log, start, "norm.rms") == ["dtype float64"] and _fell_back(log, start, "linear") == []
+    plain = [("a", "x")]
+    assert _mark(plain) == 1 and _fell_back(plain + [("a", "y")], 1, "a") == ["y"]
