@@ -29,7 +29,6 @@ import json
 import multiprocessing
 import random
 import socket
-import statistics
 import time
 import urllib.request
 from pathlib import Path

@@ -96,7 +96,7 @@ class GrammarCompiler:
     def _compile(self, spec: StructuredOutputs):
         import json
 
-        xgr = _xgr()
+        _xgr()  # refused with the install line when xgrammar is missing
         kind = spec.kind
         try:
             if kind == "json":

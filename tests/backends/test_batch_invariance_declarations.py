@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from inferhal.core.config.schema import BackendConfig
-from inferhal.core.hookspecs import hookimpl
 from inferhal.core.ops.invariance import BatchInvariance
 from inferhal.core.ops.vocabulary import OPS
 from inferhal.core.registry import BackendRegistry, BackendSelectionError

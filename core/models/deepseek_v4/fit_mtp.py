@@ -26,8 +26,6 @@ import torch  # noqa: E402
 
 
 def _slices(eng, seqs, rid0):
-    from inferhal.core.paging.batch import SeqSlice
-
     kvm = eng.kv_manager
     out = []
     for i, ids in enumerate(seqs):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.resources as res
-import os
 import subprocess
 import sys
 import types

@@ -12,7 +12,6 @@ import pytest
 
 from inferhal import LLM, SamplingParams
 from inferhal.core.engine.llm import compose_config
-from inferhal.core.errors import UserError
 
 BASE = [(7 * i + 3) % 190 + 1 for i in range(48)]
 PROMPTS = [BASE[:5], BASE[:37], BASE[3:20], BASE[:48], [42, 43], BASE[:40] + [9, 9, 9], BASE[:32] + [11] * 10]

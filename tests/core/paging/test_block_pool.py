@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from inferhal.core.paging.block_pool import BlockPool
 from inferhal.core.paging.hashing import ROOT_HASH, extend_block_hashes, hash_block

@@ -3,8 +3,6 @@ build_attn_batches, exactly what the engine's model runner feeds the model) and 
 
 from __future__ import annotations
 
-import json
-import os
 from types import SimpleNamespace
 
 import pytest
