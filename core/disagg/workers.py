@@ -92,7 +92,7 @@ class _Sender:
 def gauges(eng: Any) -> dict:
     """What the router reads of an instance: its batch, queue and KV pool (for /metrics and placement)."""
     s = eng.scheduler
-    return {"running": len(s.running), "waiting": len(s.waiting) + len(eng._transfers),
+    return {"running": len(s.running), "waiting": len(s.waiting) + len(eng.transfers_waiting()),
             "kv_usage": float(eng.kv_manager.usage()), "preemptions": int(s.num_preemptions),
             "drafts": int(s.num_draft_tokens), "accepted": int(s.num_accepted_tokens)}
 
@@ -286,7 +286,5 @@ def serve_router(role: str, eng: Any, store: Any, ctl: Any, out: Any, probe: Opt
         return "gone"
     finally:
         links.close()
-        if eng.scheduler.requests:
-            eng.abort(list(eng.scheduler.requests))
-        eng._transfers.clear()
+        eng.abort([*eng.scheduler.requests, *eng.transfers_waiting()])
         eng.keep_local.clear()

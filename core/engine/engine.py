@@ -276,8 +276,18 @@ class Engine:
                 self.proposer.free(r.request_id)
             self.scheduler.finish([r.request_id], "transferred")
 
+    def transfers_waiting(self) -> list[str]:
+        """Decode side: the ids of requests handed here (:meth:`add_transferred`) still waiting for room."""
+        return [str(p.state["request_id"]) for p in self._transfers]
+
     def abort(self, request_ids: Iterable[str]) -> list[RequestOutput]:
-        done = self.scheduler.abort(list(request_ids))
+        """Abort these requests: running or waiting in the scheduler (their outputs, finish reason ``abort``),
+        or handed here and still waiting for room (dropped before anything was allocated for them)."""
+        request_ids = list(request_ids)
+        if self._transfers:
+            gone = set(request_ids)
+            self._transfers = collections.deque(p for p in self._transfers if str(p.state["request_id"]) not in gone)
+        done = self.scheduler.abort(request_ids)
         if self.runner_drafts:  # the drafter is the step thread's: freed before its next step, or now if idle
             self._free.extend(r.request_id for r in done)
             if not self.executor.in_flight:

@@ -144,6 +144,32 @@ def test_a_transfer_waits_for_room_on_the_decode_side():
     assert dec.kv_manager.reqs == {}
 
 
+def test_an_aborted_transfer_waiting_for_room_is_dropped_unrun():
+    """A request handed to a full decode engine waits for room; aborted meanwhile (its router said so), it is
+    dropped there, never adopted: nothing of it runs, and the pool ends empty."""
+    from inferhal.core.config.schema import SchedulerConfig
+
+    e = llm().engine
+    pre = Engine(e.loaded, e.backend, role="prefill")
+    dec = Engine(e.loaded, e.backend, SchedulerConfig(max_num_seqs=1), role="decode")
+    send, recv = local.connect(pre, dec)
+    sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    ids = [pre.add_request(p, sp) for p in PROMPTS[:3]]
+    handed = []
+    while len(handed) < 3:
+        pre.step()
+        for payload in pre.take_handoffs():
+            send.send(payload)
+            handed.append(dec.add_transferred(recv.recv(timeout=30.0)))
+    assert handed == ids and dec.transfers_waiting() == ids[1:]  # one sequence slot: the others wait
+    assert dec.abort([ids[1]]) == [] and dec.transfers_waiting() == [ids[2]]
+    finished = []
+    while dec.has_unfinished():
+        finished += [o.request_id for o in dec.step() if o.finished]
+    assert finished == [ids[0], ids[2]] and dec.kv_manager.reqs == {}
+    dec.kv_manager.check()
+
+
 def test_loopback_connector_says_what_it_waited_for():
     from inferhal.core.disagg.connector import ConnectorError
 
