@@ -58,11 +58,37 @@ def default_of(path: str) -> Any:
     return value
 
 
+def added_fields(cfg: Any) -> list[tuple[str, str]]:
+    """``(path, message)`` for each key that is in no schema dataclass: Hydra's ``+key=value`` (and
+    ``++``) adds a key to a structured node that a plain ``key=value`` would refuse as a typo. Free-form
+    mappings (``model.arch``, ``backend.options``) are left to their readers, which refuse what they do
+    not know."""
+    from omegaconf import DictConfig, OmegaConf
+
+    out: list[tuple[str, str]] = []
+
+    def walk(node: Any, prefix: str) -> None:
+        kind = OmegaConf.get_type(node)
+        if not dataclasses.is_dataclass(kind):
+            return
+        names = [f.name for f in dataclasses.fields(kind)]
+        for key in node.keys():
+            if key not in names:
+                where = prefix.rstrip(".") or "the root config"
+                out.append((prefix + str(key), f"unknown config field {str(key)!r} in {where} (added with '+'): "
+                                               f"nothing reads it. Valid fields: {', '.join(names)}"))
+            elif isinstance(node._get_node(key), DictConfig):
+                walk(node[key], f"{prefix}{key}.")
+
+    walk(cfg, "")
+    return out
+
+
 def refused(cfg: Any) -> list[tuple[str, str]]:
     """``(field path, message)`` for each field of the composed ``cfg`` that is set but cannot be honoured."""
     from omegaconf import OmegaConf
 
-    out = []
+    out = added_fields(cfg)
     command = str(OmegaConf.select(cfg, "command", default="") or "")
     for path, why in REFUSED.items():
         if any(command.startswith(c) for c in HONOURED_BY.get(path, ())):

@@ -151,6 +151,9 @@ def load(model_cfg: "ModelConfig", backend: "ActiveBackend") -> LoadedModel:
     t0 = time.perf_counter()
     if model_cfg.format not in ("gguf", "auto"):
         raise UserError(f"model {model_cfg.name!r}: the gemma3 loader reads format=gguf, got {model_cfg.format!r}")
+    if model_cfg.arch:  # read by `inferhal plan` only, to size a Gemma 3 that has no file
+        raise UserError(f"model.arch={dict(model_cfg.arch)}: the gemma3 loader reads its architecture from the GGUF; "
+                        f"leave arch empty (inferhal plan reads it to size a model without a file)")
     dtype_name = str(model_cfg.dtype)
     if dtype_name not in DTYPES:
         raise UserError(f"model.dtype {dtype_name!r} is not supported by gemma3; choose one of {', '.join(DTYPES)}")

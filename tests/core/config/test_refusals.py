@@ -118,6 +118,21 @@ def test_eplb_needs_expert_parallelism():
     assert compose(["eplb=default", "parallel=ep2"]).eplb.enabled
 
 
+@pytest.mark.parametrize("override,key,where", [("+sampling.bogus=3", "bogus", "in sampling"),
+                                                ("++cache.foo=2", "foo", "in cache"),
+                                                ("+bogus=1", "bogus", "in the root config"),
+                                                ("+model.quant.x=1", "quant", "in model")])
+def test_a_field_added_with_plus_is_refused_naming_it(override, key, where):
+    """Hydra's '+key=value' adds a key that 'key=value' refuses as a typo: nothing would read it."""
+    with pytest.raises(ConfigError, match=rf"unknown config field '{key}' {where} \(added with '\+'\): nothing reads it"):
+        compose([override])
+
+
+def test_free_form_mappings_and_root_fields_may_still_be_set_with_plus():
+    cfg = compose(["+backend.options.torch_device=cpu", "+model.arch.vocab_size=7", "+output=x.json"])
+    assert cfg.backend.options.torch_device == "cpu" and cfg.model.arch.vocab_size == 7 and cfg.output == "x.json"
+
+
 def test_the_cli_refuses_cleanly_before_anything_runs(capsys):
     assert main(["generate", "parallel.tp=2"]) == 2
     err = capsys.readouterr().err

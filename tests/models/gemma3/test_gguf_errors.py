@@ -101,3 +101,11 @@ def test_bad_paths_are_named(tmp_path):
         _load(tmp_path / "nope.gguf")
     with pytest.raises(UserError, match="0 .gguf files"):
         _load(tmp_path)
+
+
+def test_an_arch_mapping_is_refused_by_the_loader_not_ignored(tmp_path):
+    be = BackendRegistry.discover().select(BackendConfig(name="reference"))
+    cfg = ModelConfig(name="t", family="gemma3", format="gguf", path=str(tmp_path / "x.gguf"), arch={"num_hidden_layers": 2})
+    with pytest.raises(UserError, match="model.arch=.*the gemma3 loader reads its architecture from the GGUF"):
+        load(cfg, be)
+
