@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any, Hashable, Optional
 
 from inferhal.core.engine.engine import Engine
-from inferhal.core.sampling.params import SamplingParams, SamplingParamsError
+from inferhal.core.sampling.params import SamplingParams
 from inferhal.core.scheduler.request import Request
 from inferhal.core.scheduler.scheduler import RequestError, check_length
 
@@ -21,6 +21,7 @@ class Front:
 
     #: Engine's own text handling and grammar compiler, over this object's tokenizer and vocabulary
     encode = Engine.encode
+    check_params = Engine.check_params
     grammars = Engine.grammars
 
     def __init__(self, tokenizer: Any, limits: dict) -> None:
@@ -40,10 +41,7 @@ class Front:
 
     def make_request(self, prompt: Any, params: Optional[SamplingParams] = None, request_id: Optional[str] = None,
                      extra_keys: tuple[Hashable, ...] = ()) -> Request:
-        if params is None:
-            params = SamplingParams()
-        elif not isinstance(params, SamplingParams):
-            raise SamplingParamsError(f"expected SamplingParams, got {type(params).__name__}")
+        params = self.check_params(params)
         _, ids = self.encode(prompt)
         rid = f"r{next(self._ids)}" if request_id is None else str(request_id)
         req = Request(rid, ids, params, eos_token_ids=self.eos_token_ids, extra_keys=tuple(extra_keys))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import operator
 import time
 from typing import Any, Hashable, Iterable, Optional, Sequence, Union
 
@@ -163,21 +164,31 @@ class Engine:
                 raise RequestError("this model has no tokenizer: pass token-id lists instead of strings")
             return prompt, list(self.tokenizer.encode(prompt))
         try:
-            ids = [int(t) for t in prompt]
-        except (TypeError, ValueError):
-            raise RequestError(f"a prompt must be a string or a list of token ids, got {type(prompt).__name__}") from None
+            ids = [operator.index(t) for t in prompt]  # ints only: 1.5 or "7" is not a token id
+        except TypeError:
+            what = type(prompt).__name__ if not isinstance(prompt, (list, tuple)) else "a list holding " + ", ".join(
+                sorted({type(t).__name__ for t in prompt if not isinstance(t, int)}))
+            raise RequestError(f"a prompt must be a string or a list of integer token ids, got {what}") from None
         bad = [t for t in ids if not 0 <= t < self.model.vocab_size]
         if bad:
             raise RequestError(f"token id {bad[0]} is outside the vocabulary [0, {self.model.vocab_size})")
         return None, ids
 
+    def check_params(self, params: Optional[SamplingParams]) -> SamplingParams:
+        """A request's sampling settings (None: the defaults), checked against this model."""
+        if params is None:
+            return SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise SamplingParamsError(f"expected SamplingParams, got {type(params).__name__}")
+        if params.logprobs > self.model.vocab_size:
+            raise SamplingParamsError(f"SamplingParams.logprobs={params.logprobs} asks for more log-probabilities than "
+                                      f"the vocabulary has tokens ({self.model.vocab_size})")
+        return params
+
     def make_request(self, prompt: Prompt, params: Optional[SamplingParams] = None, request_id: Optional[str] = None,
                      extra_keys: tuple[Hashable, ...] = ()) -> Request:
         """Build and validate a request without adding it (raises RequestError / SamplingParamsError)."""
-        if params is None:
-            params = SamplingParams()
-        elif not isinstance(params, SamplingParams):
-            raise SamplingParamsError(f"expected SamplingParams, got {type(params).__name__}")
+        params = self.check_params(params)
         text, ids = self.encode(prompt)
         rid = str(next(self._ids)) if request_id is None else str(request_id)
         req = Request(rid, ids, params, eos_token_ids=self.eos_token_ids, extra_keys=tuple(extra_keys))

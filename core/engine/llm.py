@@ -31,6 +31,7 @@ from inferhal.core.engine.engine import Engine, Prompt
 from inferhal.core.engine.outputs import RequestOutput
 from inferhal.core.errors import UserError
 from inferhal.core.sampling.params import SamplingParams
+from inferhal.core.scheduler.scheduler import RequestError
 
 _SECTIONS = {"model": schema.ModelConfig, "scheduler": schema.SchedulerConfig, "cache": schema.CacheConfig,
              "backend": schema.BackendConfig}
@@ -174,6 +175,9 @@ class LLM:
         if served is not None and served.alive:  # two threads stepping one engine would mix their batches
             raise UserError("this LLM's engine is being served (inferhal serve / make_app runs it on its own "
                             "thread): send requests to the server, or stop it before calling generate/stream/chat")
+        if not isinstance(prompts, (str, list, tuple)):
+            raise RequestError(f"prompts must be a string, a list of token ids, or a list of those; got "
+                               f"{type(prompts).__name__}")
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -233,5 +237,8 @@ class LLM:
     def chat(self, messages: Sequence[dict], sampling_params: Optional[SamplingParams] = None) -> RequestOutput:
         if self.tokenizer is None:
             raise UserError("this model has no tokenizer, so it has no chat template")
+        if not isinstance(messages, (list, tuple)):
+            raise UserError(f"messages must be a list of {{'role': ..., 'content': ...}} mappings, got "
+                            f"{type(messages).__name__}")
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         return self.generate([self.tokenizer.encode(text, add_bos=False)], sampling_params)[0]

@@ -8,6 +8,7 @@ names the field.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -48,13 +49,20 @@ class SamplingParams:
         self.structured = StructuredOutputs.coerce(self.structured)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        _check(self.stop is None or isinstance(self.stop, (list, tuple)), "stop",
+               f"must be a string or a list of strings, got {type(self.stop).__name__}")
         self.stop = list(self.stop or [])
-        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        ids = [_token_id(t) for t in self.stop_token_ids] if isinstance(self.stop_token_ids, (list, tuple)) else None
+        _check(self.stop_token_ids is None or (ids is not None and None not in ids), "stop_token_ids",
+               f"must be a list of integer token ids, got {self.stop_token_ids!r}")
+        self.stop_token_ids = ids or []
+        _check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)), "seed",
+               f"must be an integer or None, got {self.seed!r}")
         _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
-        _check(self.temperature >= 0.0, "temperature", f"must be >= 0, got {self.temperature}")
+        _check(_real(self.temperature) and self.temperature >= 0.0, "temperature", f"must be a number >= 0, got {self.temperature!r}")
         _check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", f"must be -1, 0 (off) or a positive integer, got {self.top_k!r}")
-        _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
-        _check(0.0 <= self.min_p <= 1.0, "min_p", f"must be in [0, 1], got {self.min_p}")
+        _check(_real(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", f"must be a number in (0, 1], got {self.top_p!r}")
+        _check(_real(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p", f"must be a number in [0, 1], got {self.min_p!r}")
         _check(isinstance(self.logprobs, int) and self.logprobs >= 0, "logprobs", f"must be an integer >= 0, got {self.logprobs!r}")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be a list of non-empty strings")
 
@@ -72,6 +80,18 @@ class SamplingParams:
                  for k, v in dict(cfg).items()}
         return cls(**{k: (list(v) if isinstance(v, Sequence) and not isinstance(v, str) else v)
                       for k, v in plain.items() if k in names})
+
+
+def _real(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _token_id(t: Any) -> Optional[int]:
+    """An integer token id from an int (numpy's too) or its decimal text; None for anything else (1.5)."""
+    try:
+        return int(t) if isinstance(t, str) else operator.index(t)
+    except (TypeError, ValueError):
+        return None
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))

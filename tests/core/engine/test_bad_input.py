@@ -30,6 +30,26 @@ def test_an_empty_prompt_is_an_error_in_the_python_api(llm):
         next(iter(llm.stream([""])))
 
 
+@pytest.mark.parametrize("prompts,needle", [
+    (None, "prompts must be a string, a list of token ids, or a list of those; got NoneType"),
+    (5, "got int"), ({"a": 1}, "got dict"),
+    ([[1.5, 2]], "prompt 0: a prompt must be a string or a list of integer token ids, got a list holding float"),
+    ([[1, "2"]], "got a list holding str"),
+])
+def test_prompts_that_are_not_text_or_token_ids_are_named(llm, prompts, needle):
+    with pytest.raises(UserError, match=needle):
+        llm.generate(prompts, SamplingParams(max_tokens=2))
+    assert not llm.engine.has_unfinished()
+
+
+def test_more_logprobs_than_the_vocabulary_has_tokens_are_refused(llm):
+    v = llm.engine.model.vocab_size
+    with pytest.raises(UserError, match=rf"prompt 0: SamplingParams.logprobs={v + 1} asks for more log-probabilities "
+                                        rf"than the vocabulary has tokens \({v}\)"):
+        llm.generate(["hi"], SamplingParams(max_tokens=1, logprobs=v + 1))
+    assert llm.generate([[1, 2]], SamplingParams(max_tokens=1, logprobs=v))[0].outputs[0].logprobs[0].keys() == set(range(v))
+
+
 @pytest.mark.parametrize("arg,needle", [("prompt=", "prompt is empty"), ("prompt_ids=[]", "prompt_ids is empty"),
                                         ("messages=[]", "messages is empty")])
 def test_an_empty_prompt_is_an_error_in_the_cli(llm, arg, needle):

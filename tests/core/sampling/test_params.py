@@ -11,6 +11,9 @@ from inferhal.core.sampling.params import SamplingParams, SamplingParamsError
 @pytest.mark.parametrize("kwargs,field", [
     ({"max_tokens": 0}, "max_tokens"), ({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p"),
     ({"top_k": -2}, "top_k"), ({"logprobs": -1}, "logprobs"), ({"stop": [""]}, "stop"), ({"max_tokenz": 3}, "max_tokens"),
+    ({"stop": 5}, "stop must be a string or a list of strings, got int"), ({"seed": "a"}, "seed must be an integer"),
+    ({"seed": True}, "seed"), ({"temperature": "hot"}, "temperature must be a number"), ({"top_p": None}, "top_p"),
+    ({"stop_token_ids": [1.5]}, "stop_token_ids must be a list of integer token ids"), ({"stop_token_ids": 7}, "stop_token_ids"),
 ])
 def test_bad_fields_are_named(kwargs, field):
     with pytest.raises(SamplingParamsError, match=field) as ei:

@@ -16,6 +16,8 @@ def test_llm_from_a_gguf_path_picks_the_llama_family(smollm_path):
     out = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
                    SamplingParams(max_tokens=12, temperature=0))
     assert "Paris" in out.text and out.finish_reason == "stop"
+    with pytest.raises(UserError, match=r"messages must be a list of \{'role': ..., 'content': ...\} mappings, got str"):
+        llm.chat("What is the capital of France?")
 
 
 def test_missing_package_and_wrong_architecture_are_clean_errors(tmp_path):
