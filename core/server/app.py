@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from inferhal.core.errors import UserError
 from inferhal.core.server.async_engine import AsyncEngine, EngineDead, QueueFull
 from inferhal.core.server.protocol import APIError, Job, parse
+from inferhal.core.structured.grammar import GrammarError
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,8 @@ def build_app(engine: AsyncEngine, settings: ServerSettings, metrics=None) -> Fa
                 raise APIError(429, str(exc), code="queue_full") from None
             if isinstance(exc, EngineDead):
                 raise APIError(503, f"the engine is not running: {exc}", code="engine_dead") from None
+            if isinstance(exc, GrammarError):
+                raise APIError(400, str(exc), job.structured_field) from None
             if isinstance(exc, UserError):
                 raise APIError(400, str(exc)) from None
             raise

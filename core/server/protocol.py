@@ -15,6 +15,7 @@ as OpenAI does.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -53,6 +54,7 @@ class Job:
     logprobs: Optional[int] = None  # top-k per position; None = none asked
     stream: bool = False
     include_usage: bool = False
+    structured_field: Optional[str] = None  # the field its constraint came from (a compile error names it)
 
 
 def _bad(msg: str, param: str) -> APIError:
@@ -148,8 +150,9 @@ def parse(body: Any, chat: bool) -> Job:
         elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
             pass
         else:
-            raise _bad("'prompt' is required: a non-empty string or one list of token ids (one prompt per "
-                       "request)", "prompt")
+            what = "is required" if p is None else f"got {json.dumps(p)[:80]}"
+            raise _bad(f"'prompt' must be a non-empty string or one list of integer token ids (one prompt per "
+                       f"request); {what}", "prompt")
         job.prompt = p
     for key, off in _UNSUPPORTED.items():
         v = body.get(key)
@@ -175,6 +178,7 @@ def parse(body: Any, chat: bool) -> Job:
     structured = _structured(body)
     if structured is not None:
         s["structured"] = structured
+        job.structured_field = "structured_outputs" if body.get("structured_outputs") is not None else "response_format"
     job.n = _int(body, "n", 1, MAX_N) or 1
     if chat:
         lp = body.get("logprobs")

@@ -14,6 +14,7 @@ byte-level pieces as GPT-2 writes them, else raw), and the model's end-of-sequen
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from typing import Any, Sequence
@@ -111,6 +112,7 @@ class GrammarCompiler:
             return self._compiler.compile_grammar(spec.grammar)
         except Exception as exc:  # xgrammar raises RuntimeError / ValueError / its own errors with the reason
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", first)  # xgrammar's "[hh:mm:ss] file.cc:line: " prefix
             raise GrammarError(f"structured.{kind}: cannot be compiled: {first}") from None
 
     def matcher(self, spec: StructuredOutputs, max_rollback: int = 8) -> "RequestGrammar":

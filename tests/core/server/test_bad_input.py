@@ -58,6 +58,8 @@ BAD = {
     "top_logprobs > 20": (lambda url: chat(url, logprobs=True, top_logprobs=21), 400, None, "top_logprobs"),
     "unsupported field": (lambda url: chat(url, presence_penalty=0.5), 400, None, "presence_penalty"),
     "unknown route": (lambda url: call(url, "GET", "/v2/nothing"), 404, None, None),
+    "float token ids": (lambda url: call(url, "POST", "/v1/completions", json.dumps(
+        {"model": MODEL, "prompt": [1.5, 2], "max_tokens": 2}).encode()), 400, None, "prompt"),
 }
 
 
@@ -73,6 +75,8 @@ def test_bad_input_is_a_4xx_in_openai_schema_and_the_server_keeps_serving(server
         assert err["code"] == code
     if param is not None:
         assert err["param"] == param
+    if case == "float token ids":
+        assert "one list of integer token ids (one prompt per request); got [1.5, 2]" in err["message"]
     ok, good = chat(url)
     assert ok == 200 and good["choices"][0]["message"]["content"] is not None
     deadline = time.monotonic() + 10
