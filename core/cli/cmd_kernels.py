@@ -36,6 +36,8 @@ def find_compiler(reg: BackendRegistry, target: str):
 def run(cfg, words) -> int:
     if words != ["compile"]:
         raise UserError(f"unknown kernels subcommand {' '.join(words) or '(none)'!r}; {USAGE}")
+    if cfg.target is None:
+        raise UserError(f"target= is required (e.g. target=sm_100a); {USAGE}")
     target = str(cfg.target)
     backend, comp = find_compiler(BackendRegistry.discover(), target)
     rows = comp.compile(target)

@@ -99,6 +99,12 @@ def refused(cfg: Any) -> list[tuple[str, str]]:
             continue
         out.append((path, f"{path}={value!r} is refused (not honoured yet; the default is {default!r}): {why}"))
     from inferhal.core.paging.formats import KV_DTYPES
+    from inferhal.core.scheduler.scheduler import MIN_MODEL_LEN
+
+    max_len = OmegaConf.select(cfg, "model.max_model_len", default=None)
+    if max_len is not None and int(max_len) < MIN_MODEL_LEN:  # every command: the planner sized nonsense with it
+        out.append(("model.max_model_len", f"model.max_model_len must be >= {MIN_MODEL_LEN} (one prompt token and "
+                                           f"one generated token), got {max_len}"))
 
     kv_dtype = OmegaConf.select(cfg, "cache.kv_dtype", default="auto")
     if kv_dtype not in KV_DTYPES:
