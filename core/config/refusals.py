@@ -39,6 +39,20 @@ HONOURED_BY: dict[str, tuple[str, ...]] = {
 
 _MISSING = object()
 
+#: fields whose range holds for every command, checked at compose: path → (test, the range in words). Fields
+#: whose range depends on the model or the backend are checked where those are known.
+RANGES: dict[str, tuple[Any, str]] = {
+    "model.max_model_len": (lambda v: v >= 2, ">= 2 (one prompt token and one generated token)"),
+    "cache.memory_fraction": (lambda v: 0 < v <= 1, "in (0, 1] (a fraction of the device's free memory)"),
+    "cache.kv_cache_bytes": (lambda v: v >= 0, ">= 0 (0: derive it from cache.memory_fraction)"),
+    "cache.num_blocks": (lambda v: v >= 0, ">= 0 (0: derive it from the KV budget)"),
+    "cache.auto_kv_cap_bytes": (lambda v: v >= 0, ">= 0 (0: no cap)"),
+    "scheduler.long_prefill_token_threshold": (lambda v: v >= 0, ">= 0 (0: no per-request cap in a step)"),
+    "parallel.timeout_s": (lambda v: v > 0, "> 0 (seconds a rank waits for its peers, and in each collective)"),
+    "log_level": (lambda v: str(v).upper() in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+                  "one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+}
+
 
 def default_of(path: str) -> Any:
     """The schema default of a dotted field path (``scheduler.async_scheduling`` → ``False``)."""
@@ -99,12 +113,11 @@ def refused(cfg: Any) -> list[tuple[str, str]]:
             continue
         out.append((path, f"{path}={value!r} is refused (not honoured yet; the default is {default!r}): {why}"))
     from inferhal.core.paging.formats import KV_DTYPES
-    from inferhal.core.scheduler.scheduler import MIN_MODEL_LEN
 
-    max_len = OmegaConf.select(cfg, "model.max_model_len", default=None)
-    if max_len is not None and int(max_len) < MIN_MODEL_LEN:  # every command: the planner sized nonsense with it
-        out.append(("model.max_model_len", f"model.max_model_len must be >= {MIN_MODEL_LEN} (one prompt token and "
-                                           f"one generated token), got {max_len}"))
+    for path, (ok, words) in RANGES.items():
+        value = OmegaConf.select(cfg, path, default=None)
+        if value is not None and not ok(value):
+            out.append((path, f"{path} must be {words}, got {value!r}"))
 
     kv_dtype = OmegaConf.select(cfg, "cache.kv_dtype", default="auto")
     if kv_dtype not in KV_DTYPES:

@@ -30,7 +30,7 @@ from inferhal.core.paging import formats, planning
 from inferhal.core.paging.kv_manager import KVCacheManager
 from inferhal.core.sampling.params import SamplingParams, SamplingParamsError
 from inferhal.core.scheduler.request import Request
-from inferhal.core.scheduler.scheduler import MIN_MODEL_LEN, NoRoomNow, RequestError, Scheduler
+from inferhal.core.scheduler.scheduler import NoRoomNow, RequestError, Scheduler
 from inferhal.core.spec.proposer import DraftContext, DraftWant, StepSeq, TargetStep, make_proposer
 
 Prompt = Union[str, Sequence[int]]
@@ -67,9 +67,9 @@ class Engine:
         self.loaded, self.backend = loaded, backend
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.max_model_len = int(self.model.max_model_len if max_model_len is None else max_model_len)
-        if self.max_model_len < MIN_MODEL_LEN:
-            raise UserError(f"model.max_model_len must be >= {MIN_MODEL_LEN} (one prompt token and one generated "
-                            f"token), got {self.max_model_len}")
+        if self.max_model_len < 2:  # also refused at compose (config/refusals.py: RANGES)
+            raise UserError(f"model.max_model_len must be >= 2 (one prompt token and one generated token), "
+                            f"got {self.max_model_len}")
         # the model stores its KV as cache.kv_dtype (FP8/FP4 records refused where the backend cannot read them)
         formats.apply_kv_dtype(self.model, getattr(backend, "name", "?"), getattr(backend, "profile", None),
                                cache.kv_dtype)

@@ -49,10 +49,6 @@ class RequestError(UserError, ValueError):
     """One request cannot be served as given (too long, does not fit the KV pool); the message says why."""
 
 
-#: the shortest context a model can run with: one prompt token and one generated token
-MIN_MODEL_LEN = 2
-
-
 class NoRoomNow(RequestError):
     """The request fits this engine, but not beside what runs now (:meth:`Scheduler.adopt`): try again later."""
 

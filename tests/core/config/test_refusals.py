@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import pathlib
+import re
 import typing
 
 import pytest
@@ -126,6 +127,30 @@ def test_a_field_added_with_plus_is_refused_naming_it(override, key, where):
     """Hydra's '+key=value' adds a key that 'key=value' refuses as a typo: nothing would read it."""
     with pytest.raises(ConfigError, match=rf"unknown config field '{key}' {where} \(added with '\+'\): nothing reads it"):
         compose([override])
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("model.max_model_len=1", "model.max_model_len must be >= 2"),
+    ("cache.memory_fraction=2", "cache.memory_fraction must be in (0, 1]"),
+    ("cache.memory_fraction=0", "cache.memory_fraction must be in (0, 1]"),
+    ("cache.kv_cache_bytes=-1", "cache.kv_cache_bytes must be >= 0"),
+    ("cache.num_blocks=-4", "cache.num_blocks must be >= 0"),
+    ("cache.auto_kv_cap_bytes=-1", "cache.auto_kv_cap_bytes must be >= 0"),
+    ("scheduler.long_prefill_token_threshold=-3", "scheduler.long_prefill_token_threshold must be >= 0"),
+    ("parallel.timeout_s=0", "parallel.timeout_s must be > 0"),
+    ("log_level=LOUD", "log_level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got 'LOUD'"),
+])
+def test_a_value_out_of_its_range_is_refused_for_every_command(override, needle):
+    for command in ("generate", "plan kv", "config"):
+        with pytest.raises(ConfigError, match=re.escape(needle)):
+            compose([override], command)
+
+
+def test_every_range_is_a_schema_field_and_its_default_is_in_range():
+    from inferhal.core.config.refusals import RANGES
+
+    for path, (ok, _) in RANGES.items():
+        assert ok(default_of(path)), path
 
 
 def test_free_form_mappings_and_root_fields_may_still_be_set_with_plus():
