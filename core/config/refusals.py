@@ -49,6 +49,16 @@ RANGES: dict[str, tuple[Any, str]] = {
     "cache.auto_kv_cap_bytes": (lambda v: v >= 0, ">= 0 (0: no cap)"),
     "scheduler.long_prefill_token_threshold": (lambda v: v >= 0, ">= 0 (0: no per-request cap in a step)"),
     "parallel.timeout_s": (lambda v: v > 0, "> 0 (seconds a rank waits for its peers, and in each collective)"),
+    "eplb.num_redundant_experts": (lambda v: v >= 0, ">= 0"),
+    "eplb.window_size": (lambda v: v >= 1, ">= 1 (steps of expert load per window)"),
+    "eplb.step_interval": (lambda v: v >= 0, ">= 0 (steps between rebalances)"),
+    "eplb.num_groups": (lambda v: v >= 0, ">= 0 (0: from the model)"),
+    "eplb.num_nodes": (lambda v: v >= 1, ">= 1"),
+    "eplb.drift": (lambda v: 0 <= v < 10, "in [0, 10) (relative drift per expert; 0: plan for the current window)"),
+    "eplb.policy": (lambda v: v in ("inferhal", "greedy"), "one of inferhal, greedy"),
+    "eplb.layers_per_step": (lambda v: v >= 0, ">= 0 (0: every MoE layer at once)"),
+    "server.host": (lambda v: bool(str(v).strip()), "an address to listen on (127.0.0.1: this host only; 0.0.0.0: "
+                                                    "every interface)"),
     "log_level": (lambda v: str(v).upper() in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
                   "one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
 }
