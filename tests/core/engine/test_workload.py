@@ -109,3 +109,63 @@ def test_caching_and_chunking_do_not_change_outputs(model, backend):
         if caching:
             assert sum(o.num_cached_tokens for o in outs.values()) > 0, "shared prefixes never hit the cache"
     assert results[0] == results[1] == results[2]
+
+
+@pytest.fixture(scope="module")
+def tiny_mtp():
+    """The tiny DeepSeek-V4 with its fitted MTP head: window, CSA and HCA KV groups beside the drafter's."""
+    from inferhal import LLM
+    from inferhal.core.engine.llm import compose_config
+
+    return LLM.from_config(compose_config("deepseek_v4_tiny_mtp", "reference", overrides=["cache.num_blocks=256"]))
+
+
+def hybrid_workload(seed: int, n: int = 30) -> list[tuple[list[int], SamplingParams, int]]:
+    """Prompts with shared prefixes and repeated runs (so n-gram drafts hit), random lengths and arrivals."""
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(3, 180) for _ in range(rng.randrange(0, 40))] for _ in range(3)]
+    out = []
+    for i in range(n):
+        repeat = [rng.randrange(3, 180) for _ in range(rng.randrange(1, 6))] * rng.randrange(1, 5)
+        prompt = rng.choice(prefixes) + repeat + [rng.randrange(3, 180) for _ in range(rng.randrange(1, 16))]
+        out.append((prompt, SamplingParams(max_tokens=rng.randrange(1, 20), temperature=0.0, ignore_eos=True), i // 6))
+    return out
+
+
+@pytest.mark.parametrize("method,k,async_scheduling", [("ngram", 3, False), ("mtp", 3, True), ("none", 0, True)])
+def test_hybrid_model_with_drafts_async_and_preemption_matches_solo_runs(tiny_mtp, method, k, async_scheduling):
+    """The same property on the tiny V4 (a sliding window beside compressed groups, the drafter's KV group), with
+    draft tokens, async scheduling, aborts and a pool small enough to preempt: every request that is not aborted
+    gives its solo greedy tokens, and no block is left."""
+    from inferhal.core.config.schema import SpecConfig
+
+    e = tiny_mtp.engine
+    spec = SpecConfig(method=method, num_speculative_tokens=k, ngram_max=3) if k else SpecConfig()
+    eng = Engine(e.loaded, e.backend, SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32,
+                                                      async_scheduling=async_scheduling),
+                 CacheConfig(num_blocks=10), e.max_model_len, spec=spec)
+    rng, jobs = random.Random(7), hybrid_workload(11)
+    ids, outs, aborted, step = {}, {}, set(), 0
+    while len(ids) < len(jobs) or eng.has_unfinished():
+        for i, (prompt, sp, at) in enumerate(jobs):
+            if at == step:
+                ids[eng.add_request(prompt, sp)] = i
+        live = [r for r in ids if r not in outs and r not in aborted]
+        if live and rng.random() < 0.05:
+            victim = live[rng.randrange(len(live))]
+            eng.abort([victim])
+            aborted.add(victim)
+        for o in eng.step():
+            if o.finished and o.request_id not in aborted:
+                outs[o.request_id] = o.outputs[0].token_ids
+        step += 1
+        assert step < 5000, "the workload does not drain"
+    eng.kv_manager.check()
+    assert not eng.kv_manager.reqs and eng.scheduler.num_preemptions > 0
+    assert len(outs) + len(aborted) == len(jobs) and aborted
+    for rid, got in outs.items():
+        prompt, sp, _ = jobs[ids[rid]]
+        alone = tiny_mtp.generate([prompt], sp)[0].outputs[0].token_ids  # no drafts, no pressure, no neighbours
+        assert list(got) == list(alone), f"request {ids[rid]} differs from its solo run"
+    if k:
+        assert eng.scheduler.num_draft_tokens > 0
