@@ -3,7 +3,8 @@
 Each check raises :class:`APIError` with the status, the offending ``param`` and a message; the server
 answers it as ``{"error": {"message", "type", "param", "code"}}``. Supported: ``model``, ``prompt`` (a
 string or one list of token ids) or ``messages`` (roles system | user | assistant; content a string or
-text parts), ``max_tokens`` / ``max_completion_tokens``, ``temperature``, ``top_p``, ``top_k``,
+text parts), ``max_tokens`` / ``max_completion_tokens`` (left out: 16 for completions, as OpenAI and vLLM
+default; up to the context limit for chat), ``temperature``, ``top_p``, ``top_k``,
 ``min_p``, ``seed``, ``stop`` (up to 4 strings), ``n``, ``logprobs`` / ``top_logprobs`` (at most 20),
 ``stream``, ``stream_options.include_usage``, ``ignore_eos``, and structured outputs: ``response_format``
 (``text``, ``json_object``, ``json_schema`` with ``json_schema.schema``) or vLLM's ``structured_outputs``
@@ -40,6 +41,10 @@ class APIError(Exception):
                           "param": self.param, "code": self.code}}
 
 
+#: ``max_tokens`` of a completions request that leaves it out (OpenAI's legacy default; vLLM's too)
+COMPLETIONS_MAX_TOKENS = 16
+
+
 @dataclass
 class Job:
     """One request, validated: the prompt (text or ids, or chat messages) and its sampling fields."""
@@ -48,7 +53,7 @@ class Job:
     model: str
     prompt: Any = None  # str | list[int] (completions)
     messages: Optional[list[dict]] = None  # chat
-    max_tokens: Optional[int] = None  # None = up to the context limit
+    max_tokens: Optional[int] = None  # None (chat only) = up to the context limit
     sampling: dict = field(default_factory=dict)  # SamplingParams fields
     n: int = 1
     logprobs: Optional[int] = None  # top-k per position; None = none asked
@@ -160,6 +165,8 @@ def parse(body: Any, chat: bool) -> Job:
             raise _bad(f"'{key}' is not supported by this server", key)
     mt = _int(body, "max_completion_tokens", 1) if chat else None
     job.max_tokens = mt if mt is not None else _int(body, "max_tokens", 1)
+    if job.max_tokens is None and not chat:
+        job.max_tokens = COMPLETIONS_MAX_TOKENS  # chat: None, up to the context limit
     s = job.sampling
     for key, val in (("temperature", _num(body, "temperature", 0.0, 2.0)),
                      ("top_p", _num(body, "top_p", 0.0, 1.0, lo_open=True)),

@@ -164,3 +164,8 @@ def test_structured_outputs_through_response_format(client):
         assert err.value.body["param"] == param  # the field the bad constraint came in
         assert not re.search(r"\[\d\d:\d\d:\d\d\]|\.cc:\d+", err.value.body["message"])  # no xgrammar file:line
     assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices[0].text is not None
+
+
+def test_completions_without_max_tokens_stop_at_sixteen_as_openai_and_vllm_do(client):
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", temperature=0, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 16 and r.choices[0].finish_reason == "length"
