@@ -59,17 +59,20 @@ def run(cfg, words) -> int:
     cov = data["coverage"]
     m = Table(title="op coverage: execution level of each op (fallback = reference stands in)")
     m.add_column("op")
+    here = {b: b in data["probes"] and data["probes"][b].available for b in cov}
     for name in cov:
-        m.add_column(name)
+        m.add_column(name if here[name] else f"{name}\n(unavailable)")
     ops = next(iter(cov.values())).keys() if cov else []
-    for op in ops:
-        m.add_row(op, *[f"[{LEVEL_STYLE.get(cov[b][op], '')}]{cov[b][op]}[/]" for b in cov])
+    for op in ops:  # an unavailable backend's column: what it declares, dimmed (nothing of it runs here)
+        m.add_row(op, *[f"[{LEVEL_STYLE.get(cov[b][op], '') if here[b] else 'dim'}]{cov[b][op]}[/]" for b in cov])
     console.print(m)
     print_invariance(console, data["batch_invariance"], ops)
     kv = "; ".join(f"{n}: {', '.join(v)}" for n, v in sorted(data["kv_dtypes"].items()))
     console.print(f"KV caches each available backend reads (cache.kv_dtype): {kv}", highlight=False)
-    console.print("levels: device = ran on the backend's device; interpreter = emulated on the CPU; compiled = "
-                  "compiled only; wired-unrun = wired to a device operator, never run here; fallback = reference")
+    console.print("levels: device = runs on the backend's device; interpreter = emulated on the CPU; compiled = "
+                  "compiled only; wired-unrun = wired to a device operator, never run here; fallback = reference. "
+                  "An (unavailable) column is what that backend declares, not a result on this host (its reason "
+                  "says whether another mode of it runs here).")
     return 0
 
 

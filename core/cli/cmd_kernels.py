@@ -18,7 +18,8 @@ from inferhal.core.registry import BackendRegistry
 USAGE = "usage: inferhal kernels compile target=ARCH [output=FILE]"
 
 
-def find_compiler(reg: BackendRegistry, target: str):
+def find_compiler(reg: BackendRegistry, target: str | None):
+    """The backend whose ahead-of-time compiler offers ``target``; a UserError listing the targets otherwise."""
     offered = {}
     for name in reg.names():
         if not reg.records[name].registered:
@@ -30,15 +31,15 @@ def find_compiler(reg: BackendRegistry, target: str):
         if target in comp.targets:
             return name, comp
     listing = "; ".join(f"{n}: {', '.join(t)}" for n, t in offered.items()) or "no backend offers an AOT compiler"
+    if target is None:
+        raise UserError(f"target= is required ({listing}); {USAGE}")
     raise UserError(f"no backend compiles kernels for target={target!r} ({listing})")
 
 
 def run(cfg, words) -> int:
     if words != ["compile"]:
         raise UserError(f"unknown kernels subcommand {' '.join(words) or '(none)'!r}; {USAGE}")
-    if cfg.target is None:
-        raise UserError(f"target= is required (e.g. target=sm_100a); {USAGE}")
-    target = str(cfg.target)
+    target = None if cfg.target is None else str(cfg.target)
     backend, comp = find_compiler(BackendRegistry.discover(), target)
     rows = comp.compile(target)
     out = cfg.output or f"kernels-{target}.json"

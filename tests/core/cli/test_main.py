@@ -26,7 +26,7 @@ def test_config_prints_the_composed_config(capsys):
     (["config", "scheduler.max_num_seqs=abc"], "scheduler.max_num_seqs"),
     (["confg"], "Did you mean 'config'?"),
     (["config", "--frobnicate"], "unknown flag"),
-    (["kernels", "compile"], "target= is required (e.g. target=sm_100a)"),
+    (["kernels", "compile"], "target= is required (cuda_sm100: sm_100a"),
     (["plan", "kv", "model.max_model_len=0"], "model.max_model_len must be >= 2"),
     (["plan", "model.max_model_len=-5"], "model.max_model_len must be >= 2"),
 ])
