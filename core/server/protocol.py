@@ -207,5 +207,8 @@ def parse(body: Any, chat: bool) -> Job:
             raise _bad("'stream_options' is only allowed with 'stream': true", "stream_options")
         if not isinstance(so, dict):
             raise _bad("'stream_options' must be an object", "stream_options")
-        job.include_usage = bool(so.get("include_usage", False))
+        usage = so.get("include_usage", False)
+        if not isinstance(usage, bool):
+            raise _bad("'stream_options.include_usage' must be a boolean", "stream_options")
+        job.include_usage = usage
     return job

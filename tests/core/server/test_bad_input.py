@@ -58,6 +58,8 @@ BAD = {
     "top_logprobs > 20": (lambda url: chat(url, logprobs=True, top_logprobs=21), 400, None, "top_logprobs"),
     "unsupported field": (lambda url: chat(url, presence_penalty=0.5), 400, None, "presence_penalty"),
     "unknown route": (lambda url: call(url, "GET", "/v2/nothing"), 404, None, None),
+    "include_usage not a boolean": (lambda url: chat(url, stream=True, stream_options={"include_usage": "x"}), 400,
+                                    None, "stream_options"),
     "float token ids": (lambda url: call(url, "POST", "/v1/completions", json.dumps(
         {"model": MODEL, "prompt": [1.5, 2], "max_tokens": 2}).encode()), 400, None, "prompt"),
 }
