@@ -48,8 +48,18 @@ def test_jsonl_batch_reports_bad_lines_and_runs_the_rest(llm, tmp_path):
     rc = generate(compose([f"prompts_file={jobs}", f"output={res}", "sampling.max_tokens=3"], "generate"), llm, io.StringIO())
     rows = [json.loads(x) for x in res.read_text().splitlines()]
     assert rc == 1 and [r["line"] for r in rows] == [1, 2, 3, 4, 5]
-    assert "max_model_len" in rows[1]["error"] and "not a JSON object" in rows[2]["error"] and "bogus" in rows[3]["error"]
+    assert "max_model_len" in rows[1]["error"] and "not a JSON object" in rows[2]["error"]
+    assert rows[3]["error"].startswith("unknown field(s) 'bogus'; a line takes prompt, prompt_token_ids, messages, id")
     assert len(rows[0]["token_ids"]) <= 3 and len(rows[4]["token_ids"]) <= 2
+
+
+def test_a_misspelt_job_field_is_named_with_the_field_it_resembles(llm, tmp_path):
+    jobs = tmp_path / "p.jsonl"
+    jobs.write_text('{"promt": "abc"}\n{"prompt": "hi", "max_tokenz": 2}\n')
+    res = tmp_path / "out.jsonl"
+    assert generate(compose([f"prompts_file={jobs}", f"output={res}"], "generate"), llm, io.StringIO()) == 1
+    errors = [json.loads(x)["error"] for x in res.read_text().splitlines()]
+    assert "'promt' (did you mean 'prompt'?)" in errors[0] and "'max_tokenz' (did you mean 'max_tokens'?)" in errors[1]
 
 
 def test_plan_kv_for_deepseek_v4_configs():
