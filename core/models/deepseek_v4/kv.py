@@ -53,8 +53,14 @@ def v4_config(model_cfg: Any) -> V4Config:
     cj = os.path.join(path, "config.json")
     if not os.path.isfile(cj):
         raise UserError(f"model.path={path!r} has no config.json")
-    with open(cj) as f:
-        return parse_config(json.load(f))
+    try:
+        with open(cj) as f:
+            raw = json.load(f)
+    except ValueError as exc:
+        raise UserError(f"{cj} is not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{cj} holds a {type(raw).__name__}, not a JSON object of model settings")
+    return parse_config(raw)
 
 
 def record_formats(cfg: V4Config, kv_dtype: str = "auto") -> dict[str, formats.KVFormat | None]:

@@ -35,12 +35,16 @@ from inferhal.core.ops.quant import QuantWeight
 
 def read_safetensors(path: str) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint directory, by their stored names."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
+        try:
+            with open(index) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # not JSON, or no {"weight_map": {...}}
+            raise UserError(f"{index} is not a safetensors index ({{\"weight_map\": {{tensor: shard}}}}): "
+                            f"{type(exc).__name__}: {exc}") from None
         files = [os.path.join(path, f) for f in files]
         missing = [f for f in files if not os.path.isfile(f)]
         if missing:
@@ -51,11 +55,15 @@ def read_safetensors(path: str) -> dict[str, torch.Tensor]:
         raise UserError(f"model.path={path!r} holds no *.safetensors files")
     out: dict[str, torch.Tensor] = {}
     for fname in files:
-        with safe_open(fname, framework="pt") as f:
-            for k in f.keys():
-                if k in out:
-                    raise UserError(f"checkpoint tensor {k!r} appears in two shards (second: {os.path.basename(fname)})")
-                out[k] = f.get_tensor(k)
+        try:
+            with safe_open(fname, framework="pt") as f:
+                for k in f.keys():
+                    if k in out:
+                        raise UserError(f"checkpoint tensor {k!r} appears in two shards (second: "
+                                        f"{os.path.basename(fname)})")
+                    out[k] = f.get_tensor(k)
+        except (SafetensorError, OSError) as exc:  # truncated, corrupt or unreadable
+            raise UserError(f"{fname} is not a readable safetensors file: {exc}") from None
     return out
 
 
@@ -210,9 +218,15 @@ def load_mtp_overlay(model: Any, model_cfg: Any) -> None:
         raise UserError(f"model {model_cfg.name!r}: model.mtp_weights={model_cfg.mtp_weights!r} is not a file")
     if model.num_mtp_layers < 1:
         raise UserError(f"model {model_cfg.name!r}: model.mtp_weights is set but the model has no MTP layers")
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     try:
-        model.load_mtp_weights(load_file(path))
+        tensors = load_file(path)
+    except (SafetensorError, OSError) as exc:
+        raise UserError(f"model {model_cfg.name!r}: model.mtp_weights={path!r} is not a readable safetensors file: "
+                        f"{exc}") from None
+    try:
+        model.load_mtp_weights(tensors)
     except ValueError as exc:
         raise UserError(f"model {model_cfg.name!r}: model.mtp_weights={model_cfg.mtp_weights!r}: {exc}") from None

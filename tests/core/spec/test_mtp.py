@@ -150,10 +150,13 @@ class Letters:
     (["spec=mtp", "spec.num_speculative_tokens=0"], "num_speculative_tokens >= 1"),
     (["spec=mtp", "model.arch.num_nextn_predict_layers=0"], "model 'deepseek_v4_tiny' has no MTP weights"),
     (["model.mtp_weights=/nonexistent/mtp.safetensors"], "model.mtp_weights='/nonexistent/mtp.safetensors' is not a file"),
+    (["model.mtp_weights=GARBAGE"], "model.mtp_weights='.*garbage.safetensors' is not a readable safetensors file"),
 ])
-def test_bad_mtp_configs_are_clear_errors(overrides, words):
+def test_bad_mtp_configs_are_clear_errors(overrides, words, tmp_path):
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"not a safetensors file")
     with pytest.raises(UserError, match=words):
-        llm(*overrides)
+        llm(*[o.replace("GARBAGE", str(garbage)) for o in overrides])
 
 
 def test_mtp_layers_route_their_experts_through_the_ep_runner(plain):

@@ -177,6 +177,26 @@ def test_missing_extra_misshaped_tensors_are_named(plain_dir, reference_backend,
     assert _load(d, reference_backend).model.num_mtp_layers == 0  # transformers' save_pretrained drops mtp.*
 
 
+def test_a_malformed_checkpoint_file_is_named_not_a_traceback(plain_dir, reference_backend, tmp_path):
+    import shutil
+
+    d = tmp_path / "cut"
+    shutil.copytree(plain_dir, d)
+    data = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserError, match=r"model.safetensors is not a readable safetensors file: .*"):
+        _load(str(d), reference_backend)
+    (d / "model.safetensors.index.json").write_text("{nope")
+    with pytest.raises(UserError, match=r"model.safetensors.index.json is not a safetensors index"):
+        _load(str(d), reference_backend)
+    (d / "config.json").write_text("[1, 2")
+    with pytest.raises(UserError, match=r"config.json is not JSON"):
+        _load(str(d), reference_backend)
+    (d / "config.json").write_text("[1, 2]")
+    with pytest.raises(UserError, match=r"config.json holds a list, not a JSON object"):
+        _load(str(d), reference_backend)
+
+
 @pytest.mark.parametrize("field,value,match", [
     ("hidden_act", "gelu", "hidden_act='gelu'"),
     ("scoring_func", "relu", "scoring_func='relu'"),
