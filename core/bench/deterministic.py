@@ -5,15 +5,15 @@ once for each: the op tables differ), greedy decoding of ``bench.max_tokens`` to
 ``bench.concurrency`` level, the two modes interleaved ``bench.repeats`` times after ``bench.warmup`` rounds;
 output tok/s as medians and the cost as the ratio off/on within the run. The check: in the deterministic
 engine, prompt 0's tokens and logprobs at every concurrency and in every round are bitwise those of prompt 0
-alone (and whether the off engine's are, for contrast). Table and JSON under ``bench.output_dir``.
+alone (and whether the off engine's are, for contrast). Table and JSON under ``bench.output_dir`` (or ``output=``).
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from pathlib import Path
+
+from inferhal.core.bench import write_json
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
            "The three laws of thermodynamics are", "A haiku about the sea:", "SELECT name FROM users WHERE",
@@ -82,11 +82,8 @@ def run(cfg) -> int:
         t.add_row(str(r["concurrency"]), f"{r['off_tok_s']:.1f}", f"{r['on_tok_s']:.1f}", f"{r['cost']:.2f}x",
                   str(r["on_bitwise_equal_alone"]), str(r["off_bitwise_equal_alone"]))
     console.print(t)
-    out = Path(str(b.output_dir))
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"deterministic_{model}_{backend}_{cfg.model.dtype}.json"
-    path.write_text(json.dumps({"rows": rows, "model": model, "backend": backend, "dtype": str(cfg.model.dtype),
-                                "max_tokens": mt, "note": "one run on a shared 2-core host: ratios within the run"},
-                               indent=1))
+    path = write_json(cfg, f"deterministic_{model}_{backend}_{cfg.model.dtype}.json",
+                      {"rows": rows, "model": model, "backend": backend, "dtype": str(cfg.model.dtype),
+                       "max_tokens": mt, "note": "one run on a shared 2-core host: ratios within the run"})
     console.print(f"wrote {path}", highlight=False)
     return 0 if all(r["on_bitwise_equal_alone"] for r in rows) else 1

@@ -10,8 +10,9 @@ padded every page to the largest group's page (22 MiB per 128-token block). Tabl
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from inferhal.core.bench import write_json
 
 CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072)
 CASES = (("deepseek_v4_flash", "auto"), ("deepseek_v4_flash", "fp8"), ("deepseek_v4_flash", "fp4"),
@@ -67,17 +68,15 @@ def run(cfg) -> int:
             t.add_row(f"{model} / {dtype}, one shared padded pool (before)", "",
                       *(str(r["requests_shared_pool"]) for r in mine))
     console(min_width=120).print(t)
-    out = Path(str(cfg.bench.output_dir))
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "kv_capacity.json").write_text(json.dumps({"budget_bytes": budget, "max_num_seqs": seqs, "rows": rows},
-                                                     indent=1))
+    data = Path(write_json(cfg, "kv_capacity.json", {"budget_bytes": budget, "max_num_seqs": seqs, "rows": rows}))
+    plot = data.with_suffix(".png")
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"table and {out / 'kv_capacity.json'} written; no plot (matplotlib is not installed)")
+        print(f"table and {data} written; no plot (matplotlib is not installed)")
         return 0
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for model, dtype in CASES:
@@ -95,6 +94,6 @@ def run(cfg) -> int:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "kv_capacity.png", dpi=120)
-    print(f"wrote {out / 'kv_capacity.json'} and {out / 'kv_capacity.png'}")
+    fig.savefig(plot, dpi=120)
+    print(f"wrote {data} and {plot}")
     return 0

@@ -13,17 +13,17 @@ selected backend (reference by default).
 
 Configs: ``deepseek_v4_tiny`` (head_dim 32, 8 RoPE dims: the FP8 record has one 24-channel block) and the
 same with head_dim 128 / index_head_dim 64 (``wide``: FP8 records of two 64-channel blocks, as V4's 448 NoPE
-channels are seven). Table and JSON under ``bench.output_dir``.
+channels are seven). Table and JSON under ``bench.output_dir`` (or ``output=``).
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from pathlib import Path
 
 import torch
+
+from inferhal.core.bench import write_json
 
 KV_DTYPES = ("auto", "fp8", "fp4")
 PROMPTS, PROMPT_LEN = 8, 48
@@ -97,7 +97,6 @@ def run(cfg) -> int:
     from inferhal.core.cli.console import console as make_console
 
     console = make_console(min_width=140)
-    out_dir = Path(cfg.bench.get("output_dir", "bench_results") or "bench_results")
     rows = []
     for name, arch in CONFIGS.items():
         rows += measure(name, arch, cfg.backend.name, int(cfg.bench.max_tokens), int(cfg.bench.repeats),
@@ -111,9 +110,7 @@ def run(cfg) -> int:
                       f"{r['max_err_over_std']:.3f}", f"{r['rel_l2']:.2e}", f"{100 * r['top1_agree']:.1f}%",
                       f"{r['greedy_prefix_mean']:.1f}", f"{r['greedy_full']}/{r['prompts']}", f"{r['time_vs_auto']:.2f}x")
     console.print(table)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "kv_fidelity.json"
-    path.write_text(json.dumps({"rows": rows, "note": "step time: one loaded 2-core host, ratios within one run"},
-                               indent=1))
+    path = write_json(cfg, "kv_fidelity.json",
+                      {"rows": rows, "note": "step time: one loaded 2-core host, ratios within one run"})
     console.print(f"wrote {path}", highlight=False)
     return 0

@@ -8,14 +8,15 @@ with n-gram drafts (drafting at every batch size): outputs that parse and valida
 cut by ``bench.max_tokens`` before the JSON closed (finish reason ``length``), and the per-step time of the
 constraint against the whole step: ``fill`` is the time to fill the bitmask (on a side thread, beside the
 model's forward), ``mask`` the part of it the step waited out plus applying it (the engine's ``mask_s``); plus
-the same prompts unconstrained for the step time without it. Table and JSON under ``bench.output_dir``.
+the same prompts unconstrained for the step time without it. Table and JSON under ``bench.output_dir`` (or ``output=``).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
+
+from inferhal.core.bench import write_json
 
 
 def _run(llm, prompts, params, concurrency: int) -> dict:
@@ -111,10 +112,7 @@ def run(cfg) -> int:
                   f"{r['step_ms']:.0f}", f"{r['fill_ms_per_step']:.2f}", f"{r['mask_ms_per_step']:.2f}",
                   f"{100 * r['mask_ms_per_step'] / max(r['step_ms'], 1e-9):.1f} %")
     console.print(t)
-    out = Path(str(cfg.bench.output_dir))
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"structured_{model}.json"
-    path.write_text(json.dumps({"rows": rows, "compile_ms": compile_ms,
-                                "note": "one run on a shared 2-core host: ratios within the run"}, indent=1))
+    path = write_json(cfg, f"structured_{model}.json", {"rows": rows, "compile_ms": compile_ms,
+                                                        "note": "one run on a shared 2-core host: ratios within the run"})
     console.print(f"wrote {path}", highlight=False)
     return 0

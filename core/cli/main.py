@@ -14,6 +14,7 @@ import pkgutil
 import sys
 from typing import Any, Mapping, Sequence
 
+from inferhal.core.cli.outputs import check_writable
 from inferhal.core.config import refusals
 from inferhal.core.config.errors import ConfigError, explain
 from inferhal.core.config.schema import register_schemas
@@ -95,6 +96,7 @@ def dispatch(cfg) -> int:
     logging.basicConfig(level=getattr(logging, str(cfg.log_level).upper(), logging.WARNING),
                         format="%(levelname)s %(name)s: %(message)s")
     module = importlib.import_module(f"inferhal.core.cli.cmd_{words[0]}")
+    check_writable(cfg, " ".join(words))  # before any work: a result that cannot be written is refused now
     rc = module.run(cfg, words[1:])
     return int(rc or 0)
 

@@ -144,6 +144,12 @@ def refused(cfg: Any) -> list[tuple[str, str]]:
                                     f"overlap hides one micro-batch's MoE all-to-all behind the other's attention and "
                                     f"runs only with data-parallel attention (parallel.dp = parallel.ep > 1, e.g. "
                                     f"parallel=dep2); otherwise use parallel.tbo=false"))
+    output = OmegaConf.select(cfg, "output", default=None)
+    if output and command.split(" ")[0] not in OUTPUT_COMMANDS:
+        readers = ", ".join(c for c in OUTPUT_COMMANDS if c != "config")
+        where = "; qualify writes its report under qualify.output_dir" if command.startswith("qualify") else ""
+        out.append(("output", f"output={output!r} is refused by `inferhal {command}`, which does not read it "
+                              f"({readers} do{where})"))
     if OmegaConf.select(cfg, "deterministic", default=False):
         if not any(command == c or command.startswith(c + " ") for c in DETERMINISTIC_COMMANDS):
             out.append(("deterministic", f"deterministic=true is refused by `inferhal {command}`: it builds its "
@@ -151,6 +157,9 @@ def refused(cfg: Any) -> list[tuple[str, str]]:
                                          f"{', '.join(DETERMINISTIC_COMMANDS)} (and LLM(...))"))
     return out
 
+
+#: commands that read ``output=`` (their result file; ``config`` only shows it)
+OUTPUT_COMMANDS = ("generate", "plan", "kernels", "bench", "config")
 
 #: commands that honour ``deterministic`` (they build their engine through LLM.from_config)
 DETERMINISTIC_COMMANDS = ("generate", "serve", "bench e2e", "bench serve")

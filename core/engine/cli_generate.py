@@ -1,7 +1,8 @@
 """``inferhal generate``: one prompt streamed to the terminal, a chat, or a JSONL batch job.
 
 - ``prompt='...'`` (default: :data:`DEFAULT_PROMPT` on the default model) streams tokens as they come
-  and ends with a throughput line.
+  and ends with a throughput line; ``output=x.json`` also writes its result (text, token ids, finish
+  reason) as one JSON object.
 - ``prompt_ids=[1,2,3]``: a token-id prompt (a model without a tokenizer, e.g. ``deepseek_v4_tiny``);
   without a tokenizer the generated token ids are printed, space-separated, as they come.
 - ``messages=[{role: user, content: ...}]`` goes through the tokenizer's chat template first.
@@ -93,16 +94,18 @@ def generate(cfg, llm: Any = None, out: TextIO | None = None) -> int:
             raise UserError("this model has no tokenizer; pass token ids: prompt_ids=[1,2,3] or a prompts_file "
                             'with {"prompt_token_ids": [...]} per line')
         echo = prompt
-    return _stream_one(llm, prompt, params, out, echo)
+    return _stream_one(llm, prompt, params, out, echo, cfg.get("output"))
 
 
-def _stream_one(llm, prompt, params: SamplingParams, out: TextIO, echo: str = "") -> int:
+def _stream_one(llm, prompt, params: SamplingParams, out: TextIO, echo: str = "", output: Optional[str] = None) -> int:
     """Stream one request to ``out``, after ``echo`` (the prompt text); a bad request raises before
-    anything is written, and a failure mid-stream first ends the streamed line."""
+    anything is written, and a failure mid-stream first ends the streamed line. ``output``: a file that gets
+    the result as one JSON object (the text as streamed, token ids, finish reason, prompt length)."""
     t0 = time.perf_counter()
     first: Optional[float] = None
     n = 0
     final = None
+    shown: list[str] = []
     outputs = llm.stream([prompt], params)  # validates the request: a bad one raises before the echo
     out.write(echo)
     line_open = bool(echo)
@@ -118,6 +121,7 @@ def _stream_one(llm, prompt, params: SamplingParams, out: TextIO, echo: str = ""
                 text = text[:-len(eos)] if eos and text.endswith(eos) else text
             out.write(text)
             out.flush()
+            shown.append(text)
             line_open = line_open or bool(text)
             final = o
     except BaseException:
@@ -134,6 +138,11 @@ def _stream_one(llm, prompt, params: SamplingParams, out: TextIO, echo: str = ""
         decode += f", {st['accepted_tokens']}/{st['draft_tokens']} {llm.engine.spec_method} drafts accepted"
     out.write(f"\n[{n} tokens in {dt:.2f} s: {n / dt if dt else 0.0:.1f} tok/s, TTFT {ttft * 1000:.0f} ms, {decode}; "
               f"prompt {len(final.prompt_token_ids) if final else 0} tokens; finish: {final.finish_reason if final else None}]\n")
+    if output and final is not None:
+        with open(output, "w") as f:
+            json.dump({"text": "".join(shown), "token_ids": list(final.token_ids), "finish_reason": final.finish_reason,
+                       "prompt_tokens": len(final.prompt_token_ids)}, f)
+            f.write("\n")
     return 0
 
 

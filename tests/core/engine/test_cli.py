@@ -53,6 +53,14 @@ def test_jsonl_batch_reports_bad_lines_and_runs_the_rest(llm, tmp_path):
     assert len(rows[0]["token_ids"]) <= 3 and len(rows[4]["token_ids"]) <= 2
 
 
+def test_one_prompt_with_output_writes_its_result_as_json(llm, tmp_path):
+    res = tmp_path / "one.json"
+    out = io.StringIO()
+    assert generate(compose(["prompt=hi", f"output={res}", "sampling.max_tokens=3"], "generate"), llm, out) == 0
+    row = json.loads(res.read_text())
+    assert len(row["token_ids"]) == 3 and row["finish_reason"] == "length" and row["text"] in out.getvalue()
+
+
 def test_a_misspelt_job_field_is_named_with_the_field_it_resembles(llm, tmp_path):
     jobs = tmp_path / "p.jsonl"
     jobs.write_text('{"promt": "abc"}\n{"prompt": "hi", "max_tokenz": 2}\n')
