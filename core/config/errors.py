@@ -68,4 +68,7 @@ def explain(exc: BaseException, overrides: Sequence[str] = ()) -> str:
     m = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", text)
     if m and full:
         return f"{full.group(1)}: {m.group(1)!r} is not a valid {m.group(2).lower()}"
+    m = re.search(r"Invalid value assigned: (\w+) is not a ListConfig, list or tuple", text)
+    if m and full:  # a scalar where the schema has a list
+        return f"{full.group(1)}: expected a list, e.g. {full.group(1)}=[...], got {m.group(1)}"
     return text

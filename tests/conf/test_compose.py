@@ -69,6 +69,7 @@ def test_default_composition_is_the_reference_backend_and_gemma():
     ("scheduler.max_num_seqs=abc", "scheduler.max_num_seqs: 'abc' is not a valid integer"),
     ("scheduler.max_num_seq=4", "Did you mean 'scheduler.max_num_seqs'?"),
     ("promt=hi", "Did you mean 'prompt'?"),
+    ("prompt_ids=5", "prompt_ids: expected a list, e.g. prompt_ids=[...], got int"),
 ])
 def test_a_typo_names_the_field_or_option_and_the_choices(override, needle):
     with pytest.raises(ConfigError) as err:
