@@ -40,7 +40,8 @@ HONOURED_BY: dict[str, tuple[str, ...]] = {
 _MISSING = object()
 
 #: fields whose range holds for every command, checked at compose: path → (test, the range in words). Fields
-#: whose range depends on the model or the backend are checked where those are known.
+#: whose range depends on the model or the backend are checked where those are known; parallel.timeout_s,
+#: eplb.policy and eplb.drift by the checks their readers run (:func:`refused`).
 RANGES: dict[str, tuple[Any, str]] = {
     "model.max_model_len": (lambda v: v >= 2, ">= 2 (one prompt token and one generated token)"),
     "cache.memory_fraction": (lambda v: 0 < v <= 1, "in (0, 1] (a fraction of the device's free memory)"),
@@ -48,14 +49,11 @@ RANGES: dict[str, tuple[Any, str]] = {
     "cache.num_blocks": (lambda v: v >= 0, ">= 0 (0: derive it from the KV budget)"),
     "cache.auto_kv_cap_bytes": (lambda v: v >= 0, ">= 0 (0: no cap)"),
     "scheduler.long_prefill_token_threshold": (lambda v: v >= 0, ">= 0 (0: no per-request cap in a step)"),
-    "parallel.timeout_s": (lambda v: v > 0, "> 0 (seconds a rank waits for its peers, and in each collective)"),
     "eplb.num_redundant_experts": (lambda v: v >= 0, ">= 0"),
     "eplb.window_size": (lambda v: v >= 1, ">= 1 (steps of expert load per window)"),
     "eplb.step_interval": (lambda v: v >= 0, ">= 0 (steps between rebalances)"),
     "eplb.num_groups": (lambda v: v >= 0, ">= 0 (0: from the model)"),
     "eplb.num_nodes": (lambda v: v >= 1, ">= 1"),
-    "eplb.drift": (lambda v: 0 <= v < 10, "in [0, 10) (relative drift per expert; 0: plan for the current window)"),
-    "eplb.policy": (lambda v: v in ("inferhal", "greedy"), "one of inferhal, greedy"),
     "eplb.layers_per_step": (lambda v: v >= 0, ">= 0 (0: every MoE layer at once)"),
     "server.host": (lambda v: bool(str(v).strip()), "an address to listen on (127.0.0.1: this host only; 0.0.0.0: "
                                                     "every interface)"),
@@ -128,6 +126,7 @@ def refused(cfg: Any) -> list[tuple[str, str]]:
         value = OmegaConf.select(cfg, path, default=None)
         if value is not None and not ok(value):
             out.append((path, f"{path} must be {words}, got {value!r}"))
+    out += _readers_checks(cfg)
 
     kv_dtype = OmegaConf.select(cfg, "cache.kv_dtype", default="auto")
     if kv_dtype not in KV_DTYPES:
@@ -155,6 +154,24 @@ def refused(cfg: Any) -> list[tuple[str, str]]:
             out.append(("deterministic", f"deterministic=true is refused by `inferhal {command}`: it builds its "
                                          f"engine or backend without the mode; it runs with "
                                          f"{', '.join(DETERMINISTIC_COMMANDS)} (and LLM(...))"))
+    return out
+
+
+def _readers_checks(cfg: Any) -> list[tuple[str, str]]:
+    """The checks the readers of parallel.timeout_s, eplb.policy and eplb.drift run, at compose for every command
+    (an EP rank ran them only after spawning and loading)."""
+    from inferhal.core.eplb.baseline import drift_of, policy_of
+    from inferhal.core.errors import UserError
+    from inferhal.core.parallel.launch import timeout_of
+
+    out = []
+    for path, check in (("parallel.timeout_s", lambda: timeout_of(cfg.parallel)),
+                        ("eplb.policy", lambda: policy_of(str(cfg.eplb.policy))),
+                        ("eplb.drift", lambda: drift_of(cfg.eplb.drift))):  # refused whichever policy is set
+        try:
+            check()
+        except UserError as exc:
+            out.append((path, str(exc)))
     return out
 
 

@@ -8,10 +8,14 @@ public EPLB, written here from its description, so that the benchmark compares p
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
 from inferhal.core.eplb.packing import lpt_pack
 from inferhal.core.eplb.policy import rebalance_experts, rebalance_with
+from inferhal.core.eplb.validate import EplbInputError, check_drift
+from inferhal.core.errors import UserError
 
 
 def greedy_pack(weight: torch.Tensor, num_packs: int, floor: torch.Tensor | None = None):
@@ -33,3 +37,18 @@ def rebalance_per_layer(weight: torch.Tensor, num_replicas: int, num_groups: int
 
 
 POLICIES = {"inferhal": rebalance_experts, "greedy": rebalance_greedy}
+
+
+def policy_of(policy: str) -> Callable:
+    """The rebalancing function named by ``eplb.policy``, or a UserError naming the field."""
+    if policy not in POLICIES:
+        raise UserError(f"eplb.policy={policy!r} is unknown; choose one of {', '.join(sorted(POLICIES))}")
+    return POLICIES[policy]
+
+
+def drift_of(drift: Any) -> float:
+    """``eplb.drift`` (the ``inferhal`` policy's knob) as a float, or a UserError naming the field."""
+    try:
+        return check_drift(drift)
+    except EplbInputError as exc:
+        raise UserError(f"eplb.drift={drift!r}: {exc}") from None

@@ -25,9 +25,8 @@ from typing import Any, Optional
 
 from inferhal.core.eplb.controller import EplbController, EplbLayout
 from inferhal.core.eplb.placement import Placement
-from inferhal.core.eplb.baseline import POLICIES
+from inferhal.core.eplb.baseline import drift_of, policy_of
 from inferhal.core.eplb.drift import DRIFT
-from inferhal.core.eplb.validate import EplbInputError, check_drift
 from inferhal.core.errors import UserError
 from inferhal.core.parallel.ep_moe import EPExperts
 from inferhal.core.parallel.rebalance import Rebalance, Rebalancer
@@ -67,15 +66,9 @@ def eplb_controller(eplb: Any, num_layers: int, num_experts: int, ep: int) -> Op
     if not bool(eplb.enabled):
         return None
     policy = str(eplb.policy)
-    if policy not in POLICIES:
-        raise UserError(f"eplb.policy={policy!r} is unknown; choose one of {', '.join(sorted(POLICIES))}")
-    fn = POLICIES[policy]
-    if policy == "inferhal":
-        drift = getattr(eplb, "drift", DRIFT)
-        try:
-            fn = partial(fn, drift=check_drift(drift))
-        except EplbInputError as exc:
-            raise UserError(f"eplb.drift={drift!r}: {exc}") from None
+    fn = policy_of(policy)
+    if policy == "inferhal":  # the greedy baseline has no drift knob
+        fn = partial(fn, drift=drift_of(getattr(eplb, "drift", DRIFT)))
     physical = num_experts + int(eplb.num_redundant_experts)
     groups = int(eplb.num_groups) or 1
     lay = EplbLayout(num_layers, num_experts, physical, groups, int(eplb.num_nodes), ep)

@@ -137,10 +137,11 @@ def test_a_field_added_with_plus_is_refused_naming_it(override, key, where):
     ("cache.num_blocks=-4", "cache.num_blocks must be >= 0"),
     ("cache.auto_kv_cap_bytes=-1", "cache.auto_kv_cap_bytes must be >= 0"),
     ("scheduler.long_prefill_token_threshold=-3", "scheduler.long_prefill_token_threshold must be >= 0"),
-    ("parallel.timeout_s=0", "parallel.timeout_s must be > 0"),
+    ("parallel.timeout_s=0", "parallel.timeout_s=0 must be > 0"),
     ("log_level=LOUD", "log_level must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL, got 'LOUD'"),
     ("eplb.window_size=0", "eplb.window_size must be >= 1"),  # was a traceback in each EP rank
-    ("eplb.policy=magic", "eplb.policy must be one of inferhal, greedy"),
+    ("eplb.policy=magic", "eplb.policy='magic' is unknown; choose one of greedy, inferhal"),
+    ("eplb.drift=-1", "eplb.drift=-1.0: drift must be a number in [0, 10)"),
     ("server.host=", "server.host must be an address to listen on"),  # printed http://:PORT and listened anyway
 ])
 def test_a_value_out_of_its_range_is_refused_for_every_command(override, needle):
