@@ -22,7 +22,6 @@ Sampling comes from the ``sampling`` config node (``sampling.max_tokens=32 sampl
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import sys
 import time
@@ -31,12 +30,11 @@ from typing import Any, Optional, TextIO
 from omegaconf import OmegaConf
 
 from inferhal.core.errors import UserError
-from inferhal.core.sampling.params import SamplingParams
+from inferhal.core.sampling.params import FIELDS, SamplingParams, name_unknown
 
 DEFAULT_PROMPT = "The three most useful things to know about paged attention are"
 #: what a prompts_file line may hold besides sampling fields
 JOB_KEYS = ("prompt", "prompt_token_ids", "messages", "id")
-SAMPLING_KEYS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 
 
 def sampling_from_cfg(cfg) -> SamplingParams:
@@ -173,12 +171,10 @@ def _batch(llm, path: str, params: SamplingParams, output: Optional[str], out: T
             if isinstance(job, Exception) or not isinstance(job, dict):
                 raise ValueError(f"not a JSON object: {job}")
             extra = {k: v for k, v in job.items() if k not in JOB_KEYS}
-            unknown = sorted(set(extra) - set(SAMPLING_KEYS))
+            unknown = sorted(set(extra) - set(FIELDS))
             if unknown:
-                close = {k: difflib.get_close_matches(k, JOB_KEYS + SAMPLING_KEYS, n=1) for k in unknown}
-                raise ValueError("unknown field(s) " + ", ".join(f"{k!r}" + (f" (did you mean {c[0]!r}?)" if c else "")
-                                                                 for k, c in close.items())
-                                 + f"; a line takes {', '.join(JOB_KEYS)} and the sampling fields {', '.join(SAMPLING_KEYS)}")
+                raise ValueError(f"unknown field(s) {name_unknown(unknown, JOB_KEYS + FIELDS)}; a line takes "
+                                 f"{', '.join(JOB_KEYS)} and the sampling fields {', '.join(FIELDS)}")
             p = dataclasses.replace(params, **extra) if extra else params
             if "messages" in job:
                 text = llm.tokenizer.apply_chat_template(job["messages"], add_generation_prompt=True)

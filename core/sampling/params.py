@@ -94,20 +94,26 @@ def _token_id(t: Any) -> Optional[int]:
         return None
 
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+#: SamplingParams' field names, in order
+FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
 _dataclass_init = SamplingParams.__init__
 
 
-def _init(self, *args, **kwargs):
-    unknown = [k for k in kwargs if k not in _FIELDS]
-    if unknown:
-        import difflib
+def name_unknown(unknown: Sequence[str], known: Sequence[str]) -> str:
+    """``'k' (did you mean 'x'?), ...`` for each unknown key, with the closest known name where one is close."""
+    import difflib
 
-        hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, _FIELDS, n=1)) else repr(k)
-                 for k in unknown]
-        raise SamplingParamsError(f"unknown sampling field(s) {', '.join(hints)}; valid fields: {', '.join(_FIELDS)}")
-    if len(args) > len(_FIELDS):
-        raise SamplingParamsError(f"SamplingParams takes at most {len(_FIELDS)} positional arguments")
+    return ", ".join(f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(k, known, n=1)) else repr(k)
+                     for k in unknown)
+
+
+def _init(self, *args, **kwargs):
+    unknown = [k for k in kwargs if k not in FIELDS]
+    if unknown:
+        raise SamplingParamsError(f"unknown sampling field(s) {name_unknown(unknown, FIELDS)}; valid fields: "
+                                  f"{', '.join(FIELDS)}")
+    if len(args) > len(FIELDS):
+        raise SamplingParamsError(f"SamplingParams takes at most {len(FIELDS)} positional arguments")
     _dataclass_init(self, *args, **kwargs)
 
 

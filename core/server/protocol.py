@@ -98,6 +98,11 @@ def _content(m: dict, i: int) -> str:
     raise _bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
 
 
+def structured_field(body: dict) -> str:
+    """The field a request's constraint comes in: vLLM's ``structured_outputs`` if given, else ``response_format``."""
+    return "structured_outputs" if body.get("structured_outputs") is not None else "response_format"
+
+
 def _structured(body: dict) -> Optional[Any]:
     """``response_format`` / ``structured_outputs`` → a StructuredOutputs (None for none or plain text)."""
     from inferhal.core.structured.params import StructuredOutputs, StructuredOutputsError
@@ -122,7 +127,7 @@ def _structured(body: dict) -> Optional[Any]:
                            "response_format")
             return StructuredOutputs(json=js["schema"])
     except StructuredOutputsError as exc:
-        raise _bad(str(exc), "structured_outputs" if so is not None else "response_format") from None
+        raise _bad(str(exc), structured_field(body)) from None
     raise _bad("'response_format.type' must be one of text, json_object, json_schema", "response_format")
 
 
@@ -185,7 +190,7 @@ def parse(body: Any, chat: bool) -> Job:
     structured = _structured(body)
     if structured is not None:
         s["structured"] = structured
-        job.structured_field = "structured_outputs" if body.get("structured_outputs") is not None else "response_format"
+        job.structured_field = structured_field(body)
     job.n = _int(body, "n", 1, MAX_N) or 1
     if chat:
         lp = body.get("logprobs")
