@@ -1,11 +1,11 @@
 """``deterministic=true`` on Gemma 3 270M (reference, bf16): paged attention (one row at a time over its own
 keys in this mode) keeps a needle request bitwise the same alone, in a batch, across prefill chunk sizes and
-with a prefix-cache hit; with the mode off the same batch changes its logprobs (the negative control,
-measured: `inferhal bench deterministic`). One engine at a time: two real models at once would raise the suite's peak memory."""
+with a prefix-cache hit; with the mode off the same batch changes its logprobs (the negative control, with the batch dependence
+planted: tests/fixtures/batch_variant.py). One engine at a time: two real models at once would raise the suite's peak memory."""
 
 from __future__ import annotations
 
-import pytest
+import batch_variant
 
 from inferhal import LLM, SamplingParams
 
@@ -25,7 +25,8 @@ def engine(mode: str) -> LLM:
                                          "scheduler.max_num_batched_tokens=16", "model.max_model_len=256"])
 
 
-def test_the_needle_is_bitwise_the_same_alone_in_a_batch_and_after_a_prefix_hit():
+def test_the_needle_is_bitwise_the_same_alone_in_a_batch_and_after_a_prefix_hit(monkeypatch):
+    batch_variant.plant(monkeypatch)  # the negative control's batch dependence: the mode's products replace it
     e = engine("true")
     alone = e.generate([NEEDLE], SP)[0]  # chunks of 16 tokens, nothing cached before
     batch = OTHERS[:3] + [NEEDLE] + OTHERS[3:]
@@ -34,18 +35,13 @@ def test_the_needle_is_bitwise_the_same_alone_in_a_batch_and_after_a_prefix_hit(
     assert same(got, alone)
 
 
-def test_negative_control_the_mode_off_changes_the_needle():
-    """On the packed oneDNN path (this test's bf16 products and attention's fp32 matmuls at oneDNN's full ISA).
-    On the portable path (``INFERHAL_PORTABLE_CPU=1``, oneDNN capped at AVX2, an AVX2-only host) the default
-    path gave the needle's exact bits in these batches (measured in CI), so there is nothing to control: the
-    tiny V4's negative control (tests/core/engine/test_deterministic.py) runs on every path."""
-    import torch
-
-    from inferhal.backends.reference.matmul import product_path
-
-    if torch.bfloat16 not in product_path().packed:
-        pytest.skip(f"the default path is batch invariant for these batches on this product path "
-                    f"({product_path().reason})")
+def test_negative_control_the_mode_off_changes_the_needle(monkeypatch):
+    """The same batches with the mode off must change the needle, or the test above proves nothing. Whether
+    the host's products depend on the batch is the host's choice (oneDNN's bf16 kernels did on AMD EPYC; on an
+    Intel AMX host and on the portable path they gave the needle's exact bits), so the difference is planted:
+    the default products sum K in another order when they hold more than one row
+    (tests/fixtures/batch_variant.py), as the test above planted it too."""
+    batch_variant.plant(monkeypatch)
     e = engine("false")
     alone = e.generate([NEEDLE], SP)[0]
     outs = [e.generate(OTHERS[:k] + [NEEDLE] + OTHERS[k:], SP)[k] for k in (1, 3, 6)]
