@@ -62,13 +62,24 @@ def test_fp32_product_is_an_fp32_product_whatever_the_layout(shape, bias, path):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_bf16_and_other_dtypes_are_exactly_f_linear(dtype, path):
-    """bf16: oneDNN's packed product is F.linear's own kernel where the probe passes (measured bit-identical at
-    Gemma 3's shapes, see matmul.py), and F.linear itself elsewhere."""
+def test_bf16_and_other_dtypes_are_f_linear_or_within_its_rounding(dtype, path):
+    """Off oneDNN's packed path (the portable path, fp16, a dtype whose probe failed) the product is F.linear
+    itself: bit for bit. On it (bf16 where the probe passes) oneDNN's inner product sums in an order of its own
+    choosing per CPU (it was F.linear's bits on the AMD and Intel hosts measured, see matmul.py, which no CPU
+    promises): both within the rounding of the output and an fp32 accumulation of a float64 product."""
     g = torch.Generator().manual_seed(2)
     x, w = torch.randn(9, 64, generator=g).to(dtype), torch.randn(32, 64, generator=g).to(dtype)
     b = torch.randn(32, generator=g).to(dtype)
-    assert torch.equal(product(x, w), F.linear(x, w)) and torch.equal(product(x, w, b), F.linear(x, w, b))
+    if dtype not in path.packed:
+        assert torch.equal(product(x, w), F.linear(x, w)) and torch.equal(product(x, w, b), F.linear(x, w, b))
+        return
+    for bias in (None, b):
+        exact = F.linear(x.double(), w.double(), None if bias is None else bias.double())
+        # the output's rounding (2^-9 relative) plus an fp32 accumulation over K = 64 terms (64 * 2^-24)
+        bound = (2.0 ** -9 + 64 * 2.0 ** -24) * (F.linear(x.double().abs(), w.double().abs())
+                                                + (0 if bias is None else bias.double().abs()))
+        for got in (product(x, w, bias), F.linear(x, w, bias)):
+            assert got.dtype == dtype and bool(((got.double() - exact).abs() <= bound + 1e-30).all())
 
 
 def test_the_probe_decides_per_dtype_and_says_why(monkeypatch):
