@@ -100,8 +100,12 @@ def rate(prof: DeviceProfile, dtype: str) -> float:
     value = float(prof.peak_flops.get(dtype, 0.0))
     if value <= 0:
         have = ", ".join(f"{k}" for k, v in prof.peak_flops.items() if v) or "none"
+        others = sorted(n for n, p in catalog().items() if float(p.peak_flops.get(dtype, 0.0)) > 0)
+        where = (f", or plan for a device that declares it: plan.device={'|'.join(others)}" if others
+                 else f"; no catalogued device declares {dtype} either")
         raise UserError(f"device {prof.device_name!r} declares no peak FLOP/s for {dtype} (it declares: {have}); "
-                        f"choose plan.activation_format among those (source: {prof.sources.get('peaks', prof.sources.get('peak_flops', '-'))})")
+                        f"choose plan.activation_format among those{where} (`inferhal plan devices` lists every "
+                        f"device and its sources; this one's: {prof.sources.get('peaks', prof.sources.get('peak_flops', '-'))})")
     return value
 
 

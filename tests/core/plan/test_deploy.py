@@ -121,8 +121,9 @@ def test_a_model_that_does_not_fit_is_refused():
         planned(prof=small)
 
 
-def test_a_dtype_the_device_does_not_declare_is_refused():
-    with pytest.raises(UserError, match="declares no peak FLOP/s for bfloat16"):
+def test_a_dtype_the_device_does_not_declare_is_refused_naming_the_devices_that_do():
+    with pytest.raises(UserError, match=r"declares no peak FLOP/s for bfloat16 .*plan.device=B200\|B300\|GB300\|H200 "
+                                        r"\(`inferhal plan devices`"):
         planned("plan.device=950DT", "plan.activation_format=bfloat16")
 
 
