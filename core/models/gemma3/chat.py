@@ -1,8 +1,8 @@
-"""Chat input → prompt text for Gemma.
+"""Gemma's built-in chat format: the prompt text of chat messages when neither the GGUF nor
+``model.chat_template`` gives a Jinja template (those render through :mod:`inferhal.core.models.gguf.chat`).
 
-A GGUF that carries ``tokenizer.chat_template`` (a Jinja template, as Hugging Face writes them) is
-rendered with it. The Gemma 3 270M GGUF is the base model and carries none, so messages are laid out
-in Gemma's turn format, the one its instruction-tuned siblings are trained on::
+The Gemma 3 270M GGUF is the base model and carries none, so messages are laid out in Gemma's turn
+format, the one its instruction-tuned siblings are trained on::
 
     <start_of_turn>user\\n{system}\\n\\n{user text}<end_of_turn>\\n
     <start_of_turn>model\\n{assistant text}<end_of_turn>\\n
@@ -32,6 +32,7 @@ def _check(messages: Sequence[Mapping[str, str]]) -> list[tuple[str, str]]:
 
 def render_turns(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
                  bos: str = "<bos>") -> str:
+    """The prompt text for ``messages`` in Gemma's turn format."""
     msgs = _check(messages)
     system = ""
     if msgs[0][0] == "system":
@@ -49,22 +50,3 @@ def render_turns(messages: Sequence[Mapping[str, str]], add_generation_prompt: b
         parts.append("<start_of_turn>model\n")
     return "".join(parts)
 
-
-def render(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
-           template: str | None = None) -> str:
-    """The prompt text for ``messages``, from the file's Jinja ``template`` when it has one."""
-    if not template:
-        return render_turns(messages, add_generation_prompt)
-    try:
-        import jinja2
-    except ImportError:  # pragma: no cover - jinja2 comes with transformers and hydra's deps
-        raise UserError("this model's chat template needs the jinja2 package") from None
-    _check(messages)
-    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-
-    def _raise(msg: str):
-        raise UserError(f"chat template: {msg}")
-
-    env.globals["raise_exception"] = _raise
-    return env.from_string(template).render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                                            bos_token="<bos>")

@@ -159,7 +159,11 @@ class GemmaTokenizer:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
-        from inferhal.core.models.gemma3.chat import render
+        """The file's (or ``model.chat_template``'s) Jinja template when there is one, else Gemma's turns."""
+        from inferhal.core.models.gemma3.chat import ROLES, render_turns
+        from inferhal.core.models.gguf.chat import render
 
-        return render(messages, add_generation_prompt, self.chat_template)
+        if self.chat_template:
+            return render(messages, self.chat_template, add_generation_prompt, bos_token="<bos>", roles=ROLES)
+        return render_turns(messages, add_generation_prompt)
 

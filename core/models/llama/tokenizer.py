@@ -1,5 +1,4 @@
-"""Byte-level BPE tokenizers (``tokenizer.ggml.model = gpt2``) rebuilt from GGUF metadata, and chat
-templates rendered in a sandbox.
+"""Byte-level BPE tokenizers (``tokenizer.ggml.model = gpt2``) rebuilt from GGUF metadata.
 
 The GGUF holds the vocabulary, its merges and token types, so the ``tokenizers`` BPE is built directly:
 GPT-2's byte alphabet, GPT-2's split regex, and, for ``tokenizer.ggml.pre = smollm``, digits split one by
@@ -7,8 +6,8 @@ one first (llama.cpp's and SmolLM2's own ``tokenizer.json`` pre-tokenizer; trans
 leaves that step out, so it writes ``2024`` as fewer pieces). Control tokens (type 3: ``<|im_start|>``,
 ``<|im_end|>``, ...) are matched whole. Built in well under a second, so nothing is cached.
 
-The chat template is the file's ``tokenizer.chat_template`` (Jinja, as Hugging Face writes them),
-rendered in Jinja's immutable sandbox: a template that travels with a checkpoint must not run code.
+The chat template is the file's ``tokenizer.chat_template`` (Jinja, as Hugging Face writes them), rendered by
+:mod:`inferhal.core.models.gguf.chat` in Jinja's immutable sandbox.
 """
 
 from __future__ import annotations
@@ -19,12 +18,11 @@ import numpy as np
 
 from inferhal.core.errors import UserError
 from inferhal.core.models.gemma3.gguf_file import GGUFFile
-from inferhal.core.models.messages import check_messages as _check_messages
+from inferhal.core.models.gguf.chat import render
 
 CONTROL, USER_DEFINED = 3, 4
 #: pre-tokenizer types (``tokenizer.ggml.pre``) that split digits one by one before the GPT-2 regex
 DIGIT_SPLIT = ("smollm", "starcoder", "refact")
-ROLES = ("system", "user", "assistant")
 
 
 def build_backend(tokens: Sequence[str], token_types: np.ndarray, merges: Sequence[str], pre: str):
@@ -93,32 +91,3 @@ class ByteBPETokenizer:
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
         return render(messages, self.chat_template, add_generation_prompt, self.bos_token, self.eos_token)
-
-
-def check_messages(messages: Sequence[Mapping[str, str]], roles: Sequence[str] = ROLES) -> list[dict]:
-    """``messages`` as plain dicts, or a UserError naming the first bad one (roles: system, user, assistant)."""
-    return _check_messages(messages, roles)
-
-
-def render(messages: Sequence[Mapping[str, str]], template: str | None, add_generation_prompt: bool = True,
-           bos_token: str = "", eos_token: str = "") -> str:
-    """The prompt text for ``messages`` from a Jinja chat ``template``, in Jinja's immutable sandbox."""
-    msgs = check_messages(messages)
-    if not template:
-        raise UserError("this model's GGUF has no chat template: set model.chat_template to a Jinja template")
-    try:
-        from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:  # pragma: no cover - jinja2 comes with hydra's and transformers' deps
-        raise UserError("chat templates need the jinja2 package") from None
-
-    def _raise(msg: str):
-        raise UserError(f"chat template: {msg}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = _raise
-    try:
-        return env.from_string(template).render(messages=msgs, add_generation_prompt=add_generation_prompt,
-                                                bos_token=bos_token, eos_token=eos_token)
-    except TemplateError as exc:
-        raise UserError(f"chat template failed to render: {exc}") from None

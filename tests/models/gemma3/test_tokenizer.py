@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from inferhal.core.errors import UserError
-from inferhal.core.models.gemma3.chat import render
+from inferhal.core.models.gemma3.chat import render_turns
 from prompts import PROMPTS, long_prompt
 
 TEXTS = PROMPTS + [
@@ -44,12 +44,19 @@ def test_vocabulary_facts(gemma_tokenizer):
 def test_chat_turns_follow_gemma_format():
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Why?"}]
-    assert render(msgs) == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!"
-                            "<end_of_turn>\n<start_of_turn>user\nWhy?<end_of_turn>\n<start_of_turn>model\n")
-    assert render([{"role": "user", "content": "x"}], add_generation_prompt=False) == \
+    assert render_turns(msgs) == ("<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+                                  "Hello!<end_of_turn>\n<start_of_turn>user\nWhy?<end_of_turn>\n<start_of_turn>model\n")
+    assert render_turns([{"role": "user", "content": "x"}], add_generation_prompt=False) == \
         "<bos><start_of_turn>user\nx<end_of_turn>\n"
-    tmpl = "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}{% if add_generation_prompt %}>{% endif %}"
-    assert render([{"role": "user", "content": "x"}], True, tmpl) == "<bos>[user]x>"
+
+
+def test_a_chat_template_replaces_the_turns_with_gemmas_roles(gemma_tokenizer):
+    import copy
+
+    tok = copy.copy(gemma_tokenizer)
+    tok.chat_template = "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}{% if add_generation_prompt %}>{% endif %}"
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}, {"role": "model", "content": "y"}]) == \
+        "<bos>[user]x[model]y>"
 
 
 @pytest.mark.parametrize("bad,match", [([], "messages is empty"), ([{"role": "bot", "content": "x"}], "role is 'bot'"),
@@ -58,4 +65,4 @@ def test_chat_turns_follow_gemma_format():
                                         "system message may only come first")])
 def test_bad_chat_messages_are_named(bad, match):
     with pytest.raises(UserError, match=match):
-        render(bad)
+        render_turns(bad)

@@ -1,14 +1,13 @@
 """The byte-level BPE tokenizer rebuilt from the SmolLM2 GGUF equals transformers' GGUF tokenizer on text
 without digits; digits split one by one (llama.cpp's ``smollm`` pre-tokenizer and SmolLM2's own
-tokenizer.json; transformers' GGUF conversion leaves that step out). The chat template renders in a
-sandbox, and bad messages are UserErrors."""
+tokenizer.json; transformers' GGUF conversion leaves that step out). The file's chat template renders,
+and bad messages are UserErrors (the sandbox: tests/models/gguf/test_chat.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from inferhal.core.errors import UserError
-from inferhal.core.models.llama.tokenizer import render
 
 TEXTS = ["The capital of France is", "def fibonacci(n):\n    return n", "naïve café Ünïcödé", "Привет, мир",
          "你好，世界", "emoji 🤖🎉", "  two leading spaces", "tabs\tand\n\nnewlines\r\n", "<|im_start|>user\nHi<|im_end|>",
@@ -42,12 +41,6 @@ def test_chat_template_from_the_file(smollm):
         tok.apply_chat_template([{"role": "wizard", "content": "Hi"}])
     with pytest.raises(UserError, match="empty"):
         tok.apply_chat_template([])
-
-
-def test_template_runs_in_a_sandbox():
-    bad = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
-    with pytest.raises(UserError):
-        render([{"role": "user", "content": "x"}], bad)
 
 
 def test_chat_through_generate_cli(smollm, capsys):
