@@ -35,6 +35,17 @@ class Device(Protocol):
     def memory_stats(self) -> dict[str, int]:
         """At least ``{"total": bytes, "free": bytes}``; the KV planner sizes the pool from it."""
 
+    # Optional (the device run, :mod:`inferhal.core.qualify.device_run`, reports "not checked" without them):
+    #
+    # def forbid_host_sync(self) -> AbstractContextManager[Any]:
+    #     """Within it, a call that makes the host wait for the device raises (what a graph capture cannot hold)."""
+    #
+    # def describe(self) -> str:
+    #     """One line about the device for a report: driver, clocks, power limit."""
+    #
+    # ``event()`` objects that also have ``elapsed_time(other) -> ms`` time the device run's benchmarks on the
+    # device; without it they are timed with the host clock around ``synchronize()``.
+
 
 # --------------------------------------------------------------------------------------------------
 # KV storage

@@ -240,6 +240,10 @@ def inferhal_backend_extra(name: str, profile: "DeviceProfile") -> Any:
     - ``"benchmarks"``: a mapping of benchmark name → importable module name, each module with
       ``run(cfg) -> int``: ``inferhal bench NAME`` runs it beside core's own (a bench of one backend lives
       with that backend; core imports none). A name core already uses is refused.
+    - ``"op_variants"``: a mapping of op ID → {variant name → callable with the op's signature}: other
+      implementations of an op beside the one its op table runs (e.g. an old and a new kernel, a different
+      tile choice). The device run (:mod:`inferhal.core.qualify.device_run`) checks each against the reference
+      and times each on the same inputs as the op table's.
 
     Return ``None``
     for an unknown name; :meth:`ActiveBackend.extra <inferhal.core.registry.ActiveBackend.extra>`

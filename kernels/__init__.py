@@ -13,7 +13,7 @@ and FP4 x FP4 paths with quantised activations), ``embed``, ``act_gated`` (act.g
 ``spec_verify`` (spec.verify), ``moe_ep`` (moe.dispatch / moe.combine bookkeeping around the all-to-all).
 Infrastructure: ``runtime`` (interpreter switch), ``common`` (the INTERP workarounds), ``tuning``
 (configs as data), ``registry`` (AOT specs), ``aot`` (compile for sm_100a / sm_103a / sm_90a). The check
-on a lent GPU is ``backends/cuda_sm100/device_check.py`` (it needs the reference backend beside the kernels).
+on a lent GPU is ``.ci/device_check`` (:mod:`inferhal.core.qualify.device_run` with ``--backend cuda_sm100``).
 
 Interpreter mode: ``TRITON_INTERPRET=1`` must be set before a kernel module is imported; call
 ``runtime.use_interpreter(True)`` first (the cuda_sm100 plugin does, for ``backend.interpret=true``).

@@ -7,6 +7,7 @@ profile's features, never the chip.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -305,6 +306,30 @@ class CudaDevice:
 
         free, total = torch.cuda.mem_get_info(self.torch_device)
         return {"total": int(total), "free": int(free), "allocated": int(torch.cuda.memory_allocated(self.torch_device))}
+
+    @contextlib.contextmanager
+    def forbid_host_sync(self):
+        """Within it, a call that synchronises with the host raises (torch's CUDA sync debug mode): what a
+        graph capture cannot contain. The device run names the first such call of a decode step."""
+        import torch
+
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    def describe(self) -> str:
+        """One line for a report: nvidia-smi's name, driver, clocks and power limit (empty without it)."""
+        import subprocess
+
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit",
+                                  "--format=csv,noheader", f"--id={self.torch_device.index or 0}"],
+                                 capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return f"nvidia-smi: {smi.stdout.strip()}" if smi.returncode == 0 else ""
 
 
 class CudaGraphRunner:

@@ -85,8 +85,9 @@ def run_transformers(model, prompts: Sequence[list[int]], c: int, max_tokens: in
         t_submit = time.perf_counter()
         batch = prompts[s : s + c]
         width = max(len(p) for p in batch)
-        ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in batch])  # left padding
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        dev = getattr(model, "device", "cpu")  # the model's own device (the device run moves it there)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in batch], device=dev)  # left padding
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=dev)
         stamp = Stamp()
         with torch.no_grad():
             model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
