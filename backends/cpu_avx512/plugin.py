@@ -1,55 +1,8 @@
-"""Hook implementations of the cpu_avx512 backend (and nothing else)."""
+"""Hook implementations of the cpu_avx512 backend: cpu_amx's :class:`~inferhal.backends.cpu_amx.plugin.CpuPlugin`
+over this package's device, ops and comm modules."""
 
 from __future__ import annotations
 
-# the reference's device (this CPU, no streams or graphs) and its KV storage, as they are
-from inferhal.backends.reference.plugin import inferhal_device, inferhal_graph_runner, inferhal_kv_storage  # noqa: F401
-from inferhal.core.hookspecs import API_VERSION, hookimpl
+from inferhal.backends.cpu_amx.plugin import CpuPlugin
 
-
-@hookimpl
-def inferhal_api_version():
-    return API_VERSION
-
-
-@hookimpl
-def inferhal_probe():
-    from inferhal.backends.cpu_avx512 import device
-
-    return device.probe()
-
-
-@hookimpl
-def inferhal_device_profile(config):
-    from inferhal.backends.cpu_avx512 import device
-
-    device.check_config(config)
-    return device.profile()
-
-
-@hookimpl
-def inferhal_declared_ops():
-    from inferhal.backends.cpu_avx512.ops import OP_IDS
-
-    return dict.fromkeys(OP_IDS, "device")
-
-
-@hookimpl
-def inferhal_op_batch_invariance():
-    from inferhal.backends.cpu_amx.ops import batch_invariance
-
-    return batch_invariance()
-
-
-@hookimpl
-def inferhal_provide_ops(profile):
-    from inferhal.backends.cpu_avx512 import ops
-
-    return ops.provide(profile.exec_level)
-
-
-@hookimpl
-def inferhal_communicator(layout):
-    from inferhal.backends.cpu_avx512.comm import make_communicator
-
-    return make_communicator(layout, backend="gloo")
+plugin = CpuPlugin("inferhal.backends.cpu_avx512")

@@ -14,9 +14,9 @@ def test_kinds_are_the_bench_modules_with_a_run():
     kinds = cmd_bench.kinds()
     assert {"e2e", "engine", "eplb", "greedy_head", "ops", "cpu_linear"} <= set(kinds)
     assert "host" not in kinds and "bounds" not in kinds
-    # a backend's own benchmark lives with it, listed through its "benchmarks" extra: core imports no backend
-    assert kinds["cpu_linear"] == "inferhal.backends.cpu_amx.bench_linear"
-    assert all(m.startswith("inferhal.core.bench.") for k, m in kinds.items() if k != "cpu_linear")
+    # cpu_linear takes the backends as found (core imports none); a backend's own benchmark would come
+    # through its "benchmarks" extra (test below)
+    assert all(m.startswith("inferhal.core.bench.") for m in kinds.values())
 
 
 def test_a_backend_benchmark_named_like_a_core_one_is_refused(monkeypatch):
