@@ -3,7 +3,6 @@
 - ``"contract"``: the contract module (operator schemas, precondition checks, :class:`RecordingNpu`);
 - ``"npu_call_log"``: a factory ``make() -> (RecordingNpu, NpuOps)``: wrappers whose every torch_npu
   call is validated against the contract and logged (``recorder.calls``);
-- ``"mc2"``: ``factory(comm, moe_expert_num, quant=False) -> Mc2Dispatcher`` (EP dispatch/combine);
 - ``"generations"``: the generation capability table (:data:`device.GENERATIONS`);
 - ``"tuning"``: the triton-ascend tuning table and its UB-budget check (``kernels/tuning_ascend950.py``).
 - ``"environment"``: torch-npu, triton-ascend and CANN versions for a qualification report (no torch_npu import).
@@ -28,10 +27,6 @@ def lookup(name: str, torch_npu: Callable[[], Any]) -> Any:
             return rec, NpuOps(rec)
 
         return make
-    if name == "mc2":
-        from inferhal.backends.ascend950.comm import mc2_factory
-
-        return mc2_factory(torch_npu())
     if name == "environment":
         return environment()
     if name == "generations":

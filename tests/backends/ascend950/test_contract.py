@@ -262,25 +262,6 @@ def test_moe_experts(npu_ops, recorder, limit):
     assert "gate/up: K = 32: MX scales come in pairs" in npu_ops.events[-1][1]  # MX experts: test_moe_mx.py
 
 
-def test_mc2_dispatch_combine_round_trip(recorder):
-    from inferhal.backends.ascend950.comm import Mc2Dispatcher
-
-    g = torch.Generator().manual_seed(8)
-    x = torch.randn(5, 32,  # H: a multiple of 32 (MC2's limit)
-                    generator=g).to(BF16)
-    ids = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(5)])
-    w = torch.rand(5, 2, generator=g)
-    mc2 = Mc2Dispatcher(recorder, "hccl_ep_group", ep_world_size=1, ep_rank=0, moe_expert_num=8)
-    sent = mc2.dispatch(x, ids, w)
-    assert sent.x.shape == (10, 32) and int(sent.expert_token_nums.sum()) == 10
-    y = mc2.combine(sent.x, w, sent.handle)  # identity experts: y = sum_k w[t,k] x[t]
-    close(y, (x.float() * w.sum(1, keepdim=True)), 0.05)
-    assert recorder.ops_called() == ["npu_moe_distribute_dispatch", "npu_moe_distribute_combine"]
-    assert recorder.calls[0].args["group_ep"] == "hccl_ep_group"
-    with pytest.raises(ValueError, match="divide evenly"):
-        Mc2Dispatcher(recorder, "g", ep_world_size=3, ep_rank=0, moe_expert_num=8)
-
-
 def test_recorder_wraps_any_module_without_importing_torch_npu():
     import sys
 
