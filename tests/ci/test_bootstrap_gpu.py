@@ -100,3 +100,31 @@ def test_the_dry_run_prints_the_plan_and_installs_nothing(tmp_path):
 def test_bootstrap_refuses_an_unknown_argument():
     got = subprocess.run(["bash", str(ROOT / ".ci" / "bootstrap"), "gpus"], capture_output=True, text=True, timeout=60)
     assert got.returncode == 2 and "unknown argument 'gpus'" in got.stderr
+
+
+def test_the_system_steps_run_over_a_python_whose_torch_is_a_cuda_build(tmp_path):
+    """The plan's steps other than pip, for real: a venv python (not the system's) with a stand-in CUDA torch;
+    the new .venv sees that torch through its .pth, reports it and pins it."""
+    import venv
+
+    sysenv = tmp_path / "sys"
+    venv.create(sysenv, with_pip=False)
+    site = next(sysenv.glob("lib/python*/site-packages"))
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text(
+        "__version__ = '2.11.0+cu130'\nclass version:\n    cuda = '13.0'\n"
+        "class cuda:\n    is_available = staticmethod(lambda: False)\n")
+    (site / "torch-2.11.0+cu130.dist-info").mkdir()
+    (site / "torch-2.11.0+cu130.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.11.0+cu130\n")
+    py = str(sysenv / "bin" / "python")
+    st = bg.system_torch(py)
+    assert st["cuda"] == "13.0" and st["site"] == str(site)
+    p = _plan(py=py, sys_torch=st)
+    work = tmp_path / "repo"
+    work.mkdir()
+    for step in p["steps"]:
+        if step[1:3] != ["-m", "pip"]:
+            got = subprocess.run(step, cwd=work, capture_output=True, text=True, timeout=300)
+            assert got.returncode == 0, (step[:3], got.stderr)
+    assert (work / ".venv" / "inferhal-gpu-constraints.txt").read_text() == "torch==2.11.0+cu130\n"
+    assert bg.venv_state(work / ".venv") == "system"
