@@ -22,7 +22,7 @@ API_KEY_ENV = "INFERHAL_API_KEY"
 
 
 def settings_of(cfg, model_name: str):
-    from inferhal.core.server.app import ServerSettings
+    from inferhal.core.server.service import ServerSettings
 
     s = cfg.server
     if int(s.max_body_bytes) < 1024:

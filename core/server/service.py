@@ -1,0 +1,166 @@
+"""What every route shares: the API key, the body limit, a request's prompt ids and sampling params, its
+admission into the :class:`~.async_engine.AsyncEngine`, and the merged stream of its choices' outputs.
+
+One :class:`Service` per app, at ``app.state.service``; the route handlers (:mod:`.openai_api`) are
+module-level functions that read it from the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Optional
+
+from fastapi import Request
+
+from inferhal.core.errors import UserError
+from inferhal.core.server.async_engine import AsyncEngine, EngineDead, QueueFull
+from inferhal.core.server.protocol import APIError, Job
+from inferhal.core.structured.grammar import GrammarError
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model_name: str
+    api_key: Optional[str] = None
+    max_body_bytes: int = 1_048_576
+    version: str = "0"
+
+
+class Service:
+    def __init__(self, engine: AsyncEngine, settings: ServerSettings, metrics=None) -> None:
+        self.engine, self.settings, self.metrics = engine, settings, metrics
+        self.eng = engine.engine
+        self.tok = self.eng.tokenizer
+        self.max_len = self.eng.max_model_len
+        self._key = settings.api_key.encode() if settings.api_key else None
+
+    @staticmethod
+    def of(request: Request) -> "Service":
+        return request.app.state.service
+
+    # -- the request ------------------------------------------------------------------------------
+    def check_key(self, request: Request) -> None:
+        if self._key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        given = auth[7:].encode() if auth[:7].lower() == "bearer " else b""
+        if not hmac.compare_digest(given, self._key):
+            raise APIError(401, "invalid or missing API key (send Authorization: Bearer KEY)", code="invalid_api_key")
+
+    async def read_json(self, request: Request) -> Any:
+        limit = self.settings.max_body_bytes
+        too_big = APIError(413, f"request body is larger than server.max_body_bytes={limit}", code="request_too_large")
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_big
+            chunks.append(chunk)
+        try:
+            return json.loads(b"".join(chunks))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+
+    # -- prompt and params ------------------------------------------------------------------------
+    def prompt_ids(self, job: Job) -> list[int]:
+        tok, max_len = self.tok, self.max_len
+        try:
+            if job.chat:
+                ids = tok.encode(tok.apply_chat_template(job.messages, add_generation_prompt=True), add_bos=False)
+            elif isinstance(job.prompt, str):
+                ids = tok.encode(job.prompt)
+            else:
+                ids = list(job.prompt)
+                bad = [t for t in ids if not 0 <= t < self.eng.model.vocab_size]
+                if bad:
+                    raise APIError(400, f"token id {bad[0]} is outside the vocabulary", "prompt")
+        except UserError as exc:
+            raise APIError(400, str(exc), "messages" if job.chat else "prompt") from None
+        n = len(ids)
+        if n >= max_len:
+            raise APIError(400, f"this model's maximum context length is {max_len} tokens; the prompt has {n} "
+                                f"(at most {max_len - 1})", "messages" if job.chat else "prompt",
+                           "context_length_exceeded")
+        if job.max_tokens is not None and n + job.max_tokens > max_len:
+            raise APIError(400, f"this model's maximum context length is {max_len} tokens; the prompt has {n} and "
+                                f"max_tokens asks for {job.max_tokens}", "max_tokens", "context_length_exceeded")
+        return ids
+
+    def sampling(self, job: Job, n_prompt: int, i: int):
+        from inferhal.core.sampling.params import SamplingParams
+
+        kw = dict(job.sampling)
+        if "seed" in kw and i:
+            kw["seed"] = kw["seed"] + i
+        kw["max_tokens"] = job.max_tokens if job.max_tokens is not None else self.max_len - n_prompt
+        if job.logprobs is not None:
+            kw["logprobs"] = max(1, job.logprobs)
+        try:
+            return SamplingParams(**kw)
+        except UserError as exc:
+            raise APIError(400, str(exc)) from None
+
+    # -- admission and outputs --------------------------------------------------------------------
+    async def start(self, job: Job) -> tuple[list[int], list[tuple[str, asyncio.Queue]]]:
+        """Admit ``job``'s ``n`` choices → (prompt ids, [(request id, its Delta queue)])."""
+        if job.model != self.settings.model_name:
+            raise APIError(404, f"the model {job.model!r} does not exist; this server serves "
+                                f"{self.settings.model_name!r}", "model", "model_not_found")
+        ids = self.prompt_ids(job)
+        subs: list[tuple[str, asyncio.Queue]] = []
+        try:
+            for i in range(job.n):
+                subs.append(await self.engine.submit(ids, self.sampling(job, len(ids), i)))
+        except BaseException as exc:
+            for rid, _ in subs:
+                self.engine.abort(rid)
+            if isinstance(exc, QueueFull):
+                raise APIError(429, str(exc), code="queue_full") from None
+            if isinstance(exc, EngineDead):
+                raise APIError(503, f"the engine is not running: {exc}", code="engine_dead") from None
+            if isinstance(exc, GrammarError):
+                raise APIError(400, str(exc), job.structured_field) from None
+            if isinstance(exc, UserError):
+                raise APIError(400, str(exc)) from None
+            raise
+        return ids, subs
+
+    def abort(self, subs) -> None:
+        for rid, _ in subs:
+            self.engine.abort(rid)
+
+    @staticmethod
+    async def events(subs) -> AsyncIterator[tuple[int, Any]]:
+        """(choice index, Delta) as they come from every choice, until each has finished."""
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, q: asyncio.Queue) -> None:
+            while True:
+                d = await q.get()
+                await merged.put((i, d))
+                if isinstance(d, BaseException) or d.finished:
+                    return
+
+        tasks = [asyncio.create_task(pump(i, q)) for i, (_, q) in enumerate(subs)]
+        left = len(subs)
+        try:
+            while left:
+                i, d = await merged.get()
+                if isinstance(d, BaseException):
+                    raise APIError(503, f"the engine stopped: {d}", code="engine_dead")
+                if d.finished:
+                    left -= 1
+                yield i, d
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    @staticmethod
+    def usage(n_prompt: int, n_out: int) -> dict:
+        return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
