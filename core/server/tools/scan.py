@@ -1,0 +1,94 @@
+"""Pieces every incremental parser here uses: a parsed :class:`ToolCall`, the :class:`Parsed` output of one
+delta, how much of a buffer's end may still grow into a marker (:func:`held`), and the :class:`Content`
+sink that drops the whitespace around call blocks the same way for every cut of the stream."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+@dataclass
+class ToolCall:
+    """One call: the function's name and its arguments (a JSON object, parsed)."""
+
+    name: str
+    arguments: dict
+    id: str = field(default_factory=new_call_id)
+
+    def arguments_json(self) -> str:
+        return json.dumps(self.arguments, ensure_ascii=False)
+
+    def openai(self, index: int | None = None) -> dict:
+        d = {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments_json()}}
+        return d if index is None else {"index": index, **d}
+
+
+@dataclass
+class Parsed:
+    """What a parser gives for one delta (or at the end): content text and the calls completed in it."""
+
+    content: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+
+    def __iadd__(self, other: "Parsed") -> "Parsed":
+        self.content += other.content
+        self.calls += other.calls
+        return self
+
+
+def held(buf: str, *markers: str) -> int:
+    """The length of ``buf``'s longest suffix that is a proper prefix of one of ``markers``: text a later
+    delta may complete into a marker, so it is not yet released."""
+    best = 0
+    for m in markers:
+        for n in range(min(len(buf), len(m) - 1), best, -1):
+            if m.startswith(buf[-n:]):
+                best = n
+                break
+    return best
+
+
+class Content:
+    """Content text outside call blocks. Whitespace right before a call block and right after one is
+    dropped (the format's own separators); trailing whitespace is held until text follows it."""
+
+    def __init__(self) -> None:
+        self._ws = ""
+        self._after_call = False
+
+    def text(self, s: str) -> str:
+        if self._after_call:
+            s = s.lstrip()
+            if not s:
+                return ""
+            self._after_call = False
+        s = self._ws + s
+        core = s.rstrip()
+        self._ws = s[len(core):]
+        return core
+
+    def call(self) -> None:
+        self._ws, self._after_call = "", True
+
+    def finish(self) -> str:
+        out, self._ws = self._ws, ""
+        return out
+
+
+def loads_object(text: str) -> Any:
+    """``text`` as JSON, or None when it is not valid JSON."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+#: a factory of call ids (tests pass a deterministic one)
+IdFactory = Callable[[], str]
