@@ -97,6 +97,13 @@ class Context:
     def row(self, section: str, **fields: Any) -> dict:
         return {"section": section, "execution_level": self.label, **fields}
 
+    def late(self, row: dict, emit) -> bool:
+        """True once the deadline has passed, ``row`` then emitted as not run."""
+        if self.left() >= 0:
+            return False
+        emit(dict(row, status="not-run", message="the run's deadline passed"))
+        return True
+
 
 def error_text(exc: BaseException, limit: int = 600) -> str:
     return f"{type(exc).__name__}: {exc}"[:limit]

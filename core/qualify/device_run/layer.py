@@ -154,8 +154,7 @@ def layer_rows(ctx: Context, emit) -> None:
     step_fn = getattr(model, "forward_hidden", model.forward)
     for context in contexts:
         row = dict(base, context=context)
-        if ctx.left() < 0:
-            emit(dict(row, status="not-run", message="the run's deadline passed"))
+        if ctx.late(row, emit):
             continue
         try:
             fb, kv = decode_batch(model, active, nseq, context, dev)

@@ -139,8 +139,7 @@ def v4_rows(ctx: Context, emit) -> None:
         for vname, fn in variants(active, op_id).items():
             row = ctx.row("v4_shapes", op=op_id, shape=name, variant=vname, reference=ctx.dev, rtol=rtol, atol=atol,
                           native=native)
-            if ctx.left() < 0:
-                emit(dict(row, status="not-run", message="the run's deadline passed"))
+            if ctx.late(row, emit):
                 continue
             row.update(_check(torch, call, fn, ref.ops[op_id], rtol, atol, bitwise_equal, active.device))
             log(f"{row['status']:>7} {name} [{vname}]")

@@ -171,8 +171,7 @@ def speed_rows(ctx: Context, emit) -> None:
                 continue
             for c in levels:
                 row = dict(base, concurrency=c)
-                if ctx.left() < 0:
-                    emit(dict(row, status="not-run", message="the run's deadline passed"))
+                if ctx.late(row, emit):
                     continue
                 try:
                     prompts = _prompts(llm, c)
@@ -215,8 +214,7 @@ def peer_rows(ctx: Context, emit) -> None:
         return
     for c in LEVELS[ctx.scale]:
         r = dict(row, concurrency=c)
-        if ctx.left() < 0:
-            emit(dict(r, status="not-run", message="the run's deadline passed"))
+        if ctx.late(r, emit):
             continue
         try:
             prompts = _prompts(llm, c)
