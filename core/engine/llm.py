@@ -57,7 +57,7 @@ def _checkpoint_overrides(path: str) -> tuple[str, dict[str, Any]]:
     """(model config to start from, fields to set) for a checkpoint directory or GGUF file."""
     name = os.path.basename(os.path.normpath(path))
     if path.endswith(".gguf"):
-        from inferhal.core.models.gemma3.gguf_file import GGUFFile
+        from inferhal.core.models.gguf.reader import GGUFFile
 
         arch = GGUFFile(path).metadata.get("general.architecture")
         if arch not in _GGUF_ARCHS:

@@ -194,7 +194,7 @@ def _gemma3(model_cfg, groups) -> Inventory:
     if model_cfg.arch:
         cfg = Gemma3Config.from_mapping(dict(model_cfg.arch))
     else:
-        from inferhal.core.models.gemma3.gguf_file import GGUFFile
+        from inferhal.core.models.gguf.reader import GGUFFile
         from inferhal.core.models.gemma3.loader import resolve_path
 
         path = resolve_path(model_cfg)
@@ -206,7 +206,7 @@ def _gemma3(model_cfg, groups) -> Inventory:
 
 
 def _llama(model_cfg, groups) -> Inventory:
-    from inferhal.core.models.gemma3.gguf_file import GGUFFile
+    from inferhal.core.models.gguf.reader import GGUFFile
     from inferhal.core.models.llama.loader import config_of, resolve_path
 
     cfg = config_of(GGUFFile(resolve_path(model_cfg)))

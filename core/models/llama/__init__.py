@@ -1,9 +1,8 @@
-"""Llama family (dense; SmolLM2, TinyLlama, Llama 2/3 GGUFs): model against op IDs (:mod:`.model`),
-config from GGUF metadata (:mod:`.config`), loader (:mod:`.loader`; the GGUF reader and dequantiser are
-Gemma 3's), byte-level BPE tokenizer and sandboxed chat template (:mod:`.tokenizer`).
+"""Llama family (dense; SmolLM2, TinyLlama, Llama 2/3 GGUFs): the GGUF decoder (:mod:`inferhal.core.models.gguf`)
+with Llama's settings (:mod:`.config`) and its file and loader settings (:mod:`.loader`).
 
-``kv_groups_from_config(model_cfg)`` answers ``inferhal plan kv`` from the file's metadata alone;
-``routed_experts_from_config`` is 0 (a dense model).
+``kv_groups_from_config(model_cfg)`` answers ``inferhal plan kv`` from ``model.arch`` or the file's metadata
+alone; ``routed_experts_from_config`` is 0 (a dense model).
 """
 
 from __future__ import annotations
@@ -16,12 +15,10 @@ if TYPE_CHECKING:
 
 
 def kv_groups_from_config(model_cfg: "ModelConfig") -> "list[KVGroupSpec]":
-    from inferhal.core.models.gemma3.gguf_file import GGUFFile
-    from inferhal.core.models.llama.loader import DTYPES, config_of, resolve_path
-    from inferhal.core.models.llama.model import kv_groups_for
+    from inferhal.core.models.gguf.loader import kv_groups_from_config as of_family
+    from inferhal.core.models.llama.loader import FAMILY
 
-    cfg = config_of(GGUFFile(resolve_path(model_cfg)))
-    return kv_groups_for(cfg, DTYPES.get(str(model_cfg.dtype), DTYPES["float32"]))
+    return of_family(model_cfg, FAMILY)
 
 
 def routed_experts_from_config(model_cfg: "ModelConfig") -> int:

@@ -34,7 +34,7 @@ def test_capture_keeps_the_rows_that_reach_the_greedy_head_and_restores_the_op()
     from inferhal.core.config.schema import BackendConfig
     from inferhal.core.models.base import LoadedModel
     from inferhal.core.models.gemma3.config import Gemma3Config
-    from inferhal.core.models.gemma3.model import Gemma3ForCausalLM, LayerWeights
+    from inferhal.core.models.gguf.decoder import DecoderForCausalLM as Gemma3ForCausalLM, LayerWeights
     from inferhal.core.registry import BackendRegistry
 
     be = BackendRegistry.discover().select(BackendConfig(name="reference"))

@@ -75,10 +75,11 @@ def gemma(gemma_path):
 @pytest.fixture(scope="package")  # this directory (a package): freed after its last test
 def gemma_tokenizer(gemma_path):
     """The GGUF's tokenizer alone (no weights)."""
-    from inferhal.core.models.gemma3.gguf_file import GGUFFile
-    from inferhal.core.models.gemma3.tokenizer import GemmaTokenizer
+    from inferhal.core.models.gemma3.loader import FAMILY
+    from inferhal.core.models.gguf.loader import tokenizer_of
+    from inferhal.core.models.gguf.reader import GGUFFile
 
-    return GemmaTokenizer.from_gguf(GGUFFile(gemma_path))
+    return tokenizer_of(GGUFFile(gemma_path), FAMILY)
 
 
 @pytest.fixture(scope="package")  # this directory (a package): freed after its last test

@@ -49,10 +49,11 @@ def _load(gemma_path, backend: str, dtype: str):
 
 @pytest.fixture(scope="module")
 def prompt_ids(gemma_path):  # the file's tokenizer alone: transformers runs once for every backend
-    from inferhal.core.models.gemma3.gguf_file import GGUFFile
-    from inferhal.core.models.gemma3.tokenizer import GemmaTokenizer
+    from inferhal.core.models.gemma3.loader import FAMILY
+    from inferhal.core.models.gguf.loader import tokenizer_of
+    from inferhal.core.models.gguf.reader import GGUFFile
 
-    tok = GemmaTokenizer.from_gguf(GGUFFile(gemma_path))
+    tok = tokenizer_of(GGUFFile(gemma_path), FAMILY)
     return [tok.encode(p) for p in PROMPTS]
 
 

@@ -8,7 +8,7 @@ from inferhal.core.config.schema import ModelConfig
 from inferhal.core.errors import UserError
 from inferhal.core.models.gemma3 import kv_groups_from_config
 from inferhal.core.models.gemma3.config import FULL, SLIDING, Gemma3Config, from_gguf_metadata
-from inferhal.core.models.gemma3.gguf_file import GGUFFile
+from inferhal.core.models.gguf.reader import GGUFFile
 
 
 def test_the_270m_metadata_becomes_its_config(gemma_path):

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.slow
 def _load(gemma_path, keep_ints: bool, monkeypatch):
     from inferhal.core.config.schema import BackendConfig, ModelConfig
     from inferhal.core.models.gemma3 import loader
+    from inferhal.core.models.gguf import loader as gguf_loader
     from inferhal.core.registry import BackendRegistry
 
     reg = BackendRegistry.discover()
@@ -23,7 +24,7 @@ def _load(gemma_path, keep_ints: bool, monkeypatch):
     if not probe.available:
         pytest.skip(f"backend cpu_avx512 unavailable here: {probe.reason}")
     if not keep_ints:
-        monkeypatch.setattr(loader, "INT_BLOCK_FEATURE", "no such feature")
+        monkeypatch.setattr(gguf_loader, "INT_BLOCK_FEATURE", "no such feature")
     be = reg.select(BackendConfig(name="cpu_avx512"))
     mc = ModelConfig(name="gemma3_270m", family="gemma3", format="gguf", path=gemma_path, max_model_len=2048,
                      dtype="bfloat16")

@@ -14,7 +14,7 @@ import torch
 from harness import ContiguousKV, greedy, step
 from inferhal.core.config.schema import BackendConfig
 from inferhal.core.models.gemma3.config import Gemma3Config
-from inferhal.core.models.gemma3.model import Gemma3ForCausalLM, LayerWeights
+from inferhal.core.models.gguf.decoder import DecoderForCausalLM, LayerWeights
 from inferhal.core.registry import BackendRegistry
 
 transformers = pytest.importorskip("transformers")
@@ -56,7 +56,7 @@ def _pair(ops, softcap: float, scaling: float, seed: int = 0):
                        head_dim=32, sliding_window=6, query_pre_attn_scalar=24, rope_global_scaling=scaling,
                        final_softcap=softcap, max_position_embeddings=128,
                        layer_types=tuple(hc.layer_types))
-    ours = Gemma3ForCausalLM(cfg, ops, sd["model.embed_tokens.weight"], layers, sd["model.norm.weight"], 128)
+    ours = DecoderForCausalLM(cfg, ops, sd["model.embed_tokens.weight"], layers, sd["model.norm.weight"], 128)
     return hf, ours
 
 

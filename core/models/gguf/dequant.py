@@ -16,10 +16,10 @@ import warnings
 import numpy as np
 import torch
 
-from inferhal.core.models.gemma3.gguf_file import GGUFError, GGUFFile
+from inferhal.core.models.gguf.reader import GGUFError, GGUFFile
 from inferhal.core.ops.quant import QuantWeight, int_block, int_block_values
 
-log = logging.getLogger("inferhal.models.gemma3")
+log = logging.getLogger("inferhal.models.gguf")
 
 # ggml type ids (gguf.GGMLQuantizationType)
 F32, F16, Q5_0, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 6, 8, 12, 14, 30

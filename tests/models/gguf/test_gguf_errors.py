@@ -9,7 +9,7 @@ import pytest
 
 from inferhal.core.config.schema import BackendConfig, ModelConfig
 from inferhal.core.errors import UserError
-from inferhal.core.models.gemma3.gguf_file import GGUFFile
+from inferhal.core.models.gguf.reader import GGUFFile
 from inferhal.core.models.gemma3.loader import load
 from inferhal.core.registry import BackendRegistry
 

@@ -180,6 +180,16 @@ class GGUFFile:
         t = self.tensors[name]
         return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
 
+    def release(self, name: str) -> None:
+        """Give back the resident pages of the tensor's bytes (``madvise(MADV_DONTNEED)``; a decoder calls it
+        once the tensor is decoded). The mapping is read-only and backed by the file, so a later :meth:`raw`
+        reads them from the page cache again; pages shared with a neighbour tensor go too, and come back alike."""
+        t = self.tensors[name]
+        lo = t.offset // mmap.PAGESIZE * mmap.PAGESIZE
+        hi = min(-(-(t.offset + t.nbytes) // mmap.PAGESIZE) * mmap.PAGESIZE, len(self._mm))
+        if hi > lo and hasattr(mmap, "MADV_DONTNEED"):
+            self._mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
 

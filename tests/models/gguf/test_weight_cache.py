@@ -1,13 +1,16 @@
 """The dequantised-weight cache: exact round trip (fp32, bf16), a changed GGUF misses, a corrupt entry
-is rebuilt, and INFERHAL_WEIGHT_CACHE=0 turns it off."""
+is rebuilt, and INFERHAL_WEIGHT_CACHE=0 turns it off. A miss takes the weights one at a time, each let go
+before the next is decoded, and returns the mapped entry; an entry that cannot be written leaves the weights
+in memory."""
 
 from __future__ import annotations
 
 import os
+import weakref
 
 import torch
 
-from inferhal.core.models.gemma3 import weight_cache as wc
+from inferhal.core.models.gguf import weight_cache as wc
 
 
 def _tensors(dtype):
@@ -73,3 +76,33 @@ def test_int_block_weights_round_trip_under_their_own_key(tmp_path):
     assert wc.entry_dir(tmp_path / "c", gguf, torch.bfloat16) != wc.entry_dir(tmp_path / "c", gguf, torch.bfloat16,
                                                                                 "int_blocks")
     assert not wc.cached(tmp_path / "c", gguf, torch.bfloat16, lambda: {"x": torch.ones(1)})[1]
+
+
+def test_a_miss_holds_one_decoded_weight_at_a_time_and_returns_the_mapped_entry(tmp_path):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x")
+    decoded, want = [], {}  # weak references to every tensor the build made; their values
+
+    def build():
+        for i in range(4):
+            held = [j for j, r in enumerate(decoded) if r() is not None]
+            assert not held, f"decoding weight {i} while weight(s) {held} are still held"
+            t = torch.full((64, 16), float(i)).to(torch.bfloat16)
+            want[f"w{i}"] = t.clone()
+            decoded.append(weakref.ref(t))
+            yield f"w{i}", t
+            del t
+
+    got, hit = wc.cached(tmp_path / "c", gguf, torch.bfloat16, build)
+    assert not hit and len(decoded) == 4 and all(r() is None for r in decoded)  # what comes back is the file's
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_an_entry_that_cannot_be_written_leaves_the_weights_in_memory(tmp_path, caplog):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x")
+    (tmp_path / "c").write_text("a file where the cache directory should be")
+    want = _tensors(torch.float32)
+    got, hit = wc.cached(tmp_path / "c", gguf, torch.float32, lambda: iter(want.items()))
+    assert not hit and "could not write the weight cache" in caplog.text
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)

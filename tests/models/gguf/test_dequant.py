@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from inferhal.core.models.gemma3 import dequant
-from inferhal.core.models.gemma3.gguf_file import GGUFFile
+from inferhal.core.models.gguf import dequant
+from inferhal.core.models.gguf.reader import GGUFFile
 
 gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize as np_dequantize, quantize  # noqa: E402
@@ -19,7 +19,7 @@ class _OneTensor:
     """Just enough of a GGUFFile for dequant.dequantize."""
 
     def __init__(self, raw: np.ndarray, ggml_type: int, shape) -> None:
-        from inferhal.core.models.gemma3.gguf_file import TensorInfo
+        from inferhal.core.models.gguf.reader import TensorInfo
 
         self.path = "mem"
         self._raw = raw
