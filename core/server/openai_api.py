@@ -44,6 +44,7 @@ async def _complete(request: Request, chat: bool):
         return StreamingResponse(_stream(svc, job, ids, subs, rid, created, detoks), media_type="text/event-stream",
                                  headers=SSE_HEADERS)
     k = job.logprobs
+    parsers = [svc.parser(job) for _ in subs] if chat else None
     texts = [""] * len(subs)
     lps: list[list[dict]] = [[] for _ in subs]
     reasons: list[Optional[str]] = [None] * len(subs)
@@ -54,7 +55,10 @@ async def _complete(request: Request, chat: bool):
             n_out[i] += len(d.token_ids)
             if k is not None:
                 lps[i] += logprob_entries(svc.tok, d.token_ids, d.logprobs, k)
-            texts[i] += detoks[i].step(d)
+            text = detoks[i].step(d)
+            texts[i] += text
+            if parsers:
+                parsers[i].feed(text, end=d.finished)
             if d.finished:
                 reasons[i] = d.finish_reason
 
@@ -63,8 +67,9 @@ async def _complete(request: Request, chat: bool):
     choices = []
     for i in range(len(subs)):
         if chat:
-            c = {"index": i, "message": {"role": "assistant", "content": texts[i]},
-                 "logprobs": {"content": lps[i]} if k is not None else None, "finish_reason": reasons[i]}
+            out = parsers[i].total
+            c = {"index": i, "message": message(out, svc.reasoning), "logprobs": {"content": lps[i]} if k is not None
+                 else None, "finish_reason": finish_reason(reasons[i], out.calls)}
         else:
             c = {"index": i, "text": texts[i], "logprobs": completion_logprobs(lps[i], 0) if k is not None else None,
                  "finish_reason": reasons[i]}
@@ -72,6 +77,22 @@ async def _complete(request: Request, chat: bool):
     return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
                          "created": created, "model": svc.settings.model_name, "choices": choices,
                          "usage": svc.usage(len(ids), sum(n_out))})
+
+
+def message(out, reasoning: bool) -> dict:
+    """A chat choice's message from its parsed output: content (None when it made calls and wrote no text),
+    ``tool_calls`` when it made any, ``reasoning_content`` when the server splits reasoning."""
+    m: dict = {"role": "assistant", "content": out.content if out.content or not out.calls else None}
+    if out.calls:
+        m["tool_calls"] = [c.openai() for c in out.calls]
+    if reasoning:
+        m["reasoning_content"] = out.reasoning or None
+    return m
+
+
+def finish_reason(reason: Optional[str], calls) -> Optional[str]:
+    """``tool_calls`` for a choice that ended by itself after calling tools."""
+    return "tool_calls" if calls and reason == "stop" else reason
 
 
 async def run_until_disconnect(request: Request, work, svc: Service, subs) -> Optional[bool]:
@@ -98,6 +119,8 @@ async def _stream(svc: Service, job: Job, ids, subs, rid, created, detoks) -> As
     obj = "chat.completion.chunk" if chat else "text_completion"
     n_out, offsets = 0, [0] * len(subs)
     finished = set()
+    parsers = [svc.parser(job) for _ in subs] if chat else None
+    n_calls = [0] * len(subs)
 
     def chunk(choices: list, usage_: Any = None) -> str:
         body = {"id": rid, "object": obj, "created": created, "model": svc.settings.model_name, "choices": choices}
@@ -113,15 +136,24 @@ async def _stream(svc: Service, job: Job, ids, subs, rid, created, detoks) -> As
             n_out += len(d.token_ids)
             text = detoks[i].step(d)
             entries = logprob_entries(tok, d.token_ids, d.logprobs, k) if k is not None else None
-            if not text and not d.finished and not entries:
-                continue
-            reason = d.finish_reason if d.finished else None
             if chat:
-                c = {"index": i, "delta": {"content": text} if text else {},
-                     "logprobs": {"content": entries} if entries is not None else None, "finish_reason": reason}
+                out = parsers[i].feed(text, end=d.finished)
+                if not out and not d.finished and not entries:
+                    continue
+                delta: dict = {"content": out.content} if out.content else {}
+                if out.reasoning:
+                    delta["reasoning_content"] = out.reasoning
+                if out.calls:
+                    delta["tool_calls"] = [c.openai(n_calls[i] + j) for j, c in enumerate(out.calls)]
+                    n_calls[i] += len(out.calls)
+                reason = finish_reason(d.finish_reason, parsers[i].total.calls) if d.finished else None
+                c = {"index": i, "delta": delta, "logprobs": {"content": entries} if entries is not None else None,
+                     "finish_reason": reason}
+            elif not text and not d.finished and not entries:
+                continue
             else:
                 c = {"index": i, "text": text, "logprobs": completion_logprobs(entries, offsets[i])
-                     if entries is not None else None, "finish_reason": reason}
+                     if entries is not None else None, "finish_reason": d.finish_reason if d.finished else None}
                 offsets[i] += len(text)
             if d.finished:
                 finished.add(i)

@@ -1,16 +1,18 @@
-"""OpenAI request bodies → one validated :class:`Job`; OpenAI's error schema.
+"""OpenAI request bodies → one validated :class:`Job`.
 
 Each check raises :class:`APIError` with the status, the offending ``param`` and a message; the server
 answers it as ``{"error": {"message", "type", "param", "code"}}``. Supported: ``model``, ``prompt`` (a
-string or one list of token ids) or ``messages`` (roles system | user | assistant; content a string or
-text parts), ``max_tokens`` / ``max_completion_tokens`` (left out: 16 for completions, as OpenAI and vLLM
+string or one list of token ids) or ``messages`` (roles system | user | assistant | tool; content a string
+or text parts; :mod:`.chat_messages`), ``tools`` / ``tool_choice`` / ``parallel_tool_calls``
+(:mod:`.tools.spec`), ``chat_template_kwargs`` (extra variables for the chat template, e.g.
+``{"thinking": true}``, which also sets where reasoning output starts), ``max_tokens`` / ``max_completion_tokens`` (left out: 16 for completions, as OpenAI and vLLM
 default; up to the context limit for chat), ``temperature``, ``top_p``, ``top_k``,
 ``min_p``, ``seed``, ``stop`` (up to 4 strings), ``n``, ``logprobs`` / ``top_logprobs`` (at most 20),
 ``stream``, ``stream_options.include_usage``, ``ignore_eos``, and structured outputs: ``response_format``
 (``text``, ``json_object``, ``json_schema`` with ``json_schema.schema``) or vLLM's ``structured_outputs``
 (one of ``json``, ``json_object``, ``regex``, ``choice``, ``grammar``); an invalid schema or regex is a 400.
-A field that would change the output but is not implemented (penalties, ``logit_bias``, ``tools``,
-``echo``, ``suffix``, ``best_of``) is a 400 rather than silently ignored; other unknown fields are ignored,
+A field that would change the output but is not implemented (penalties, ``logit_bias``, the deprecated
+``functions``, ``echo``, ``suffix``, ``best_of``; ``tools`` on completions) is a 400 rather than silently ignored; other unknown fields are ignored,
 as OpenAI does.
 """
 
@@ -20,25 +22,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from inferhal.core.server.chat_messages import openai_messages
+from inferhal.core.server.errors import APIError
+from inferhal.core.server.tools.spec import openai_tools
+
 MAX_LOGPROBS = 20
 MAX_STOP = 4
 MAX_N = 16
-ROLES = ("system", "user", "assistant")
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          413: "invalid_request_error", 429: "rate_limit_error", 500: "internal_error", 503: "service_unavailable"}
 #: fields whose non-default value is refused: field → the value that means "off"
 _UNSUPPORTED = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None,
-                "tools": None, "tool_choice": None, "functions": None, "echo": False, "suffix": None, "best_of": 1}
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "invalid_request_error"),
-                          "param": self.param, "code": self.code}}
+                "functions": None, "function_call": None, "echo": False, "suffix": None, "best_of": 1}
 
 
 #: ``max_tokens`` of a completions request that leaves it out (OpenAI's legacy default; vLLM's too)
@@ -60,6 +53,9 @@ class Job:
     stream: bool = False
     include_usage: bool = False
     structured_field: Optional[str] = None  # the field its constraint came from (a compile error names it)
+    tools: Optional[Any] = None  # a tools.spec.ToolSpec (chat)
+    template_kwargs: dict = field(default_factory=dict)  # chat_template_kwargs
+    thinking: Optional[bool] = None  # chat: whether the output starts in reasoning (set with the prompt)
 
 
 def _bad(msg: str, param: str) -> APIError:
@@ -88,14 +84,20 @@ def _num(body: dict, key: str, lo: float, hi: float, lo_open: bool = False) -> O
     return float(v)
 
 
-def _content(m: dict, i: int) -> str:
-    c = m.get("content")
-    if isinstance(c, str):
-        return c
-    if isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                                   for p in c):
-        return "".join(p["text"] for p in c)
-    raise _bad(f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}].content")
+#: names a chat template already has: chat_template_kwargs cannot replace them
+RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception")
+
+
+def template_kwargs(kw: Any) -> dict:
+    if kw is None:
+        return {}
+    if not isinstance(kw, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kw):
+        raise _bad("'chat_template_kwargs' must be an object whose keys are names", "chat_template_kwargs")
+    taken = [k for k in kw if k in RESERVED]
+    if taken:
+        raise _bad(f"'chat_template_kwargs' cannot set {', '.join(taken)} (the server sets them)",
+                   "chat_template_kwargs")
+    return dict(kw)
 
 
 def structured_field(body: dict) -> str:
@@ -139,17 +141,9 @@ def parse(body: Any, chat: bool) -> Job:
         raise _bad("'model' is required (a string)", "model")
     job = Job(chat=chat, model=model)
     if chat:
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise _bad("'messages' is required: a non-empty list of {role, content}", "messages")
-        job.messages = []
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict):
-                raise _bad(f"messages[{i}] must be an object with 'role' and 'content'", f"messages[{i}]")
-            if m.get("role") not in ROLES:
-                raise _bad(f"messages[{i}].role is {m.get('role')!r}; expected one of {', '.join(ROLES)}",
-                           f"messages[{i}].role")
-            job.messages.append({"role": m["role"], "content": _content(m, i)})
+        job.messages = openai_messages(body.get("messages"))
+        job.tools = openai_tools(body)
+        job.template_kwargs = template_kwargs(body.get("chat_template_kwargs"))
     else:
         p = body.get("prompt")
         if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
@@ -164,7 +158,7 @@ def parse(body: Any, chat: bool) -> Job:
             raise _bad(f"'prompt' must be a non-empty string or one list of integer token ids (one prompt per "
                        f"request); {what}", "prompt")
         job.prompt = p
-    for key, off in _UNSUPPORTED.items():
+    for key, off in (_UNSUPPORTED if chat else {**_UNSUPPORTED, "tools": None, "tool_choice": None}).items():
         v = body.get(key)
         if v is not None and v != off and v != {} and v != []:
             raise _bad(f"'{key}' is not supported by this server", key)
@@ -188,6 +182,9 @@ def parse(body: Any, chat: bool) -> Job:
             raise _bad(f"'stop' must be a non-empty string or a list of up to {MAX_STOP} of them", "stop")
         s["stop"] = list(stop)
     structured = _structured(body)
+    if structured is not None and job.tools is not None and job.tools.forced:
+        raise _bad(f"'{structured_field(body)}' cannot be combined with tool_choice={job.tools.choice!r} (that "
+                   f"constrains the output to tool calls)", "tool_choice")
     if structured is not None:
         s["structured"] = structured
         job.structured_field = structured_field(body)

@@ -17,6 +17,7 @@ import sys
 from contextlib import asynccontextmanager
 
 from inferhal.core.errors import UserError
+from inferhal.core.server.tools.formats import REASONING_PARSERS
 
 API_KEY_ENV = "INFERHAL_API_KEY"
 
@@ -31,6 +32,9 @@ def settings_of(cfg, model_name: str):
         raise UserError(f"server.max_queued_requests must be >= 1, got {s.max_queued_requests}")
     if float(s.shutdown_timeout_s) < 0:
         raise UserError(f"server.shutdown_timeout_s must be >= 0, got {s.shutdown_timeout_s}")
+    if s.reasoning_parser is not None and str(s.reasoning_parser) not in REASONING_PARSERS:
+        raise UserError(f"server.reasoning_parser must be one of {', '.join(REASONING_PARSERS)} (or null: the model "
+                        f"family's own), got {s.reasoning_parser!r}")
     if not 0 <= int(s.port) < 65536:
         raise UserError(f"server.port must be in [0, 65535], got {s.port}")
     key = s.api_key if s.api_key is not None else os.environ.get(API_KEY_ENV) or None
@@ -41,7 +45,8 @@ def settings_of(cfg, model_name: str):
     except Exception:
         ver = "0"
     return ServerSettings(model_name=str(s.served_model_name or model_name), api_key=key,
-                          max_body_bytes=int(s.max_body_bytes), version=ver)
+                          max_body_bytes=int(s.max_body_bytes), version=ver,
+                          reasoning_parser=None if s.reasoning_parser is None else str(s.reasoning_parser))
 
 
 def make_app(llm, cfg):

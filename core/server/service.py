@@ -18,6 +18,10 @@ from fastapi import Request
 from inferhal.core.errors import UserError
 from inferhal.core.server.async_engine import AsyncEngine, EngineDead, QueueFull
 from inferhal.core.server.protocol import APIError, Job
+from inferhal.core.server.tools import prompt, reasoning
+from inferhal.core.server.tools.choice import ChoiceParser
+from inferhal.core.server.tools.constrain import constraint
+from inferhal.core.server.tools.formats import call_format, reasoning_of
 from inferhal.core.structured.grammar import GrammarError
 
 
@@ -27,6 +31,7 @@ class ServerSettings:
     api_key: Optional[str] = None
     max_body_bytes: int = 1_048_576
     version: str = "0"
+    reasoning_parser: Optional[str] = None  # think | none | None (the model family's own)
 
 
 class Service:
@@ -36,6 +41,9 @@ class Service:
         self.tok = self.eng.tokenizer
         self.max_len = self.eng.max_model_len
         self._key = settings.api_key.encode() if settings.api_key else None
+        family = getattr(getattr(self.eng, "loaded", None), "family", None)
+        self.fmt = call_format(family)  # the model family's tool-call format
+        self.reasoning = reasoning_of(family, settings.reasoning_parser)  # split <think> reasoning from content
 
     @staticmethod
     def of(request: Request) -> "Service":
@@ -68,11 +76,22 @@ class Service:
             raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
 
     # -- prompt and params ------------------------------------------------------------------------
+    def chat_prompt(self, job: Job) -> str:
+        """A chat job's prompt text; sets ``job.thinking`` (where its reasoning starts, when the server splits
+        reasoning): the ``thinking`` / ``enable_thinking`` template argument if given, else whether the
+        template left a ``<think>`` block open."""
+        text = prompt.render(self.tok, job.messages, self.fmt, job.tools, job.template_kwargs)
+        if self.reasoning:
+            kw = job.template_kwargs
+            given = kw.get("thinking", kw.get("enable_thinking"))
+            job.thinking = bool(given) if given is not None else text.rstrip().endswith(reasoning.OPEN)
+        return text
+
     def prompt_ids(self, job: Job) -> list[int]:
         tok, max_len = self.tok, self.max_len
         try:
             if job.chat:
-                ids = tok.encode(tok.apply_chat_template(job.messages, add_generation_prompt=True), add_bos=False)
+                ids = tok.encode(self.chat_prompt(job), add_bos=False)
             elif isinstance(job.prompt, str):
                 ids = tok.encode(job.prompt)
             else:
@@ -113,6 +132,9 @@ class Service:
             raise APIError(404, f"the model {job.model!r} does not exist; this server serves "
                                 f"{self.settings.model_name!r}", "model", "model_not_found")
         ids = self.prompt_ids(job)
+        if job.tools is not None and job.tools.forced:
+            job.sampling["structured"] = constraint(job.tools, self.fmt, bool(job.thinking))
+            job.structured_field = "tools"
         subs: list[tuple[str, asyncio.Queue]] = []
         try:
             for i in range(job.n):
@@ -130,6 +152,11 @@ class Service:
                 raise APIError(400, str(exc)) from None
             raise
         return ids, subs
+
+    def parser(self, job: Job) -> ChoiceParser:
+        """A chat choice's reasoning/content/tool-call parser."""
+        active = job.tools is not None and job.tools.active
+        return ChoiceParser(job.thinking if self.reasoning else None, self.fmt if active else None)
 
     def abort(self, subs) -> None:
         for rid, _ in subs:

@@ -136,3 +136,6 @@ class DSMLParser:
         self.buf, self.inside = "", False
         out.content += self.sink.finish()
         return out
+
+
+Parser = DSMLParser  # the format's parser, by the name every format module gives it

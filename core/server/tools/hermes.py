@@ -103,3 +103,6 @@ class HermesParser:
         self.buf, self.inside = "", False
         out.content += self.sink.finish()
         return out
+
+
+Parser = HermesParser  # the format's parser, by the name every format module gives it

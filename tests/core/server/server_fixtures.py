@@ -98,6 +98,7 @@ def server(llm, offline, offline_long):
     from inferhal.core.server.serve import make_app
 
     cfg = compose([f"model={MODEL}", f"server.api_key={API_KEY}", f"server.max_queued_requests={MAX_QUEUED}",
+                   "server.reasoning_parser=think",
                    "server.max_body_bytes=65536"], command="serve")
     app, engine = make_app(llm, cfg)
     with run_server(app) as url:

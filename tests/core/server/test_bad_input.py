@@ -16,6 +16,7 @@ from server_fixtures import API_KEY, MAX_QUEUED, MODEL
 
 AUTH = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
 CHAT = [{"role": "user", "content": "Hi"}]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 
 
 def call(url: str, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
@@ -60,6 +61,22 @@ BAD = {
     "unknown route": (lambda url: call(url, "GET", "/v2/nothing"), 404, None, None),
     "include_usage not a boolean": (lambda url: chat(url, stream=True, stream_options={"include_usage": "x"}), 400,
                                     None, "stream_options"),
+    "tool schema that does not compile": (lambda url: chat(url, tools=[{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "bogus"}}}]), 400, None, "tools[0].function.parameters"),
+    "tool_choice naming a function not in tools": (lambda url: chat(url, tools=[TOOL], tool_choice={
+        "type": "function", "function": {"name": "g"}}), 400, None, "tool_choice"),
+    "tool message without a matching call": (lambda url: chat(url, messages=CHAT + [
+        {"role": "tool", "tool_call_id": "call_9", "content": "21C"}]), 400, None, "messages[1].tool_call_id"),
+    "tool call arguments not an object": (lambda url: chat(url, messages=CHAT + [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]), 400, None,
+        "messages[1].tool_calls[0].function.arguments"),
+    "tools on completions": (lambda url: call(url, "POST", "/v1/completions", json.dumps(
+        {"model": MODEL, "prompt": "x", "tools": [TOOL]}).encode()), 400, None, "tools"),
+    "response_format with a forced tool": (lambda url: chat(url, tools=[TOOL], tool_choice="required",
+                                                            response_format={"type": "json_object"}), 400, None,
+                                           "tool_choice"),
+    "chat_template_kwargs setting messages": (lambda url: chat(url, chat_template_kwargs={"messages": []}), 400, None,
+                                              "chat_template_kwargs"),
     "float token ids": (lambda url: call(url, "POST", "/v1/completions", json.dumps(
         {"model": MODEL, "prompt": [1.5, 2], "max_tokens": 2}).encode()), 400, None, "prompt"),
 }

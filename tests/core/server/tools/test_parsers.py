@@ -17,7 +17,7 @@ from inferhal.core.server.tools.reasoning import CLOSE, OPEN, ThinkSplitter
 from inferhal.core.server.tools.scan import held
 
 FORMATS = {"hermes": (hermes, hermes.HermesParser), "dsml": (dsml, dsml.DSMLParser)}
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # -- strategies ------------------------------------------------------------------------------------
 NAMES = st.from_regex(r"[a-z_][a-z0-9_]{0,9}", fullmatch=True)
@@ -164,3 +164,28 @@ def test_malformed_calls_stay_content():
     assert run(hermes.HermesParser(), ['x <tool_call>{"name": "f", "argu']) == ('x <tool_call>{"name": "f", "argu', [])
     bad = '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\nnot a parameter\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>'
     assert run(dsml.DSMLParser(), [bad]) == ('<｜DSML｜invoke name="f">\nnot a parameter\n</｜DSML｜invoke>', [])
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("thinking", [True, False, None])
+@SETTINGS
+@given(data=st.data())
+def test_reasoning_then_calls_is_the_same_for_every_cut(fmt, thinking, data):
+    """The server's per-choice parser (the <think> splitter feeding the call parser) is cut-invariant too."""
+    from inferhal.core.server.tools.choice import ChoiceParser
+
+    mod, _ = FORMATS[fmt]
+    frag = st.one_of(fragments(mod), st.sampled_from([OPEN, CLOSE, " "]))
+    text = data.draw(st.lists(frag, max_size=4).map("".join))
+
+    def parse(pieces):
+        p = ChoiceParser(thinking, mod)
+        for i, piece in enumerate(pieces):
+            p.feed(piece, end=i == len(pieces) - 1)
+        if not pieces:
+            p.feed("", end=True)
+        t = p.total
+        return t.reasoning, t.content, [(c.name, c.arguments) for c in t.calls]
+
+    whole = parse([text])
+    assert parse(data.draw(cuts(text))) == whole
