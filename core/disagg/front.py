@@ -6,51 +6,46 @@ an instance (the prompt checks are the scheduler's own :func:`~inferhal.core.sch
 
 from __future__ import annotations
 
-import itertools
 from types import SimpleNamespace
 from typing import Any, Hashable, Optional
 
-from inferhal.core.engine.engine import Engine
+from inferhal.core.engine.intake import Intake
 from inferhal.core.sampling.params import SamplingParams
 from inferhal.core.scheduler.request import Request
 from inferhal.core.scheduler.scheduler import RequestError, check_length
 
 
-class Front:
-    """An engine's request-facing half (tokenizer, limits, validation); it runs nothing."""
+class _Limits:
+    """What the instances' pools and schedulers allow, as hello said (a request must fit every instance)."""
 
-    #: Engine's own text handling and grammar compiler, over this object's tokenizer and vocabulary
-    encode = Engine.encode
-    check_params = Engine.check_params
-    grammars = Engine.grammars
-
-    def __init__(self, tokenizer: Any, limits: dict) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, limits: dict) -> None:
         self.max_model_len = int(limits["max_model_len"])
-        self.model = SimpleNamespace(vocab_size=int(limits["vocab_size"]))
-        self.eos_token_ids = tuple(limits["eos_token_ids"])
         self.chunked_prefill = bool(limits["chunked_prefill"])
         self.max_num_batched_tokens = int(limits["max_num_batched_tokens"])
         self.capacity_tokens = int(limits["capacity_tokens"])
-        self._grammars = None
-        self._ids = itertools.count()
+
+    def check_request(self, req: Request) -> None:
+        total = check_length(req, self.max_model_len, self.chunked_prefill, self.max_num_batched_tokens)
+        if total > self.capacity_tokens:
+            raise RequestError(f"request {req.request_id!r}: {total} tokens do not fit the KV pool of every instance "
+                               f"(at most {self.capacity_tokens}); lower max_tokens, or raise cache.kv_cache_bytes (or "
+                               f"cache.num_blocks) on the instances")
+
+
+class Front(Intake):
+    """An engine's request-facing half (the engine's own :class:`~inferhal.core.engine.intake.Intake` over this
+    tokenizer, vocabulary and limits); it runs nothing."""
+
+    def __init__(self, tokenizer: Any, limits: dict) -> None:
+        self.limits = _Limits(limits)
+        super().__init__(SimpleNamespace(vocab_size=int(limits["vocab_size"])), tokenizer, self.limits,
+                         tuple(limits["eos_token_ids"]), id_prefix="r")
+        self.max_model_len = self.limits.max_model_len
 
     def tighten(self, limits: dict) -> None:
         """Another instance's limits: a request must fit every instance it may be placed on."""
-        self.capacity_tokens = min(self.capacity_tokens, int(limits["capacity_tokens"]))
+        self.limits.capacity_tokens = min(self.limits.capacity_tokens, int(limits["capacity_tokens"]))
 
     def make_request(self, prompt: Any, params: Optional[SamplingParams] = None, request_id: Optional[str] = None,
-                     extra_keys: tuple[Hashable, ...] = ()) -> Request:
-        params = self.check_params(params)
-        _, ids = self.encode(prompt)
-        rid = f"r{next(self._ids)}" if request_id is None else str(request_id)
-        req = Request(rid, ids, params, eos_token_ids=self.eos_token_ids, extra_keys=tuple(extra_keys))
-        total = check_length(req, self.max_model_len, self.chunked_prefill, self.max_num_batched_tokens)
-        if total > self.capacity_tokens:
-            raise RequestError(f"request {rid!r}: {total} tokens do not fit the KV pool of every instance (at most "
-                               f"{self.capacity_tokens}); lower max_tokens, or raise cache.kv_cache_bytes (or "
-                               f"cache.num_blocks) on the instances")
-        if params.structured is not None:  # compiled here: an invalid schema is this request's error only
-            req.grammar = self.grammars().matcher(params.structured)
-        return req
-
+                     extra_keys: tuple[Hashable, ...] = ()) -> Request:  # type: ignore[override]
+        return super().make_request(prompt, params, request_id, extra_keys)[0]

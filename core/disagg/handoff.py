@@ -9,14 +9,18 @@ window, never its whole window history. :func:`import_request` allocates the sam
 decode side (``allocate(P, 0)``), writes them, and hands the scheduler a running request whose next step
 decodes position ``P``, with its sampling state (seeded generator, logprobs of the first token).
 
+:class:`PrefillSide` and :class:`DecodeSide` are the two engines' KV transfers (the engine's
+:class:`~inferhal.core.engine.transfer.KVTransfer`): the engine calls them and imports nothing of this package.
+
 Both sides describe themselves at handshake (:func:`describe`: model, block size, and every KV group's
 kind, layers, slot shape, dtype and record format); :func:`check_compatible` refuses a mismatch naming it.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -24,6 +28,7 @@ from inferhal.core.disagg.connector import KVPayload
 from inferhal.core.errors import UserError
 from inferhal.core.paging.kv_manager import blocks_needed, first_live_block
 from inferhal.core.sampling.params import SamplingParams
+from inferhal.core.scheduler.scheduler import NoRoomNow, RequestError
 
 
 def describe(engine: Any) -> dict[str, Any]:
@@ -109,5 +114,117 @@ def import_request(engine: Any, payload: KVPayload) -> str:
         for i, layer in enumerate(s.layers):
             cache = engine.kv_storage.layer_cache(s.name, layer)
             cache[idx.to(cache.device)] = payload.blocks[s.name][i].to(cache.device, cache.dtype)
-    engine.adopted(req, st.get("generator"), st.get("logprobs") or [])
+    if req.params.temperature > 0:  # the prefill side's generator, where it sent one
+        req.generator = torch.Generator(device=engine.device)
+        if st.get("generator") is not None:
+            req.generator.set_state(st["generator"])
+        else:
+            req.generator.manual_seed(int(params.seed if params.seed is not None else engine.seed))
+    engine.outputs.track(req.request_id, None, st.get("logprobs") or [], sent=req.num_output_tokens)  # streamed there
     return req.request_id
+
+
+class PrefillSide:
+    """A prefill engine's :class:`~inferhal.core.engine.transfer.KVTransfer`: each request that got its first
+    token is exported (:meth:`take` hands the payloads to a connector) and finished there as ``transferred``,
+    except those in :attr:`keep_local` (a hand-off failed: decoded here all the same)."""
+
+    role = "prefill"
+
+    def __init__(self) -> None:
+        self.engine: Any = None
+        self.keep_local: set[str] = set()
+        self._handoffs: list[KVPayload] = []
+
+    def bind(self, engine: Any) -> None:
+        if engine.executor.asynchronous:
+            raise UserError("parallel.role=prefill runs with scheduler.async_scheduling=false (a request's KV is "
+                            "read for its hand-off right after the step that sampled its first token)")
+        self.engine = engine
+
+    def before_step(self) -> None:
+        pass
+
+    def after_update(self, changed: Sequence[Any]) -> None:
+        e = self.engine
+        for r in changed:
+            if r.is_finished:
+                self.keep_local.discard(r.request_id)
+            if r.is_finished or r.num_output_tokens < 1 or r.request_id in self.keep_local:
+                continue
+            self._handoffs.append(export_request(e, r, e.outputs.logprobs(r.request_id)))
+            if e.proposer is not None:
+                e.proposer.free(r.request_id)
+            e.scheduler.finish([r.request_id], "transferred")
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        pass
+
+    def pending(self) -> Sequence[str]:
+        return ()
+
+    def take(self) -> list[KVPayload]:
+        """The requests handed off since the last call, for a connector to send to a decode instance."""
+        out, self._handoffs = self._handoffs, []
+        return out
+
+
+class DecodeSide:
+    """A decode engine's :class:`~inferhal.core.engine.transfer.KVTransfer`: :meth:`add` adopts a request
+    prefilled elsewhere, at once or at the first step where a sequence slot and its blocks are free (it waits
+    here, in arrival order)."""
+
+    role = "decode"
+
+    def __init__(self) -> None:
+        self.engine: Any = None
+        self._waiting: collections.deque = collections.deque()
+
+    def bind(self, engine: Any) -> None:
+        self.engine = engine
+
+    def add(self, payload: KVPayload) -> str:
+        """Adopt ``payload``'s request (→ its id); one this engine can never run raises
+        :class:`~inferhal.core.scheduler.scheduler.RequestError` (nothing changed)."""
+        st = payload.state
+        rid = str(st["request_id"])
+        if self._waiting or not self._try(payload):
+            if any(str(p.state["request_id"]) == rid for p in self._waiting):
+                raise RequestError(f"request id {rid!r} is already in use")
+            self.engine.make_request(st["prompt_token_ids"], SamplingParams(**st["params"]), rid)  # checks, or raises
+            self.engine.discard(rid)
+            self._waiting.append(payload)
+        return rid
+
+    def _try(self, payload: KVPayload) -> bool:
+        try:
+            import_request(self.engine, payload)
+        except NoRoomNow:
+            self.engine.discard(str(payload.state["request_id"]))
+            return False
+        return True
+
+    def before_step(self) -> None:
+        while self._waiting and self._try(self._waiting[0]):
+            self._waiting.popleft()
+
+    def after_update(self, changed: Sequence[Any]) -> None:
+        pass
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        gone = set(request_ids)
+        self._waiting = collections.deque(p for p in self._waiting if str(p.state["request_id"]) not in gone)
+
+    def pending(self) -> list[str]:
+        """The ids of requests handed here still waiting for room."""
+        return [str(p.state["request_id"]) for p in self._waiting]
+
+
+SIDES = {"prefill": PrefillSide, "decode": DecodeSide}
+
+
+def side(role: str) -> Any:
+    """A new KV transfer for an engine of ``role`` (prefill | decode)."""
+    if role not in SIDES:
+        raise UserError(f"parallel.role must be one of {', '.join(SIDES)} for an instance's engine, got {role!r}")
+    return SIDES[role]()

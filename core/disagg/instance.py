@@ -28,13 +28,14 @@ log = logging.getLogger("inferhal.disagg")
 def load(role: str, cfg: Any) -> Any:
     """This role's engine over the model loaded here."""
     from inferhal.core.config import schema
+    from inferhal.core.disagg.handoff import side
     from inferhal.core.engine.engine import Engine
     from inferhal.core.engine.llm import LLM, _to
 
     llm = LLM.from_config(cfg)
     e = llm.engine
     return Engine(e.loaded, e.backend, e.scheduler.cfg, _to(schema.CacheConfig, cfg.cache), e.max_model_len,
-                  seed=int(cfg.seed), spec=_to(schema.SpecConfig, cfg.spec), role=role)
+                  seed=int(cfg.seed), spec=_to(schema.SpecConfig, cfg.spec), transfer=side(role))
 
 
 def capacity_tokens(eng: Any) -> int:

@@ -64,11 +64,11 @@ def generate(prefill: Any, decode: Any, prompts: Sequence[Any], params: Sequence
                 seen(o)
                 if o.finished and o.outputs[0].finish_reason == "transferred":
                     stats.cached[o.request_id] = o.num_cached_tokens
-            for payload in prefill.take_handoffs():
+            for payload in prefill.transfer.take():
                 ts = time.perf_counter()
                 send.send(payload)
                 got = recv.recv(timeout=30.0)
-                rid = decode.add_transferred(got)
+                rid = decode.transfer.add(got)
                 stats.seconds[rid] = time.perf_counter() - ts
                 stats.bytes[rid] = got.nbytes
                 stats.blocks[rid] = {g: int(t.shape[1]) if t.dim() > 1 else 0 for g, t in got.blocks.items()}

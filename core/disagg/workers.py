@@ -92,7 +92,7 @@ class _Sender:
 def gauges(eng: Any) -> dict:
     """What the router reads of an instance: its batch, queue and KV pool (for /metrics and placement)."""
     s = eng.scheduler
-    return {"running": len(s.running), "waiting": len(s.waiting) + len(eng.transfers_waiting()),
+    return {"running": len(s.running), "waiting": len(s.waiting) + len(eng.transfer.pending()),
             "kv_usage": float(eng.kv_manager.usage()), "preemptions": int(s.num_preemptions),
             "drafts": int(s.num_draft_tokens), "accepted": int(s.num_accepted_tokens)}
 
@@ -215,7 +215,7 @@ def serve_router(role: str, eng: Any, store: Any, ctl: Any, out: Any, probe: Opt
                         continue  # taken as a retry or aborted first: nothing was allocated for it
                     held.add(rid)
                     try:
-                        eng.add_transferred(arg)
+                        eng.transfer.add(arg)
                     except UserError as exc:
                         out.send(("failed", (rid, str(exc))))
                     busy = True
@@ -240,7 +240,7 @@ def serve_router(role: str, eng: Any, store: Any, ctl: Any, out: Any, probe: Opt
                     if role == "prefill":
                         dest[rid] = to
                         if to is None:
-                            eng.keep_local.add(rid)
+                            eng.transfer.keep_local.add(rid)
                     if once:
                         out.send(("taken", rid))
                 elif cmd == "abort":
@@ -264,7 +264,7 @@ def serve_router(role: str, eng: Any, store: Any, ctl: Any, out: Any, probe: Opt
             if not eng.has_unfinished():
                 continue
             outs = eng.step()
-            handoffs = eng.take_handoffs() if role == "prefill" else []
+            handoffs = eng.transfer.take() if role == "prefill" else []
             if outs:
                 out.send(("outputs", (outs, gauges(eng))))  # before the hand-offs: the router sees "transferred" first
                 beat = time.monotonic()
@@ -286,5 +286,6 @@ def serve_router(role: str, eng: Any, store: Any, ctl: Any, out: Any, probe: Opt
         return "gone"
     finally:
         links.close()
-        eng.abort([*eng.scheduler.requests, *eng.transfers_waiting()])
-        eng.keep_local.clear()
+        eng.abort([*eng.scheduler.requests, *eng.transfer.pending()])
+        if role == "prefill":
+            eng.transfer.keep_local.clear()

@@ -22,13 +22,15 @@ model's forward runs (the step waits only for what the forward did not hide: ``S
 Such a step always computes logits (no ``forward_greedy``). A grammar that allows no token at all (a dead
 end) lets the end-of-sequence token through, so the request stops instead of sampling from nothing; the
 runner records it in :attr:`StepResult.grammar_dead_ends` (for a draft position, only where verification
-reached it), and the engine finishes the request with the reason ``grammar_dead_end``.
+reached it), and the scheduler's stop check finishes the request there with the reason ``grammar_dead_end``.
+Sampling, verification and logprobs are :class:`~inferhal.core.sampling.sampler.Sampler`'s; the bitmask is
+:class:`~inferhal.core.structured.bitmask.BitmaskFiller`'s.
 
 Asynchronous scheduling: a decode step scheduled while the previous step ran feeds
 :data:`~inferhal.core.scheduler.scheduler.PENDING` for the token that step samples; the runner, which
 executes steps in order, fills in the token it sampled for that request in its previous step.
 
-Asynchronous scheduling with a drafter (:attr:`ModelRunner.proposer`, set by the engine): the drafts of a
+Asynchronous scheduling with a drafter (the ``proposer`` the engine gives it): the drafts of a
 step depend on the step before, which the host has not seen when it schedules, so the drafter runs here,
 on the step thread, in the order of :mod:`inferhal.core.spec.proposer`. The host schedules a decode with
 draft *placeholders* (``PENDING`` in ``spec_token_ids``) at positions that assume every draft in flight
@@ -45,20 +47,20 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from inferhal.core.models.base import CausalLM, ForwardBatch
-from inferhal.core.ops.params import SampleBatch
 from inferhal.core.paging.batch import SeqSlice, build_attn_batches
 from inferhal.core.paging.spec import KVGroupSpec
+from inferhal.core.sampling.sampler import Sampler
 from inferhal.core.scheduler.output import ScheduledSeq, SchedulerOutput
 from inferhal.core.scheduler.request import Request
 from inferhal.core.scheduler.scheduler import PENDING
 from inferhal.core.spec.proposer import DraftWant, StepSeq, TargetStep
+from inferhal.core.structured.bitmask import BitmaskFiller
 
 
 @dataclass
@@ -69,32 +71,51 @@ class StepResult:
     model_s: float = 0.0
     sample_s: float = 0.0
     hidden: Any = None  # [T, ...] the model's final hidden states of the step's tokens (keep_hidden only)
-    grammar_dead_ends: list[str] = field(default_factory=list)  # requests whose grammar allowed no token
+    # requests whose grammar allowed no token -> the emitted token's index (0: the first) where it did not
+    grammar_dead_ends: dict[str, int] = field(default_factory=dict)
     mask_s: float = 0.0  # structured outputs: the bitmask's cost the step waited out (fill not hidden + apply)
     fill_s: float = 0.0  # structured outputs: filling the bitmask, on a side thread while the model ran
     drafts: dict[str, list[int]] = field(default_factory=dict)  # placeholders' drafts, as verified (async drafter)
 
 
+@dataclass
+class _Rows:
+    """One step's logits rows: the plain rows first (a request each), then each draft length's rows contiguous
+    (the last known token and every draft: S + 1 rows verified together)."""
+
+    plain: list[int] = field(default_factory=list)  # token index of each plain row
+    plain_reqs: list[Request] = field(default_factory=list)
+    spec: dict[int, list[tuple[int, ScheduledSeq]]] = field(default_factory=dict)  # drafts -> (first row, seq)
+
+    def all(self) -> list[int]:
+        rows = list(self.plain)
+        for n_draft, group in self.spec.items():
+            for first, _ in group:
+                rows.extend(range(first, first + n_draft + 1))
+        return rows
+
+
 class ModelRunner:
     def __init__(self, model: CausalLM, ops: Any, kv: Any, specs: Sequence[KVGroupSpec], block_size: int,
-                 device: torch.device) -> None:
+                 device: torch.device, *, eos_token_ids: Sequence[int] = (), graphs: Any = None,
+                 keep_hidden: bool = False, proposer: Any = None, max_model_len: int = 0) -> None:
+        """``graphs``: a :class:`~inferhal.core.engine.graphs.DecodeGraphs` replaying decode steps (None: eager);
+        ``keep_hidden``: the drafter reads the target's hidden states (MTP); ``proposer``: the drafter, when it
+        runs on this step thread (asynchronous scheduling), with ``max_model_len`` capping its drafts;
+        ``eos_token_ids``: what a grammar dead end lets through."""
         self.model, self.ops, self.kv = model, ops, kv
         self.specs, self.block_size, self.device = tuple(specs), block_size, device
+        self.graphs, self.keep_hidden, self.proposer, self.max_model_len = graphs, keep_hidden, proposer, max_model_len
+        self.sampler = Sampler(ops, device)
+        self.bitmasks = BitmaskFiller(model.vocab_size, eos_token_ids)
         self._logits = torch.empty(0, model.vocab_size, dtype=torch.float32, device=device)
         # whether all-greedy steps skip the logits: only where lm_head.argmax agrees with this backend's own
         # lm_head: native, or both the reference's (a native head with the reference's argmax is another product)
         fallbacks = set(ops.fallbacks()) if hasattr(ops, "fallbacks") else set()
         self.greedy_head = (hasattr(model, "forward_greedy")
-                        and ("lm_head.argmax" not in fallbacks or "lm_head" in fallbacks))
-        self.keep_hidden = False  # set by the engine when its drafter reads hidden states
-        self.graphs: Any = None  # DecodeGraphs: decode steps replayed from the backend's graphs (set by the engine)
+                            and ("lm_head.argmax" not in fallbacks or "lm_head" in fallbacks))
         self._last: dict[str, int] = {}  # each request's last token sampled by the previous step (PENDING)
-        self.eos_token_ids: tuple[int, ...] = ()  # what a grammar dead end lets through (set by the engine)
-        self._fill_pool: ThreadPoolExecutor | None = None  # fills structured-output bitmasks during the forward
-        # asynchronous scheduling with a drafter (set by the engine): the drafter runs on the step thread
-        self.proposer: Any = None
-        self.max_model_len = 0
-        self._tokens: dict[str, list[int]] = {}  # each request's tokens as this thread knows them
+        self._tokens: dict[str, list[int]] = {}  # each request's tokens as this thread knows them (proposer)
         self._behind: dict[str, int] = {}  # placeholders the previous step scheduled that did not stand
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
@@ -184,77 +205,19 @@ class ModelRunner:
         if out.is_empty:
             return res
         t0 = time.perf_counter()
-        seqs = [SeqSlice(s.num_computed, s.num_new, s.block_ids, s.write_from) for s in out.seqs]
-        positions, qsl, attn = build_attn_batches(self.specs, self.block_size, seqs, self.device)
-        ids: list[int] = []
-        plain_rows, plain_reqs = [], []
-        spec: dict[int, list[tuple[int, ScheduledSeq]]] = {}  # drafts per row -> (first logits row, seq)
-        for s in out.seqs:
-            if PENDING in s.token_ids:  # asynchronous scheduling: the token the previous step sampled
-                ids.extend(self._last[s.request_id] if t == PENDING else t for t in s.token_ids)
-            else:
-                ids.extend(s.token_ids)
-            if not s.sample:
-                continue
-            if s.spec_token_ids:  # the last known token and every draft: S + 1 rows verified together
-                spec.setdefault(len(s.spec_token_ids), []).append((len(ids) - len(s.spec_token_ids) - 1, s))
-            else:
-                plain_rows.append(len(ids) - 1)
-                plain_reqs.append(requests[s.request_id])
-        rows = list(plain_rows)  # logits rows: plain ones first, then each draft length's rows contiguous
-        for n_draft, group in spec.items():
-            for first, _ in group:
-                rows.extend(range(first, first + n_draft + 1))
-        # every row greedy, no logprobs, no drafts: the model's tokens straight from lm_head.argmax
-        greedy = (self.greedy_head and bool(plain_reqs) and not spec
-                  and all(r.params.temperature <= 0.0 and not r.params.logprobs and r.grammar is None
-                          for r in plain_reqs))
-        batch = ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),  # [T]
-            positions=positions,
-            query_start_loc=qsl,
-            attn=attn,
-            logits_indices=torch.tensor(rows, dtype=torch.long, device=self.device),  # [B']
-            logits_out=None if greedy else self._logits_buffer(len(rows)),
-            extras={"micro_batches": out.micro_batches} if out.micro_batches else {},  # two-batch overlap
-        )
+        batch, rows, greedy = self._prepare(out, requests)
         # structured outputs: the bitmask depends only on each grammar's state and the drafts, not on this step's
         # logits, so it is filled on a side thread while the model runs and applied before sampling
-        jobs, at = [], len(plain_rows)
-        for i, r in enumerate(plain_reqs):
-            if r.grammar is not None:
-                jobs.append((i, r.grammar, (), r.request_id))
-        for n_draft, group in spec.items():
-            for k, (_, s) in enumerate(group):
-                g = requests[s.request_id].grammar
-                if g is not None:
-                    jobs.append((at + k * (n_draft + 1), g, list(s.spec_token_ids), s.request_id))
-            at += len(group) * (n_draft + 1)
-        filling = self._filler().submit(self._fill, jobs) if jobs else None
+        jobs = self._mask_jobs(rows, requests)
+        filling = self.bitmasks.submit(jobs) if jobs else None
         t1 = time.perf_counter()
-        replay = (self.graphs is not None and not self.keep_hidden and not spec
-                  and self.graphs.eligible(batch, len(out.seqs)))
-        got = self.graphs.run(batch, greedy) if replay else None  # None: eager (no graph, or its capture failed)
-        if greedy:
-            if got is not None:
-                toks = got.tolist()
-            elif self.keep_hidden:
-                toks, res.hidden = self.model.forward_and_hidden(batch, self.kv, greedy=True)
-                toks = toks.tolist()
-            else:
-                toks = self.model.forward_greedy(batch, self.kv).tolist()  # [B']
-            res.prepare_s, res.model_s = t1 - t0, time.perf_counter() - t1
-            for r, tok in zip(plain_reqs, toks):
-                res.tokens[r.request_id] = int(tok)
-            return res
-        if got is not None:
-            logits = got
-        elif self.keep_hidden:
-            logits, res.hidden = self.model.forward_and_hidden(batch, self.kv)
-        else:
-            logits = self.model.forward(batch, self.kv)  # [B', V] fp32
+        logits = self._forward(batch, greedy, len(out.seqs), bool(rows.spec), res)
         t2 = time.perf_counter()
         res.prepare_s, res.model_s = t1 - t0, t2 - t1
+        if greedy:  # the tokens came straight from lm_head.argmax
+            for r, tok in zip(rows.plain_reqs, logits.tolist()):
+                res.tokens[r.request_id] = int(tok)
+            return res
         dead: dict[str, int] = {}  # request -> the first position (0 = its plain row) where its grammar allowed nothing
         if filling is not None:
             bitmask, at_rows, ends, res.fill_s = filling.result()
@@ -263,120 +226,86 @@ class ModelRunner:
             res.mask_s = time.perf_counter() - t2  # the wait for the fill (if the model was quicker) + applying
             for rid, j in ends:
                 dead[rid] = min(j, dead.get(rid, j))
-        if plain_reqs:
-            self._sample(logits[: len(plain_rows)], plain_reqs, res)
-        at = len(plain_rows)
-        for n_draft, group in spec.items():
+        if rows.plain_reqs:
+            toks, lps = self.sampler.sample(logits[: len(rows.plain)], rows.plain_reqs)
+            res.tokens.update(toks)
+            res.logprobs.update(lps)
+        at = len(rows.plain)
+        for n_draft, group in rows.spec.items():
             span = len(group) * (n_draft + 1)
-            self._verify(logits[at : at + span].view(len(group), n_draft + 1, -1),
-                         [s for _, s in group], requests, res)
+            toks, lps = self.sampler.verify(logits[at : at + span].view(len(group), n_draft + 1, -1),
+                                            [s.spec_token_ids for _, s in group],
+                                            [requests[s.request_id] for _, s in group])
+            res.tokens.update(toks)
+            res.logprobs.update(lps)
             at += span
         for rid, j in dead.items():  # a dead end counts where the emitted tokens reached it (drafts: maybe not)
             got = res.tokens.get(rid)
             if (len(got) if isinstance(got, list) else 1) > j:
-                res.grammar_dead_ends.append(rid)
+                res.grammar_dead_ends[rid] = j
         res.sample_s = time.perf_counter() - t2
         return res
 
-    def _filler(self) -> ThreadPoolExecutor:
-        if self._fill_pool is None:
-            self._fill_pool = ThreadPoolExecutor(1, thread_name_prefix="inferhal-bitmask")
-        return self._fill_pool
-
-    @staticmethod
-    def _sample_batch(reqs: Sequence[Request]) -> SampleBatch:
-        ps = [r.params for r in reqs]
-        return SampleBatch(
-            temperature=tuple(float(p.temperature) for p in ps),
-            top_k=tuple(int(p.top_k) for p in ps),
-            top_p=tuple(float(p.top_p) for p in ps),
-            generators=tuple(r.generator for r in reqs) if any(r.generator is not None for r in reqs) else (),
-            min_p=tuple(float(p.min_p) for p in ps) if any(p.min_p for p in ps) else (),
-        )
-
-    def _fill(self, jobs: Sequence[tuple[int, Any, Sequence[int], str]]) -> tuple[torch.Tensor, list[int], list, float]:
-        """The structured-output bitmask of a step: per job ``(first logits row, grammar, drafts, request id)``, the rows of
-        the last known token and of each draft position, the matcher advanced through the drafts to fill each
-        position's row, then rolled back (the verified tokens are accepted after sampling). → ``(bitmask,
-        logits row of each bitmask row, dead ends (request id, position), seconds)``. A dead end (no token
-        allowed) lets the end-of-sequence token through, so the request stops instead of sampling from
-        nothing."""
-        from inferhal.core.structured.grammar import allocate_bitmask
-
-        t0 = time.perf_counter()
-        span = [len(d) + 1 for _, _, d, _ in jobs]
-        bitmask = allocate_bitmask(sum(span), self.model.vocab_size)
-        at_rows, owner, k = [], [], 0
-        for (row, g, drafts, rid), n in zip(jobs, span):
-            at_rows.extend(range(row, row + n))
-            owner.extend((rid, j) for j in range(n))
-            if g.terminated:  # finished by its stop token in the step before (asynchronous scheduling ran this
-                k += n  # one ahead): its token is dropped, any row will do
+    def _prepare(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> tuple[ForwardBatch, _Rows, bool]:
+        """The step's :class:`ForwardBatch`, its logits rows, and whether every row takes its token from
+        ``lm_head.argmax`` (all greedy, no logprobs, no drafts, no grammar: no logits at all)."""
+        seqs = [SeqSlice(s.num_computed, s.num_new, s.block_ids, s.write_from) for s in out.seqs]
+        positions, qsl, attn = build_attn_batches(self.specs, self.block_size, seqs, self.device)
+        ids: list[int] = []
+        rows = _Rows()
+        for s in out.seqs:
+            if PENDING in s.token_ids:  # asynchronous scheduling: the token the previous step sampled
+                ids.extend(self._last[s.request_id] if t == PENDING else t for t in s.token_ids)
+            else:
+                ids.extend(s.token_ids)
+            if not s.sample:
                 continue
-            advanced = 0
-            for j in range(n):
-                # positions after a draft the grammar refuses, or after its stop token, are never reached
-                if advanced == j and not g.terminated:
-                    g.fill(bitmask, k)
-                k += 1
-                if j < n - 1 and advanced == j and g.accept(drafts[j]):
-                    advanced += 1
-            g.rollback(advanced)
-        dead = ~bitmask.ne(0).any(dim=1)
-        ends = []
-        if bool(dead.any()):
-            for r in torch.nonzero(dead).flatten().tolist():
-                for e in self.eos_token_ids:
-                    word = (int(bitmask[r, e // 32]) & 0xFFFFFFFF) | (1 << (e % 32))
-                    bitmask[r, e // 32] = word - (1 << 32) if word >= 1 << 31 else word
-                ends.append(owner[r])
-        return bitmask, at_rows, ends, time.perf_counter() - t0
-
-    def _sample(self, logits: torch.Tensor, reqs: Sequence[Request], res: StepResult) -> None:
-        toks = self.ops["sample"](logits, self._sample_batch(reqs)).tolist()  # [B']
-        for i, r in enumerate(reqs):
-            res.tokens[r.request_id] = int(toks[i])
-            if r.grammar is not None and not r.grammar.terminated:
-                r.grammar.accept(int(toks[i]))
-        want = [i for i, r in enumerate(reqs) if r.params.logprobs]
-        if want:
-            for i, d in zip(want, self._top_logprobs(logits[want], [[toks[i]] for i in want],
-                                                     [reqs[i].params.logprobs for i in want])):
-                res.logprobs[reqs[i].request_id] = d[0]
-
-    def _verify(self, logits: torch.Tensor, seqs: Sequence[ScheduledSeq], requests: Mapping[str, Request],
-                res: StepResult) -> None:
-        """logits [B, S+1, V]: each row's drafts checked by the backend's ``spec.verify``; → the accepted
-        drafts plus one token per request (a list in ``res.tokens``)."""
-        reqs = [requests[s.request_id] for s in seqs]
-        drafts = torch.tensor([list(s.spec_token_ids) for s in seqs], dtype=torch.long, device=self.device)  # [B, S]
-        toks, n = self.ops["spec.verify"](drafts, None, logits, self._sample_batch(reqs))  # [B, S+1], [B]
-        emitted = [t[:k] for t, k in zip(toks.tolist(), n.tolist())]
-        for r, e in zip(reqs, emitted):
-            res.tokens[r.request_id] = [int(t) for t in e]
-            if r.grammar is not None and not r.grammar.terminated:
-                for t in e:
-                    r.grammar.accept(int(t))
-        want = [i for i, r in enumerate(reqs) if r.params.logprobs]
-        if want:
-            per = self._top_logprobs(torch.cat([logits[i, : len(emitted[i])] for i in want]),
-                                     [emitted[i] for i in want], [reqs[i].params.logprobs for i in want])
-            for i, d in zip(want, per):
-                res.logprobs[reqs[i].request_id] = d
+            if s.spec_token_ids:
+                rows.spec.setdefault(len(s.spec_token_ids), []).append((len(ids) - len(s.spec_token_ids) - 1, s))
+            else:
+                rows.plain.append(len(ids) - 1)
+                rows.plain_reqs.append(requests[s.request_id])
+        greedy = (self.greedy_head and bool(rows.plain_reqs) and not rows.spec
+                  and all(r.params.temperature <= 0.0 and not r.params.logprobs and r.grammar is None
+                          for r in rows.plain_reqs))
+        logits_rows = rows.all()
+        batch = ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.long, device=self.device),  # [T]
+            positions=positions,
+            query_start_loc=qsl,
+            attn=attn,
+            logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=self.device),  # [B']
+            logits_out=None if greedy else self._logits_buffer(len(logits_rows)),
+            extras={"micro_batches": out.micro_batches} if out.micro_batches else {},  # two-batch overlap
+        )
+        return batch, rows, greedy
 
     @staticmethod
-    def _top_logprobs(logits: torch.Tensor, tokens: Sequence[Sequence[int]], ks: Sequence[int]) -> list[list[dict]]:
-        """logits [sum(len(t)), V], one row per emitted token (requests in order) → per request, per token:
-        the top ``k`` logprobs plus the emitted token's own."""
-        lp = torch.log_softmax(logits.float(), dim=-1)  # [R, V]
-        top_v, top_i = torch.topk(lp, min(max(ks), lp.shape[-1]), dim=-1)
-        out, row = [], 0
-        for toks, k in zip(tokens, ks):
-            per = []
-            for t in toks:
-                d = {int(a): float(b) for a, b in zip(top_i[row, :k].tolist(), top_v[row, :k].tolist())}
-                d.setdefault(int(t), float(lp[row, t]))
-                per.append(d)
-                row += 1
-            out.append(per)
-        return out
+    def _mask_jobs(rows: _Rows, requests: Mapping[str, Request]) -> list:
+        """The structured-output bitmask's jobs (:data:`~inferhal.core.structured.bitmask.Job`) of the step's
+        requests with a grammar, at their logits rows."""
+        jobs, at = [], len(rows.plain)
+        for i, r in enumerate(rows.plain_reqs):
+            if r.grammar is not None:
+                jobs.append((i, r.grammar, (), r.request_id))
+        for n_draft, group in rows.spec.items():
+            for k, (_, s) in enumerate(group):
+                g = requests[s.request_id].grammar
+                if g is not None:
+                    jobs.append((at + k * (n_draft + 1), g, list(s.spec_token_ids), s.request_id))
+            at += len(group) * (n_draft + 1)
+        return jobs
+
+    def _forward(self, batch: ForwardBatch, greedy: bool, num_seqs: int, drafts: bool, res: StepResult) -> torch.Tensor:
+        """The model's step: a decode graph replayed where one fits, else eager; → the greedy tokens [B'] (when
+        ``greedy``) or the fp32 logits [B', V]; ``res.hidden`` set for a drafter that reads them."""
+        replay = (self.graphs is not None and not self.keep_hidden and not drafts
+                  and self.graphs.eligible(batch, num_seqs))
+        got = self.graphs.run(batch, greedy) if replay else None  # None: eager (no graph, or its capture failed)
+        if got is not None:
+            return got
+        if self.keep_hidden:
+            got, res.hidden = self.model.forward_and_hidden(batch, self.kv, greedy=True) if greedy else \
+                self.model.forward_and_hidden(batch, self.kv)
+            return got
+        return self.model.forward_greedy(batch, self.kv) if greedy else self.model.forward(batch, self.kv)

@@ -23,8 +23,10 @@ positions that assume every draft in flight stands (``num_pending`` counts them 
 ``num_pending_drafts`` as possibly too far, so sliding windows keep their blocks back to the lower
 start); the runner proposes the drafts, and ``update`` rolls back the placeholders that did not stand.
 
-:meth:`Scheduler.update` applies sampled tokens, stops requests (EOS unless ``ignore_eos``, stop token,
-``max_tokens``, ``max_model_len``) and registers newly full blocks in the prefix cache.
+:meth:`Scheduler.update` applies sampled tokens, ends requests where its
+:class:`~inferhal.core.scheduler.stopping.StopChecker` says (a grammar dead end, EOS unless ``ignore_eos``, a stop
+token or string, ``max_tokens``, ``max_model_len``: the one place a request's end is decided from its tokens) and
+registers newly full blocks in the prefix cache.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from inferhal.core.paging.kv_manager import KVCacheManager
 from inferhal.core.paging.replay import replay_span, replay_start
 from inferhal.core.scheduler.output import ScheduledSeq, SchedulerOutput
 from inferhal.core.scheduler.request import Request, Status
+from inferhal.core.scheduler.stopping import StopChecker
 
 POLICIES = ("fcfs", "priority")
 PENDING = -1  # a token id not known yet: the one the step in flight samples (the runner fills it in)
@@ -71,7 +74,14 @@ def check_length(req: Request, max_model_len: int, chunked_prefill: bool, max_nu
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, max_model_len: int) -> None:
+    def __init__(self, cfg: SchedulerConfig, kv: KVCacheManager, max_model_len: int, *,
+                 stop: Optional[StopChecker] = None, num_lookahead_tokens: int = 0, trim_prefix_hit: bool = False,
+                 num_placeholder_drafts: int = 0, spec_off_at: Optional[int] = None) -> None:
+        """``stop``: when requests end (default: without stop strings, for a model without a tokenizer); the
+        rest come from the engine's drafter (see the module docstring): ``num_lookahead_tokens`` positions
+        allocated past a step's last known token, ``trim_prefix_hit`` (a prefix hit gives up its last block),
+        and under asynchronous scheduling ``num_placeholder_drafts`` per decode unless ``spec_off_at`` or more
+        requests run."""
         if cfg.policy not in POLICIES:
             raise UserError(f"scheduler.policy must be one of {POLICIES}, got {cfg.policy!r}")
         if cfg.max_num_seqs < 1 or cfg.max_num_batched_tokens < 1:
@@ -91,15 +101,15 @@ class Scheduler:
         self.num_accepted_tokens = 0  # of which accepted
         self.drafted_at: list[int] = []  # [i]: steps that verified a draft at position i (0-based)
         self.accepted_at: list[int] = []  # [i]: of which accepted it
-        self.num_lookahead_tokens = 0  # set by the engine from its drafter
-        self.trim_prefix_hit = False
+        self.stop = stop or StopChecker(max_model_len)
+        self.num_lookahead_tokens, self.trim_prefix_hit = int(num_lookahead_tokens), bool(trim_prefix_hit)
         # two-batch overlap (set by parallel/dp_engine.attach_dp under parallel.tbo): tokens per scheduled
         # sequence -> sequences per micro-batch (SchedulerOutput.micro_batches)
         self.micro_batch_split: Any = None
         # asynchronous scheduling with a drafter: decodes get up to this many draft placeholders (PENDING),
         # which the runner fills in with the drafts it proposes after the step in flight (0: the host's drafts)
-        self.num_placeholder_drafts = 0
-        self.spec_off_at: Optional[int] = None  # no placeholders while this many requests or more run
+        self.num_placeholder_drafts = int(num_placeholder_drafts)
+        self.spec_off_at = spec_off_at  # no placeholders while this many requests or more run
         self._arrivals = 0
 
     # ------------------------------------------------------------------ requests in and out
@@ -346,10 +356,13 @@ class Scheduler:
         return True
 
     def update(self, out: SchedulerOutput, sampled: Mapping[str, int | Sequence[int]],
-               drafts: Optional[Mapping[str, Sequence[int]]] = None) -> list[Request]:
+               drafts: Optional[Mapping[str, Sequence[int]]] = None,
+               dead_ends: Optional[Mapping[str, int]] = None) -> list[Request]:
         """Apply one executed step (``sampled``: a token per sampled request, or for one with drafts its accepted
-        drafts plus one; ``drafts``: the drafts the runner put in place of a step's placeholders, by request);
-        → the requests that received tokens, finished ones included."""
+        drafts plus one; ``drafts``: the drafts the runner put in place of a step's placeholders, by request;
+        ``dead_ends``: requests whose grammar allowed no token, at which of their emitted tokens), ending each
+        request where :attr:`stop` says; → the requests that received tokens, finished ones included."""
+        dead_ends = dead_ends or {}
         changed = []
         finished = False
         for seq in out.seqs:
@@ -379,9 +392,9 @@ class Scheduler:
                 self._count_drafts(req, len(used), accepted)
                 changed.append(req)
                 reason = None
-                for tok in toks:
+                for i, tok in enumerate(toks):
                     req.all_token_ids.append(tok)
-                    reason = self._stop_reason(req, tok)
+                    reason = self.stop.reason(req, dead=dead_ends.get(seq.request_id) == i)
                     if reason:
                         break
                 if reason:
@@ -410,11 +423,3 @@ class Scheduler:
         for i in range(drafted):
             self.drafted_at[i] += 1
             self.accepted_at[i] += i < accepted
-
-    def _stop_reason(self, req: Request, tok: int) -> Optional[str]:
-        p = req.params
-        if (not p.ignore_eos and tok in req.eos_token_ids) or tok in p.stop_token_ids:
-            return "stop"
-        if req.num_output_tokens >= p.max_tokens or req.num_tokens >= self.max_model_len:
-            return "length"
-        return None

@@ -11,7 +11,7 @@ import pytest
 from inferhal import LLM, SamplingParams
 from inferhal.core.disagg import local
 from inferhal.core.disagg.connector import LoopbackConnector
-from inferhal.core.disagg.handoff import window_blocks
+from inferhal.core.disagg.handoff import DecodeSide, PrefillSide, side, window_blocks
 from inferhal.core.engine.engine import Engine
 from inferhal.core.engine.llm import compose_config
 from inferhal.core.errors import UserError
@@ -31,7 +31,7 @@ def pair(base, role_overrides=(), **kw):
     """A prefill and a decode engine over ``base``'s loaded model (weights shared, pools separate)."""
     e = base.engine
     make = lambda role: Engine(e.loaded, e.backend, kw.get("scheduler", e.scheduler.cfg), kw.get("cache"),
-                               e.max_model_len, spec=kw.get("spec"), role=role)
+                               e.max_model_len, spec=kw.get("spec"), transfer=side(role))
     return make("prefill"), make("decode")
 
 
@@ -117,17 +117,17 @@ def test_requests_ending_at_their_first_token_finish_on_the_prefill_side():
 def test_a_mismatched_decode_instance_is_refused_at_handshake(decode_over, words):
     a, b = llm(), llm(*decode_over)
     with pytest.raises(UserError, match=words):
-        local.connect(Engine(a.engine.loaded, a.engine.backend, role="prefill"), b.engine)
+        local.connect(Engine(a.engine.loaded, a.engine.backend, transfer=PrefillSide()), b.engine)
 
 
 def test_bad_roles_are_refused():
     base = llm()
     with pytest.raises(UserError, match="parallel.role must be one of"):
-        Engine(base.engine.loaded, base.engine.backend, role="both")
+        Engine(base.engine.loaded, base.engine.backend, transfer=side("both"))
     from inferhal.core.config.schema import SchedulerConfig
 
     with pytest.raises(UserError, match="async_scheduling=false"):
-        Engine(base.engine.loaded, base.engine.backend, SchedulerConfig(async_scheduling=True), role="prefill")
+        Engine(base.engine.loaded, base.engine.backend, SchedulerConfig(async_scheduling=True), transfer=PrefillSide())
 
 
 def test_a_transfer_waits_for_room_on_the_decode_side():
@@ -137,8 +137,8 @@ def test_a_transfer_waits_for_room_on_the_decode_side():
     base = llm()
     want = base.generate(PROMPTS[:4], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
     e = base.engine
-    pre = Engine(e.loaded, e.backend, role="prefill")
-    dec = Engine(e.loaded, e.backend, SchedulerConfig(max_num_seqs=1), role="decode")
+    pre = Engine(e.loaded, e.backend, transfer=PrefillSide())
+    dec = Engine(e.loaded, e.backend, SchedulerConfig(max_num_seqs=1), transfer=DecodeSide())
     got, _ = local.generate(pre, dec, PROMPTS[:4], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     assert dec.kv_manager.reqs == {}
@@ -150,19 +150,19 @@ def test_an_aborted_transfer_waiting_for_room_is_dropped_unrun():
     from inferhal.core.config.schema import SchedulerConfig
 
     e = llm().engine
-    pre = Engine(e.loaded, e.backend, role="prefill")
-    dec = Engine(e.loaded, e.backend, SchedulerConfig(max_num_seqs=1), role="decode")
+    pre = Engine(e.loaded, e.backend, transfer=PrefillSide())
+    dec = Engine(e.loaded, e.backend, SchedulerConfig(max_num_seqs=1), transfer=DecodeSide())
     send, recv = local.connect(pre, dec)
     sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     ids = [pre.add_request(p, sp) for p in PROMPTS[:3]]
     handed = []
     while len(handed) < 3:
         pre.step()
-        for payload in pre.take_handoffs():
+        for payload in pre.transfer.take():
             send.send(payload)
-            handed.append(dec.add_transferred(recv.recv(timeout=30.0)))
-    assert handed == ids and dec.transfers_waiting() == ids[1:]  # one sequence slot: the others wait
-    assert dec.abort([ids[1]]) == [] and dec.transfers_waiting() == [ids[2]]
+            handed.append(dec.transfer.add(recv.recv(timeout=30.0)))
+    assert handed == ids and dec.transfer.pending() == ids[1:]  # one sequence slot: the others wait
+    assert dec.abort([ids[1]]) == [] and dec.transfer.pending() == [ids[2]]
     finished = []
     while dec.has_unfinished():
         finished += [o.request_id for o in dec.step() if o.finished]

@@ -13,6 +13,7 @@ import time
 
 from inferhal import LLM, SamplingParams
 from inferhal.core.disagg import workers
+from inferhal.core.disagg.handoff import side
 from inferhal.core.engine.engine import Engine
 from inferhal.core.engine.llm import compose_config
 
@@ -57,7 +58,7 @@ def test_a_payload_and_a_retry_of_one_request_run_it_once(monkeypatch):
     sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in base.generate(PROMPTS, sp)]
     e = base.engine
-    prefill, decode = (Engine(e.loaded, e.backend, e.scheduler.cfg, None, e.max_model_len, role=r)
+    prefill, decode = (Engine(e.loaded, e.backend, e.scheduler.cfg, None, e.max_model_len, transfer=side(r))
                        for r in ("prefill", "decode"))
     for i, p in enumerate(PROMPTS):
         prefill.add_request(p, sp, request_id=f"r{i}")
@@ -65,7 +66,7 @@ def test_a_payload_and_a_retry_of_one_request_run_it_once(monkeypatch):
     while prefill.has_unfinished():
         for o in prefill.step():
             firsts[o.request_id] = list(o.outputs[0].token_ids)
-        for pl in prefill.take_handoffs():
+        for pl in prefill.transfer.take():
             payloads[pl.state["request_id"]] = pl
     assert sorted(payloads) == ["r0", "r1"] and all(len(f) == 1 for f in firsts.values())
 

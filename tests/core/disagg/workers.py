@@ -25,14 +25,14 @@ def tiny():
 def pd_pair(layout, out_dir):
     torch.set_num_threads(1)
     from inferhal.core.disagg.connector import KVPayload
-    from inferhal.core.disagg.handoff import check_compatible, describe
+    from inferhal.core.disagg.handoff import check_compatible, describe, side
     from inferhal.core.engine.engine import Engine
 
     base = tiny()
     be = base.engine.backend
     be.communicator(layout)  # the process group (gloo)
     me = layout.rank
-    eng = Engine(base.engine.loaded, be, role="prefill" if me == 0 else "decode")
+    eng = Engine(base.engine.loaded, be, transfer=side("prefill" if me == 0 else "decode"))
     conn = be.kv_connector(1 - me)
     peer = conn.handshake(describe(eng))
     check_compatible(describe(eng), peer, *(("prefill", "decode") if me == 0 else ("decode", "prefill")))
@@ -44,7 +44,7 @@ def pd_pair(layout, out_dir):
             for o in eng.step():
                 if o.finished and o.outputs[0].finish_reason != "transferred":
                     done[o.request_id] = list(o.outputs[0].token_ids)
-            for payload in eng.take_handoffs():
+            for payload in eng.transfer.take():
                 sent[payload.state["request_id"]] = payload.nbytes
                 conn.send(payload)
         conn.send(KVPayload({"done": True}))
@@ -54,7 +54,7 @@ def pd_pair(layout, out_dir):
             if payload.state.get("done"):
                 break
             sent[payload.state["request_id"]] = payload.nbytes
-            eng.add_transferred(payload)
+            eng.transfer.add(payload)
             for o in eng.step():
                 if o.finished:
                     done[o.request_id] = list(o.outputs[0].token_ids)

@@ -92,7 +92,7 @@ def test_async_drafts_give_what_sync_drafts_give(model, spec):
         assert (b.num_draft_tokens, b.num_accepted_tokens) == (a.num_draft_tokens, a.num_accepted_tokens)
         assert all(abs(p[t] - q[t]) < 1e-5 for p, q in zip(a.logprobs, b.logprobs) for t in p)
     eng = engines["true"]
-    assert eng.runner_drafts and eng.executor.asynchronous
+    assert eng.drafting.on_step_thread and eng.executor.asynchronous
     assert 0 < eng.stats["accepted_tokens"] < eng.stats["draft_tokens"]
     eng.step()  # fold the step still in flight
     assert eng.kv_manager.reqs == {} and not eng.executor.in_flight and eng.runner._tokens.keys() <= set()

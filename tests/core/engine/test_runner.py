@@ -70,7 +70,7 @@ def test_a_grammar_dead_end_ends_the_request_with_its_own_reason(mode, ignore_eo
             "async_ngram": ["spec=ngram", "scheduler.async_scheduling=true"]}[mode]
     llm = LLM.from_config(compose_config("deepseek_v4_tiny", "reference", overrides=["cache.num_blocks=64", *over]))
     eng, eos = llm.engine, 191
-    eng.runner.eos_token_ids = (eos,)
+    eng.runner.bitmasks.eos_token_ids = (eos,)
     sp = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=ignore_eos)
     alone = llm.generate([PROMPTS[1]], sp)[0].outputs[0].token_ids
     req = eng.make_request([5, 6, 5, 6, 5, 6, 5, 6], sp)  # a repeating prompt: n-gram drafts to verify

@@ -10,6 +10,7 @@ import pytest
 
 from inferhal.core.config.schema import CacheConfig, SchedulerConfig
 from inferhal.core.disagg import local
+from inferhal.core.disagg.handoff import side
 from inferhal.core.engine.engine import Engine
 from inferhal.core.sampling.params import SamplingParams
 
@@ -32,8 +33,8 @@ def test_gemma_disaggregated_greedy_equals_colocated(gemma):
         for o in colo.step():
             if o.finished:
                 outs[o.request_id] = o.outputs[0].token_ids
-    pre = Engine(loaded, be, sched, cache, 2048, role="prefill")
-    dec = Engine(loaded, be, sched, cache, 2048, role="decode")
+    pre = Engine(loaded, be, sched, cache, 2048, transfer=side("prefill"))
+    dec = Engine(loaded, be, sched, cache, 2048, transfer=side("decode"))
     got, stats = local.generate(pre, dec, ids, sp)
     assert [o.outputs[0].token_ids for o in got] == [outs[r] for r in want]
     assert stats.cached[got[2].request_id] >= 576  # whole blocks of the shared 592 tokens
