@@ -99,11 +99,16 @@ class EplbConfig:
 
 @dataclass
 class SpecConfig:
-    method: str = "none"  # none | mtp | ngram
+    method: str = "none"  # none | mtp | ngram | suffix
     num_speculative_tokens: int = 0
     ngram_min: int = 1
     ngram_max: int = 4
     disable_by_batch_size: int = 0  # no drafts while this many requests or more run (0: always draft)
+    # spec.method=suffix (core/spec/suffix.py; vLLM's suffix_decoding_* defaults), refused under other methods:
+    suffix_max_tree_depth: int = 24  # longest match + draft, in tokens (the suffix tree's depth)
+    suffix_max_cached_requests: int = 10000  # finished requests whose outputs are drafted from (0: own tokens only)
+    suffix_max_spec_factor: float = 1.0  # drafts <= factor x the match length
+    suffix_min_token_prob: float = 0.1  # stop drafting where the continuation's estimated probability falls below
 
 
 @dataclass

@@ -27,7 +27,7 @@ block (whose last position was drafted from a token the new request may not shar
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
 from inferhal.core.config.schema import SpecConfig
@@ -38,6 +38,7 @@ from inferhal.core.paging.spec import KVGroupSpec
 PROPOSERS: dict[str, Any] = {
     "ngram": "inferhal.core.spec.ngram:NgramProposer",
     "mtp": "inferhal.core.spec.mtp:MtpProposer",
+    "suffix": "inferhal.core.spec.suffix:SuffixProposer",
 }
 METHODS = ("none", *PROPOSERS)
 
@@ -106,6 +107,10 @@ def check_spec_config(cfg: SpecConfig) -> None:
     checks, e.g. MTP weights, are the proposer's ``from_config``)."""
     if cfg.method != "none" and cfg.method not in PROPOSERS:
         raise UserError(f"spec.method must be one of {('none', *PROPOSERS)}, got {cfg.method!r}")
+    for f in fields(cfg):  # spec.suffix_*: read by the suffix drafter only
+        if f.name.startswith("suffix_") and cfg.method != "suffix" and getattr(cfg, f.name) != f.default:
+            raise UserError(f"spec.{f.name}={getattr(cfg, f.name)} is read by spec.method=suffix only, "
+                            f"not {cfg.method}; set spec=suffix or leave it out")
     if cfg.method == "none":
         if cfg.num_speculative_tokens:
             raise UserError(f"spec.num_speculative_tokens={cfg.num_speculative_tokens} has no effect with "
