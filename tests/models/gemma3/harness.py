@@ -103,3 +103,26 @@ def transformers_greedy(gemma_path: str, prompts: Sequence[Sequence[int]], max_n
         if run.returncode:
             raise RuntimeError(f"the transformers oracle failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
         return torch.load(res)
+
+
+def decided(want_logits, tie: float) -> int:
+    """The greedy steps before the oracle's first near-tie: a step whose top-2 logit margin is under ``tie``,
+    which two computations each within ``tie / 2`` of the oracle's logits can split on (where such steps fall
+    depends on the host's summation order, so fidelity tests compare tokens only before it)."""
+    for s, logits in enumerate(want_logits):
+        top = logits.topk(2).values
+        if float(top[0] - top[1]) < tie:
+            return s
+    return len(want_logits)
+
+
+def agreed(toks: Sequence[int], want: Sequence[int]) -> int:
+    """How many leading tokens two greedy runs share."""
+    return next((s for s, (a, b) in enumerate(zip(toks, want)) if a != b), min(len(toks), len(want)))
+
+
+def assert_enough_decided(oracle, tie: float, min_fraction: float) -> None:
+    """At least ``min_fraction`` of the oracle's steps come before its prompts' near-ties (else the prompts
+    prove little)."""
+    n, total = sum(decided(logits, tie) for _, logits in oracle), sum(len(logits) for _, logits in oracle)
+    assert n >= min_fraction * total, f"only {n} of {total} greedy steps come before a near-tie (margin < {tie})"

@@ -2,7 +2,11 @@
 
 - Tokens: for 10 prompts (one of 771 tokens, past the 512-token sliding window, so the engine's
   sliding-window paging releases blocks), 32 greedy tokens from ``LLM.generate`` equal
-  transformers' ``generate`` token for token.
+  transformers' ``generate`` token for token up to transformers' first near-tie: a step whose top-2
+  margin is under ``TIE`` = 2 x ``LOGIT_ATOL``, the gap two sides each within ``LOGIT_ATOL`` can split
+  on. Where that falls depends on the host's summation order, not on our numerics, so no step after it is
+  compared (measured on AMD EPYC: no near-tie in these prompts, every token equal); at least
+  ``MIN_DECIDED`` of the steps must be decided, or the test would prove little.
 - Logits: every step's fp32 logits (prefill and decode, our model through the paged harness) are
   within ``LOGIT_ATOL`` of transformers'. Both dequantise the same GGUF to bit-identical fp32
   weights (see ``test_dequant``) and compute in fp32, so the differences come only from reduction
@@ -18,13 +22,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import greedy, transformers_greedy
+from harness import agreed, assert_enough_decided, decided, greedy, transformers_greedy
 from prompts import PROMPTS, long_prompt
 
 pytestmark = pytest.mark.slow
 
 MAX_NEW = 32
 LOGIT_ATOL = 5e-4
+TIE = 2 * LOGIT_ATOL
+MIN_DECIDED = 0.8  # of all prompts' steps
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +61,10 @@ def test_greedy_tokens_equal_transformers_through_llm(gemma, prompt_ids, oracle,
     llm = LLM.from_loaded(lm, be, max_model_len=1024, block_size=16, overrides=list(spec))
     outs = llm.generate([list(i) for i in prompt_ids], SamplingParams(max_tokens=MAX_NEW, temperature=0.0,
                                                                       ignore_eos=True))
-    for i, (o, (want, _)) in enumerate(zip(outs, oracle)):
-        assert list(o.token_ids) == want, f"prompt {i} ({len(prompt_ids[i])} tokens)"
+    for i, (o, (want, want_logits)) in enumerate(zip(outs, oracle)):
+        n = decided(want_logits, TIE)
+        assert list(o.token_ids)[:n] == want[:n], f"prompt {i} ({len(prompt_ids[i])} tokens), before step {n}"
+    assert_enough_decided(oracle, TIE, MIN_DECIDED)
     if spec:
         st = llm.engine.stats
         assert st["accepted_tokens"] > 0, st  # drafts were verified and some accepted
@@ -71,8 +79,11 @@ def test_logits_close_to_transformers_at_every_step(gemma, prompt_ids, oracle):
             diffs[b, s] = float((logits[b] - want_logits[s]).abs().max())
 
     toks, _ = greedy(model, prompt_ids, MAX_NEW, each=compare)
-    for b, (want_toks, _) in enumerate(oracle):
-        assert toks[b] == want_toks, f"prompt {b}"
-        diff = float(diffs[b].max())
+    worst = 0.0
+    for b, (want_toks, want_logits) in enumerate(oracle):
+        same = agreed(toks[b], want_toks)
+        assert same >= decided(want_logits, TIE), f"prompt {b}: token {same} differs before transformers' first near-tie"
+        diff = float(diffs[b, : same + 1].max())  # the steps run on the same tokens as transformers'
+        worst = max(worst, diff)
         assert diff <= LOGIT_ATOL, f"prompt {b}: max |logit diff| {diff:.2e} > {LOGIT_ATOL}"
-    print(f"max |logit diff| over {len(oracle)} prompts x {MAX_NEW} steps: {float(diffs.max()):.3e}")
+    print(f"max |logit diff| over {len(oracle)} prompts x {MAX_NEW} steps (to each one's first other token): {worst:.3e}")

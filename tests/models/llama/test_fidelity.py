@@ -1,7 +1,10 @@
 """SmolLM2-135M-Instruct (the PyPI GGUF) against transformers loading the same file through ``gguf_file=``.
 
 - Tokens: for 10 prompts (plain text, code, numbers, French, and chat turns in the file's own template),
-  24 greedy tokens from ``LLM.generate`` equal transformers' ``generate`` token for token.
+  24 greedy tokens from ``LLM.generate`` equal transformers' ``generate`` token for token up to
+  transformers' first near-tie (top-2 margin under ``TIE`` = 2 x ``LOGIT_ATOL``, which the host's summation
+  order may split; tests/models/gemma3/harness.py ``decided``); at least ``MIN_DECIDED`` of the steps must
+  come before one.
 - Logits: every step's fp32 logits (prefill and decode, through the paged harness) are within
   ``LOGIT_ATOL`` of transformers'. Both dequantise the same Q4_1/Q8_0 blocks to the same fp32 weights
   (gguf.quants for Q4_1 on both sides; q/k rows un-permuted the same way) and compute in fp32, so the
@@ -18,7 +21,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "gemma3"))  # the paged harness and the transformers oracle
-from harness import greedy, transformers_greedy  # noqa: E402
+from harness import agreed, assert_enough_decided, decided, greedy, transformers_greedy  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -27,6 +30,8 @@ MAX_NEW = 24
 #: leaves a ~3x margin and stays far below a real numerics error (a wrong rope order, base or norm eps
 #: moves logits by > 0.1)
 LOGIT_ATOL = 5e-4
+TIE = 2 * LOGIT_ATOL
+MIN_DECIDED = 0.8  # of all prompts' steps
 
 TEXTS = [
     "The capital of France is",
@@ -67,16 +72,20 @@ def test_greedy_tokens_equal_transformers_through_llm(smollm, prompt_ids, oracle
     outs = llm.generate([list(i) for i in prompt_ids], SamplingParams(max_tokens=MAX_NEW, temperature=0.0,
                                                                       ignore_eos=True))
     assert len(outs) >= 8
-    for i, (o, (want, _)) in enumerate(zip(outs, oracle)):
-        assert list(o.token_ids) == want, f"prompt {i} ({len(prompt_ids[i])} tokens)"
+    for i, (o, (want, want_logits)) in enumerate(zip(outs, oracle)):
+        n = decided(want_logits, TIE)
+        assert list(o.token_ids)[:n] == want[:n], f"prompt {i} ({len(prompt_ids[i])} tokens), before step {n}"
+    assert_enough_decided(oracle, TIE, MIN_DECIDED)
 
 
 def test_logits_close_to_transformers_at_every_step(smollm, prompt_ids, oracle):
     toks, logits = greedy(smollm[0].model, prompt_ids, MAX_NEW)
     worst = 0.0
     for b, (want_toks, want_logits) in enumerate(oracle):
-        assert toks[b] == want_toks, f"prompt {b}"
-        diff = max(float((logits[s][b] - want_logits[s]).abs().max()) for s in range(MAX_NEW))
+        same = agreed(toks[b], want_toks)
+        assert same >= decided(want_logits, TIE), f"prompt {b}: token {same} differs before transformers' first near-tie"
+        # the steps run on the same tokens as transformers'
+        diff = max(float((logits[s][b] - want_logits[s]).abs().max()) for s in range(min(same + 1, MAX_NEW)))
         worst = max(worst, diff)
         assert diff <= LOGIT_ATOL, f"prompt {b}: max |logit diff| {diff:.2e} > {LOGIT_ATOL}"
     print(f"max |logit diff| over {len(oracle)} prompts x {MAX_NEW} steps: {worst:.3e}")
