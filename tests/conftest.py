@@ -1,12 +1,53 @@
 """Shared test setup. Tests never put the repository root on sys.path (see pyproject: --import-mode=importlib);
 helpers shared across test directories live in tests/fixtures, importable by module name."""
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))  # e.g. serve_process.py
+
+TESTS = Path(__file__).parent
+
+# --- running on every core (pytest-xdist: the README's command runs `-n auto --dist loadgroup`, pyproject) ---
+#: most workers `-n auto` starts: each one beside the real-model worker holds a tiny model or kernels (~0.5 GB)
+MAX_WORKERS = 4
+#: test paths that load real models (Gemma 3 270M, SmolLM2) or start model servers: they share one worker and run
+#: one after another there, as in a single process, while the other workers take the tiny models and kernels.
+#: Each package loads its model once for its tests (package-scoped fixtures) and the transformers oracles run
+#: beside it: two such at once would add their peaks, and one package on two workers would load its model twice
+ONE_WORKER = {path: "real_models" for path in (
+    "models/gemma3", "models/llama", "models/gguf", "backends/reference/test_batch_invariant_gemma3.py",
+    "core/server", "core/disagg/test_router.py", "core/bench/test_serve_bench.py",
+    "core/bench/test_structured_bench.py", "core/structured/test_engine.py", "core/engine/test_cli.py")}
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: a worker per core, at most :data:`MAX_WORKERS`."""
+    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+
+
+def pytest_configure(config):
+    """In an xdist worker, torch and OpenMP (the CPU kernels, and the servers and ranks tests spawn, which
+    inherit the environment) use this worker's share of the cores: two workers with two threads each on two
+    cores would make every product wait for the other worker's."""
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if count:
+        threads = str(max(1, (os.cpu_count() or 1) // int(count)))
+        os.environ["OMP_NUM_THREADS"] = threads
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = Path(str(item.path)).resolve().relative_to(TESTS.resolve()).as_posix()
+        group = next((g for prefix, g in ONE_WORKER.items() if rel == prefix or rel.startswith(prefix + "/")), None)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def _kit_plugin() -> list[str]:
