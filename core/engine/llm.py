@@ -75,9 +75,11 @@ def _checkpoint_overrides(path: str) -> tuple[str, dict[str, Any]]:
     return _FAMILY_BASE[family], {"model.path": path, "model.format": fmt, "model.package": None, "model.name": name}
 
 
-def compose_config(model: Optional[str] = None, backend: Optional[str] = None, overrides: Sequence[str] = (),
-                   **options: Any):
-    """The composed root config of an LLM (see the module docstring for the options)."""
+def compose_config(model: Optional[str] = None, backend: Optional[str] = None, overrides: Sequence[str] = (), *,
+                   command: str = "generate", **options: Any):
+    """The composed root config of an LLM (see the module docstring for the options). ``command``: whose reads
+    decide which fields may be set (core/config/reads.py): ``generate`` for a job or its ranks (parallel, eplb,
+    prompts, sampling), ``LLM`` for ``LLM(...)`` itself, which reads the engine's fields only."""
     from inferhal.core.cli.main import compose
 
     hydra_ov = list(overrides)
@@ -92,7 +94,7 @@ def compose_config(model: Optional[str] = None, backend: Optional[str] = None, o
         hydra_ov.insert(0, f"backend={backend}")
     for k, v in options.items():
         sets[_key_path(k)] = v
-    return compose(hydra_ov, command="generate", updates=sets)
+    return compose(hydra_ov, command=command, updates=sets)
 
 
 def _to(cls, node):
@@ -104,13 +106,13 @@ class LLM:
                  loaded_model: Any = None, active_backend: Any = None, overrides: Sequence[str] = (),
                  **options: Any) -> None:
         cfg = compose_config(model if loaded_model is None else None,
-                             backend if active_backend is None else None, overrides, **options)
-        ep, dp = int(cfg.parallel.ep), int(cfg.parallel.dp)
-        if ep > 1 or dp > 1:  # this object is one process: the layout would be ignored, so it is refused
-            raise UserError(f"LLM(...) runs in one process; parallel.ep={ep} parallel.dp={dp} needs one process per "
-                            f"rank: `inferhal generate parallel=...` spawns them (or, on each rank, "
-                            f"inferhal.core.parallel.ep_generate.ep_llm / dp_llm)")
-        self._build(cfg, loaded_model, active_backend, "max_model_len" in options)
+                             backend if active_backend is None else None, overrides, command="LLM", **options)
+        # (a parallel layout is refused at compose: this object is one process, LLM reads no parallel field)
+        len_set = "max_model_len" in options or any(o.split("=", 1)[0].lstrip("+~") == "model.max_model_len"
+                                                    for o in overrides)
+        # a checkpoint path without a length: up to its family config's max_model_len, within its own context
+        self._build(cfg, loaded_model, active_backend, "max_model_len" in options,
+                    clamp=loaded_model is None and model is not None and os.path.exists(model) and not len_set)
 
     @classmethod
     def from_config(cls, cfg, loaded_model: Any = None, active_backend: Any = None) -> "LLM":
@@ -119,7 +121,7 @@ class LLM:
         self._build(cfg, loaded_model, active_backend, False)
         return self
 
-    def _build(self, cfg, loaded_model, active_backend, len_override: bool) -> None:
+    def _build(self, cfg, loaded_model, active_backend, len_override: bool, clamp: bool = False) -> None:
         from inferhal.core.spec.ngram import check_spec_config
 
         check_spec_config(_to(schema.SpecConfig, cfg.spec))  # a bad spec config fails before anything loads
@@ -157,6 +159,10 @@ class LLM:
                                 f"build: {exc}") from None
         max_len = int(loaded_model.model.max_model_len)
         if injected is None or len_override:  # the config's limit applies to a config model
+            if not clamp:  # past the model's own context only with model.allow_long_context
+                from inferhal.core.config.context import check_loaded
+
+                check_loaded(cfg.model, loaded_model)
             max_len = min(max_len, int(cfg.model.max_model_len))
         self.engine = Engine(loaded_model, active_backend, _to(schema.SchedulerConfig, cfg.scheduler),
                              _to(schema.CacheConfig, cfg.cache), max_model_len=max_len, seed=int(cfg.seed),

@@ -76,3 +76,7 @@ class LoadedModel:
     name: str
     family: str
     info: Mapping[str, Any] = field(default_factory=dict)
+    #: the context the model was trained for, as its checkpoint declares it (a GGUF's context_length, a config's
+    #: max_position_embeddings); None: not declared. A longer model.max_model_len is refused against it unless
+    #: model.allow_long_context (core/config/context.py)
+    max_context: int | None = None

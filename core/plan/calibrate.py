@@ -31,7 +31,7 @@ def anchors() -> dict:
 def _compose(overrides):
     from inferhal.core.cli.main import compose
 
-    return compose(list(overrides), "plan calibrate")
+    return compose(list(overrides), "plan")  # an anchor's deployment, read as `inferhal plan` reads it
 
 
 def _inventory(cfg):

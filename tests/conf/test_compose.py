@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from inferhal.core.cli.main import compose
 from inferhal.core.config.errors import ConfigError
+from inferhal.core.config.reads import READS, changed, reads
 from inferhal.core.config.schema import GROUP_SCHEMAS, InferhalConfig
 
 
@@ -29,28 +30,39 @@ def test_every_group_has_a_directory_and_an_option():
     assert groups == set(GROUP_SCHEMAS), set(GROUP_SCHEMAS) - groups
 
 
-#: shipped options that describe layouts this build refuses (core/config/refusals.py), with a field each names
-REFUSED_OPTIONS = {("parallel", "dep2"): "parallel.dp", ("parallel", "dep4"): "parallel.dp",  # generate only
-                   ("parallel", "dep8"): "parallel.dp", ("parallel", "dep16"): "parallel.dp",
-                   ("parallel", "ascend_dsv4_colocated_dp4tp4"): "parallel.tp",
-                   ("parallel", "ascend_dsv4_decode_dp8tp2"): "parallel.tp",
-                   ("parallel", "ascend_dsv4_prefill_dp4tp4"): "parallel.role",
-                   ("eplb", "default"): "eplb.enabled"}  # EPLB needs parallel.ep > 1
+#: shipped options no single command honours as shipped, with a field each names: EPLB needs parallel.ep > 1 (every
+#: command refuses it alone); a disaggregated node's tensor parallelism is read by `inferhal plan` only, its role by
+#: `inferhal serve` only (core/config/reads.py)
+UNHONOURED = {("eplb", "default"): ("generate", "eplb.enabled"),
+              ("parallel", "ascend_dsv4_decode_dp8tp2"): ("serve", "parallel.tp"),
+              ("parallel", "ascend_dsv4_prefill_dp4tp4"): ("plan", "parallel.role")}
+
+
+@pytest.fixture(scope="module")
+def defaults():
+    return compose([], "config")
 
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_every_config_file_composes_and_validates(group, option):
+def test_every_config_file_composes_and_validates(group, option, defaults):
+    """Each option validates against its schema, `inferhal config` shows it, and some command reads every field it
+    sets (core/config/reads.py) and composes it as shipped, unless it is listed above."""
     cfg = compose([f"{group}={option}"], check=False)
     obj = OmegaConf.to_object(cfg)  # raises on a missing mandatory value or a wrong type
     assert isinstance(obj, InferhalConfig)
     if group != "experiment":
         assert dataclasses.is_dataclass(getattr(obj, group))
-    field = REFUSED_OPTIONS.get((group, option))
-    if field is None:
-        compose([f"{group}={option}"])  # honoured as shipped
-    else:
+    sets = changed(cfg, defaults)
+    honoured_by = [c for c in READS if c != "config" and all(reads(c, p) for p in sets)]
+    if (group, option) in UNHONOURED:
+        command, field = UNHONOURED[group, option]
+        assert field in sets and (not honoured_by or field == "eplb.enabled")
         with pytest.raises(ConfigError, match=field):
-            compose([f"{group}={option}"])
+            compose([f"{group}={option}"], command)
+        return
+    compose([f"{group}={option}"])  # `inferhal config` shows it
+    assert honoured_by, sets
+    compose([f"{group}={option}"], honoured_by[0])  # honoured as shipped
 
 
 def test_eplb_composes_with_expert_parallelism():

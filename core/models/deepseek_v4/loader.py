@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from inferhal.core.config.context import model_len
 from inferhal.core.errors import UserError
 from inferhal.core.models.base import LoadedModel
 from inferhal.core.models.deepseek_v4.kv import torch_dtype, v4_config
@@ -197,14 +199,18 @@ def load(model_cfg: Any, backend: Any) -> LoadedModel:
     has_mtp = validate(weights, cfg)
     prof = backend.profile
     weights = finalize(weights, dtype, device, prof.supports("fp8_block_linear"), prof.supports("fp4_grouped_gemm"))
-    model = DeepseekV4ForCausalLM(cfg, weights, backend.ops, dtype, int(model_cfg.max_model_len), device, has_mtp)
+    trained = cfg.max_position_embeddings
+    max_len = model_len(model_cfg, trained)
+    if max_len > trained:  # model.allow_long_context: rotary tables for every position up to max_model_len
+        cfg = dataclasses.replace(cfg, max_position_embeddings=max_len)
+    model = DeepseekV4ForCausalLM(cfg, weights, backend.ops, dtype, max_len, device, has_mtp)
     if getattr(model_cfg, "mtp_weights", None):
         load_mtp_overlay(model, model_cfg)
     tok = load_tokenizer(path, cfg, getattr(model_cfg, "chat_template", None)) if path else None
     quant = sorted({w.format for w in weights.values() if isinstance(w, QuantWeight)})
     return LoadedModel(model=model, tokenizer=tok, name=model_cfg.name, family="deepseek_v4",
                        info={"num_layers": cfg.num_layers, "mtp_layers": model.num_mtp_layers, "quantized": quant,
-                             "dtype": str(dtype).replace("torch.", ""), "path": path})
+                             "dtype": str(dtype).replace("torch.", ""), "path": path}, max_context=trained)
 
 
 def load_mtp_overlay(model: Any, model_cfg: Any) -> None:

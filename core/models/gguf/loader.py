@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 import torch
 
+from inferhal.core.config.context import model_len
 from inferhal.core.errors import UserError
 from inferhal.core.models.base import LoadedModel
 from inferhal.core.models.gguf import cache_dir, chat, weight_cache
@@ -191,7 +192,7 @@ def load(model_cfg: "ModelConfig", backend: "ActiveBackend", family: Family) -> 
     cfg = config_of(f, family)
     check_tensors(f, cfg)
     t_parse = time.perf_counter()
-    max_len = min(int(model_cfg.max_model_len), cfg.max_position_embeddings)
+    max_len = model_len(model_cfg, cfg.max_position_embeddings)  # past context_length with model.allow_long_context
     dtype = DTYPES[dtype_name]
     # a bf16 model on a backend whose linear takes integer blocks keeps them: the same products, bit for bit,
     # from half the bytes at decode sizes (cpu_avx512: kernels/cpu/int_block.py)
@@ -225,4 +226,5 @@ def load(model_cfg: "ModelConfig", backend: "ActiveBackend", family: Family) -> 
     if t_end - t0 > 5.0:
         print(f"[load] {model_cfg.name}: loaded in {t_end - t0:.1f} s (weights {t_weights - t_parse:.1f} s, "
               f"tokenizer wait {t_end - t_weights:.1f} s)", file=sys.stderr, flush=True)
-    return LoadedModel(model=model, tokenizer=tok, name=str(model_cfg.name), family=family.name, info=info)
+    return LoadedModel(model=model, tokenizer=tok, name=str(model_cfg.name), family=family.name, info=info,
+                       max_context=cfg.max_position_embeddings)

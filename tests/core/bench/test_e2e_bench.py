@@ -84,7 +84,8 @@ def test_the_plot_draws_one_level_as_bars_and_several_as_lines(tmp_path, levels)
 def test_inferhal_runs_without_prefix_caching(monkeypatch):
     """The repeats send the same prompts: a cached block would spare inferhal prefill the peers redo."""
     from inferhal.core.bench import e2e
-    from inferhal.core.engine.llm import LLM, compose_config
+    from inferhal.core.cli.main import compose
+    from inferhal.core.engine.llm import LLM
 
     seen = []
 
@@ -96,7 +97,7 @@ def test_inferhal_runs_without_prefix_caching(monkeypatch):
         raise Stop
 
     monkeypatch.setattr(LLM, "from_config", staticmethod(load))
-    cfg = compose_config("deepseek_v4_tiny", "reference", overrides=["bench.peers=[transformers]"])
+    cfg = compose(["model=deepseek_v4_tiny", "bench.peers=[transformers]"], "bench e2e")
     assert cfg.cache.enable_prefix_caching  # on by default
     with pytest.raises(Stop):
         e2e.run(cfg)

@@ -96,7 +96,7 @@ def test_bench_ops_runs_the_engine_and_writes_a_table_json_and_plot(tmp_path, ca
     from inferhal.core.engine.llm import compose_config
 
     out = tmp_path / "ops.json"
-    cfg = compose_config("deepseek_v4_tiny", "reference", overrides=[
+    cfg = compose_config("deepseek_v4_tiny", "reference", command="bench ops", overrides=[
         "cache.num_blocks=64", "bench.concurrency=[1,3]", "bench.num_prompts=4", "bench.max_tokens=3",
         "bench.repeats=2", f"+output={out}"])
     assert bench_ops.run(cfg) == 0

@@ -1,6 +1,6 @@
 """Every config field is honoured or refused: a schema field that no source file reads must be listed in
 ``core/config/refusals.py``, and a listed field set away from its default is refused, by the CLI and by
-``LLM(...)``, with the field named."""
+``LLM(...)``, with the field named. (Which command reads which field: test_reads.py.)"""
 
 from __future__ import annotations
 
@@ -106,10 +106,11 @@ def test_the_shipped_defaults_are_all_honoured():
 
 def test_several_refused_fields_are_listed_together_with_where_they_come_from():
     with pytest.raises(ConfigError) as err:
-        compose(["parallel=ascend_dsv4_prefill_dp4tp4"])
+        compose(["parallel=ascend_dsv4_prefill_dp4tp4", "server.port=1"], "generate")
     msg = str(err.value)
     assert "3 config fields are refused" in msg
-    assert "parallel.tp=4" in msg and "parallel.dp=4" in msg and "parallel.role='prefill'" in msg
+    assert "parallel.tp=4 is refused by `inferhal generate`" in msg and "parallel.role='prefill'" in msg
+    assert "server.port=1" in msg
     assert "a config option such as parallel=NAME" in msg
 
 

@@ -92,5 +92,6 @@ def test_llm_refuses_a_parallel_layout_it_would_run_in_one_process():
     from inferhal import LLM
     from inferhal.core.errors import UserError
 
-    with pytest.raises(UserError, match=r"LLM\(\.\.\.\) runs in one process; parallel.ep=2 parallel.dp=2"):
+    with pytest.raises(UserError, match=r"parallel.ep=2, parallel.dp=2 are refused by LLM\(\.\.\.\), which reads no "
+                                        r"parallel field .*; LLM\(\.\.\.\) is one process: `inferhal generate parallel=\.\.\.`"):
         LLM("deepseek_v4_tiny", overrides=["parallel=dep2"])
