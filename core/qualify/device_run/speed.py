@@ -114,6 +114,8 @@ def engine_graph_row(ctx: Context) -> dict:
     from inferhal.core.sampling.params import SamplingParams
 
     row = ctx.row("graphs", name="engine decode graphs", model="deepseek_v4_tiny")
+    if ctx.active.graph_runner() is None:  # both runs would be eager: nothing to compare
+        return dict(row, status="not-run", message=f"{ctx.backend} offers no graph runner at level {ctx.label}")
     try:
         sp = SamplingParams(max_tokens=12 if ctx.on_device else 3, temperature=0.0, logprobs=1, ignore_eos=True)
         outs = {}
