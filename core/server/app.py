@@ -1,12 +1,15 @@
-"""The ASGI app (FastAPI): OpenAI's completions and chat completions over an :class:`AsyncEngine`.
+"""The ASGI app (FastAPI): OpenAI's completions and chat completions and Anthropic's Messages API over an
+:class:`AsyncEngine`.
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (:mod:`.openai_api`), ``GET /v1/models``,
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (:mod:`.openai_api`), ``POST /v1/messages``,
+``POST /v1/messages/count_tokens`` (:mod:`.anthropic_api`), ``GET /v1/models``,
 ``GET /health`` (503 once the engine loop has died; under ``parallel.role=pd`` each process's state,
 ``degraded`` when one is dead), ``GET /version``, ``GET /metrics`` (Prometheus text).
 
 Every handler is a module-level function reading the app's :class:`~.service.Service` from
-``request.app.state.service``. Every error is OpenAI's schema (:class:`~.protocol.APIError`); ``/v1/*``
-needs ``Authorization: Bearer KEY`` when a key is set (compared in constant time).
+``request.app.state.service``. Every error is OpenAI's schema (:class:`~.errors.APIError`), Anthropic's on
+``/v1/messages*``; ``/v1/*`` needs ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` when a key is set
+(compared in constant time).
 """
 
 from __future__ import annotations
@@ -15,12 +18,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inferhal.core.server import openai_api
+from inferhal.core.server import anthropic_api, openai_api
 from inferhal.core.server.async_engine import AsyncEngine
 from inferhal.core.server.protocol import APIError
 from inferhal.core.server.service import ServerSettings, Service
 
 __all__ = ["ServerSettings", "build_app"]
+
+ANTHROPIC_PREFIX = "/v1/messages"
 
 
 def build_app(engine: AsyncEngine, settings: ServerSettings, metrics=None) -> FastAPI:
@@ -31,6 +36,8 @@ def build_app(engine: AsyncEngine, settings: ServerSettings, metrics=None) -> Fa
     app.add_exception_handler(Exception, _internal)
     app.add_api_route("/v1/completions", openai_api.completions, methods=["POST"])
     app.add_api_route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"])
+    app.add_api_route(ANTHROPIC_PREFIX, anthropic_api.messages, methods=["POST"])
+    app.add_api_route(ANTHROPIC_PREFIX + "/count_tokens", anthropic_api.count_tokens, methods=["POST"])
     app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/version", version, methods=["GET"])
@@ -40,7 +47,10 @@ def build_app(engine: AsyncEngine, settings: ServerSettings, metrics=None) -> Fa
 
 # -- errors ---------------------------------------------------------------------------------------
 def error_response(request: Request, exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    """OpenAI's error shape, or Anthropic's on the Messages routes."""
+    anthropic = request.url.path.startswith(ANTHROPIC_PREFIX)
+    return JSONResponse(exc.anthropic_body() if anthropic else exc.body(), status_code=exc.status,
+                        headers=exc.headers or None)
 
 
 async def _api_error(request: Request, exc: APIError):

@@ -133,6 +133,18 @@ def _structured(body: dict) -> Optional[Any]:
     raise _bad("'response_format.type' must be one of text, json_object, json_schema", "response_format")
 
 
+def sampling_fields(body: dict, s: dict, keys: tuple[str, ...], temperature_max: float = 2.0) -> None:
+    """The sampling fields ``keys`` of ``body``, checked, into ``s`` (SamplingParams' names)."""
+    check = {"temperature": lambda: _num(body, "temperature", 0.0, temperature_max),
+             "top_p": lambda: _num(body, "top_p", 0.0, 1.0, lo_open=True),
+             "min_p": lambda: _num(body, "min_p", 0.0, 1.0),
+             "top_k": lambda: _int(body, "top_k", -1), "seed": lambda: _int(body, "seed", -(2 ** 63))}
+    for key in keys:
+        val = check[key]()
+        if val is not None:
+            s[key] = val
+
+
 def parse(body: Any, chat: bool) -> Job:
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object", None)
@@ -167,12 +179,7 @@ def parse(body: Any, chat: bool) -> Job:
     if job.max_tokens is None and not chat:
         job.max_tokens = COMPLETIONS_MAX_TOKENS  # chat: None, up to the context limit
     s = job.sampling
-    for key, val in (("temperature", _num(body, "temperature", 0.0, 2.0)),
-                     ("top_p", _num(body, "top_p", 0.0, 1.0, lo_open=True)),
-                     ("min_p", _num(body, "min_p", 0.0, 1.0)),
-                     ("top_k", _int(body, "top_k", -1)), ("seed", _int(body, "seed", -(2 ** 63)))):
-        if val is not None:
-            s[key] = val
+    sampling_fields(body, s, ("temperature", "top_p", "min_p", "top_k", "seed"))
     if body.get("ignore_eos") is not None:
         s["ignore_eos"] = bool(body["ignore_eos"])
     stop = body.get("stop")

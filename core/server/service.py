@@ -54,9 +54,10 @@ class Service:
         if self._key is None:
             return
         auth = request.headers.get("authorization", "")
-        given = auth[7:].encode() if auth[:7].lower() == "bearer " else b""
+        given = auth[7:].encode() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "").encode()
         if not hmac.compare_digest(given, self._key):
-            raise APIError(401, "invalid or missing API key (send Authorization: Bearer KEY)", code="invalid_api_key")
+            raise APIError(401, "invalid or missing API key (send Authorization: Bearer KEY, or x-api-key: KEY)",
+                           code="invalid_api_key")
 
     async def read_json(self, request: Request) -> Any:
         limit = self.settings.max_body_bytes
@@ -76,6 +77,11 @@ class Service:
             raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
 
     # -- prompt and params ------------------------------------------------------------------------
+    def check_model(self, job: Job) -> None:
+        if job.model != self.settings.model_name:
+            raise APIError(404, f"the model {job.model!r} does not exist; this server serves "
+                                f"{self.settings.model_name!r}", "model", "model_not_found")
+
     def chat_prompt(self, job: Job) -> str:
         """A chat job's prompt text; sets ``job.thinking`` (where its reasoning starts, when the server splits
         reasoning): the ``thinking`` / ``enable_thinking`` template argument if given, else whether the
@@ -128,9 +134,7 @@ class Service:
     # -- admission and outputs --------------------------------------------------------------------
     async def start(self, job: Job) -> tuple[list[int], list[tuple[str, asyncio.Queue]]]:
         """Admit ``job``'s ``n`` choices → (prompt ids, [(request id, its Delta queue)])."""
-        if job.model != self.settings.model_name:
-            raise APIError(404, f"the model {job.model!r} does not exist; this server serves "
-                                f"{self.settings.model_name!r}", "model", "model_not_found")
+        self.check_model(job)
         ids = self.prompt_ids(job)
         if job.tools is not None and job.tools.forced:
             job.sampling["structured"] = constraint(job.tools, self.fmt, bool(job.thinking))

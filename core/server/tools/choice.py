@@ -1,6 +1,6 @@
-"""One choice's text → reasoning, content and tool calls, delta by delta: the ``<think>`` splitter (when the
-server splits reasoning) feeds its content to the call parser of the model's format (when the request has
-active tools). Both are cut-invariant, so the composition is too."""
+"""One choice's text → reasoning, then content and tool calls in the order they came, delta by delta: the
+``<think>`` splitter (when the server splits reasoning) feeds its content to the call parser of the model's
+format (when the request has active tools). Both are cut-invariant, so the composition is too."""
 
 from __future__ import annotations
 
@@ -9,23 +9,21 @@ from types import ModuleType
 from typing import Optional
 
 from inferhal.core.server.tools.reasoning import ThinkSplitter
-from inferhal.core.server.tools.scan import ToolCall
+from inferhal.core.server.tools.scan import Parsed
 
 
 @dataclass
-class Out:
-    reasoning: str = ""
-    content: str = ""
-    calls: list[ToolCall] = field(default_factory=list)
+class Out(Parsed):
+    """A :class:`~.scan.Parsed` with the reasoning before its items (reasoning ends before content starts)."""
 
-    def __iadd__(self, o: "Out") -> "Out":
-        self.reasoning += o.reasoning
-        self.content += o.content
-        self.calls += o.calls
-        return self
+    reasoning: str = ""
+
+    def __iadd__(self, o: Parsed) -> "Out":
+        self.reasoning += getattr(o, "reasoning", "")
+        return Parsed.__iadd__(self, o)
 
     def __bool__(self) -> bool:
-        return bool(self.reasoning or self.content or self.calls)
+        return bool(self.reasoning or self.items)
 
 
 class ChoiceParser:
@@ -36,12 +34,14 @@ class ChoiceParser:
         self.total = Out()
 
     def _content(self, text: str, end: bool) -> Out:
+        out = Out()
         if self.calls is None:
-            return Out(content=text)
-        p = self.calls.feed(text)
+            out.text(text)
+            return out
+        out += self.calls.feed(text)
         if end:
-            p += self.calls.finish()
-        return Out(content=p.content, calls=p.calls)
+            out += self.calls.finish()
+        return out
 
     def feed(self, text: str, end: bool = False) -> Out:
         """What ``text`` adds (``end``: it is the choice's last text)."""

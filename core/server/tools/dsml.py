@@ -99,10 +99,10 @@ class DSMLParser:
                 i = self.buf.find(START)
                 if i < 0:
                     cut = len(self.buf) - held(self.buf, START)
-                    out.content += self.sink.text(self.buf[:cut])
+                    out.text(self.sink.text(self.buf[:cut]))
                     self.buf = self.buf[cut:]
                     return out
-                out.content += self.sink.text(self.buf[:i])
+                out.text(self.sink.text(self.buf[:i]))
                 self.sink.call()
                 self.buf, self.inside = self.buf[i + len(START):], True
                 continue
@@ -122,9 +122,9 @@ class DSMLParser:
             return
         call = call_of(text)
         if call is None:
-            out.content += self.sink.text(text)
+            out.text(self.sink.text(text))
         else:
-            out.calls.append(ToolCall(call[0], call[1], self.new_id()))
+            out.call(ToolCall(call[0], call[1], self.new_id()))
         self.sink.call()
 
     def finish(self) -> Parsed:
@@ -132,9 +132,9 @@ class DSMLParser:
         if self.inside:
             self._invoke(self.buf, out)
         else:
-            out.content += self.sink.text(self.buf)
+            out.text(self.sink.text(self.buf))
         self.buf, self.inside = "", False
-        out.content += self.sink.finish()
+        out.text(self.sink.finish())
         return out
 
 

@@ -74,10 +74,10 @@ class HermesParser:
                 i = self.buf.find(START)
                 if i < 0:
                     cut = len(self.buf) - held(self.buf, START)
-                    out.content += self.sink.text(self.buf[:cut])
+                    out.text(self.sink.text(self.buf[:cut]))
                     self.buf = self.buf[cut:]
                     return out
-                out.content += self.sink.text(self.buf[:i])
+                out.text(self.sink.text(self.buf[:i]))
                 self.buf, self.inside = self.buf[i + len(START):], True
             else:
                 j = self.buf.find(END)
@@ -89,19 +89,19 @@ class HermesParser:
     def _close(self, body: str, end: str, out: Parsed) -> None:
         call = call_of(body)
         if call is None:
-            out.content += self.sink.text(START + body + end)
+            out.text(self.sink.text(START + body + end))
         else:
             self.sink.call()
-            out.calls.append(ToolCall(call[0], call[1], self.new_id()))
+            out.call(ToolCall(call[0], call[1], self.new_id()))
 
     def finish(self) -> Parsed:
         out = Parsed()
         if self.inside:
             self._close(self.buf, "", out)
         else:
-            out.content += self.sink.text(self.buf)
+            out.text(self.sink.text(self.buf))
         self.buf, self.inside = "", False
-        out.content += self.sink.finish()
+        out.text(self.sink.finish())
         return out
 
 

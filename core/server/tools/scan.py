@@ -32,15 +32,32 @@ class ToolCall:
 
 @dataclass
 class Parsed:
-    """What a parser gives for one delta (or at the end): content text and the calls completed in it."""
+    """What a parser gives for one delta (or at the end): text and completed calls, in the order they came."""
 
-    content: str = ""
-    calls: list[ToolCall] = field(default_factory=list)
+    items: list = field(default_factory=list)  # str (content) | ToolCall
+
+    def text(self, s: str) -> None:
+        if s:
+            if self.items and isinstance(self.items[-1], str):
+                self.items[-1] += s
+            else:
+                self.items.append(s)
+
+    def call(self, c: ToolCall) -> None:
+        self.items.append(c)
 
     def __iadd__(self, other: "Parsed") -> "Parsed":
-        self.content += other.content
-        self.calls += other.calls
+        for x in other.items:
+            self.text(x) if isinstance(x, str) else self.call(x)
         return self
+
+    @property
+    def content(self) -> str:
+        return "".join(x for x in self.items if isinstance(x, str))
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return [x for x in self.items if not isinstance(x, str)]
 
 
 def held(buf: str, *markers: str) -> int:

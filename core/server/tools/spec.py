@@ -57,8 +57,10 @@ def check_schema(schema: Any, param: str) -> None:
         raise _bad(f"'{param}' cannot be compiled: {first}", param) from None
 
 
-def function(name: Any, description: Any, parameters: Any, param: str, strict: Any = None) -> dict:
-    """One checked function object; ``param`` is where it came from (``tools[2].function``)."""
+def function(name: Any, description: Any, parameters: Any, param: str, strict: Any = None,
+             schema_field: str = "parameters") -> dict:
+    """One checked function object; ``param`` is where it came from (``tools[2].function``), ``schema_field``
+    the name its schema came in (Anthropic's ``input_schema``)."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise _bad(f"'{param}.name' must be 1 to 64 letters, digits, '_', '-', '.' or ':', got {name!r}",
                    f"{param}.name")
@@ -68,7 +70,7 @@ def function(name: Any, description: Any, parameters: Any, param: str, strict: A
             raise _bad(f"'{param}.description' must be a string", f"{param}.description")
         out["description"] = description
     if parameters is not None:
-        check_schema(parameters, f"{param}.parameters")
+        check_schema(parameters, f"{param}.{schema_field}")
         out["parameters"] = parameters
     if strict is not None:
         if not isinstance(strict, bool):

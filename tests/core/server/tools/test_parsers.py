@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from inferhal.core.server.tools import dsml, hermes
 from inferhal.core.server.tools.reasoning import CLOSE, OPEN, ThinkSplitter
-from inferhal.core.server.tools.scan import held
+from inferhal.core.server.tools.scan import Parsed, held
 
 FORMATS = {"hermes": (hermes, hermes.HermesParser), "dsml": (dsml, dsml.DSMLParser)}
 SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -50,12 +50,15 @@ def cuts(text: str):
 
 
 def run(parser, pieces: list[str]):
-    content, calls = "", []
+    """(content, calls, both in their order) of the text fed in ``pieces``: the order of text and calls must not
+    depend on the cut either (Anthropic's content blocks keep it)."""
+    got = Parsed()
     for p in pieces:
-        out = parser.feed(p)
-        content, calls = content + out.content, calls + out.calls
-    out = parser.finish()
-    return content + out.content, [(c.name, c.arguments) for c in calls + out.calls]
+        got += parser.feed(p)
+    got += parser.finish()
+    order = [x if isinstance(x, str) else (x.name, x.arguments) for x in got.items]
+    content, calls = got.content, [(c.name, c.arguments) for c in got.calls]
+    return content, calls, order
 
 
 def canonical(args):
@@ -95,7 +98,7 @@ def test_rendered_calls_parse_back_with_the_content_around_them(fmt, data):
                                              + groups[-1].lstrip())
     want_calls = [(name, canonical(a)) for b in blocks for name, a in b]
     for pieces in (data.draw(cuts(text)), [text], list(text)):
-        content, calls = run(Parser(), pieces)
+        content, calls, _ = run(Parser(), pieces)
         assert [(nm, canonical(a)) for nm, a in calls] == want_calls
         assert content == want_content
 
@@ -153,17 +156,17 @@ def test_peer_failures_a_whole_call_in_one_delta_and_a_stream_in_two_chunks():
         text = "Let me check." + call
         for pieces in ([text], ["Let me check.", call], [text[:len(text) // 2], text[len(text) // 2:]],
                        ["Let me check." + call[:5], call[5:]]):
-            assert run(Parser(), pieces) == ("Let me check.", [("get_weather", {"city": "Paris", "days": 3})])
+            assert run(Parser(), pieces)[:2] == ("Let me check.", [("get_weather", {"city": "Paris", "days": 3})])
 
 
 def test_malformed_calls_stay_content():
-    assert run(hermes.HermesParser(), ['<tool_call>{"name": 3}</tool_call> ok']) == (
+    assert run(hermes.HermesParser(), ['<tool_call>{"name": 3}</tool_call> ok'])[:2] == (
         '<tool_call>{"name": 3}</tool_call> ok', [])
-    assert run(hermes.HermesParser(), ['x <tool_call>{"name": "f", "arguments": {"a": 1}}']) == (
+    assert run(hermes.HermesParser(), ['x <tool_call>{"name": "f", "arguments": {"a": 1}}'])[:2] == (
         "x", [("f", {"a": 1})])  # a call cut by the end of the text but complete: kept
-    assert run(hermes.HermesParser(), ['x <tool_call>{"name": "f", "argu']) == ('x <tool_call>{"name": "f", "argu', [])
+    assert run(hermes.HermesParser(), ['x <tool_call>{"name": "f", "argu'])[:2] == ('x <tool_call>{"name": "f", "argu', [])
     bad = '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\nnot a parameter\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>'
-    assert run(dsml.DSMLParser(), [bad]) == ('<｜DSML｜invoke name="f">\nnot a parameter\n</｜DSML｜invoke>', [])
+    assert run(dsml.DSMLParser(), [bad])[:2] == ('<｜DSML｜invoke name="f">\nnot a parameter\n</｜DSML｜invoke>', [])
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -185,7 +188,7 @@ def test_reasoning_then_calls_is_the_same_for_every_cut(fmt, thinking, data):
         if not pieces:
             p.feed("", end=True)
         t = p.total
-        return t.reasoning, t.content, [(c.name, c.arguments) for c in t.calls]
+        return t.reasoning, [x if isinstance(x, str) else (x.name, x.arguments) for x in t.items]
 
     whole = parse([text])
     assert parse(data.draw(cuts(text))) == whole
