@@ -124,7 +124,9 @@ class ServerConfig:
     api_key: Optional[str] = None  # a required bearer token; None = env INFERHAL_API_KEY, else no key
     max_body_bytes: int = 1_048_576  # a larger request body is a 413
     max_queued_requests: int = 256  # requests in the engine (waiting + running); more are a 429
-    shutdown_timeout_s: float = 30.0  # on SIGTERM: in-flight requests get this long, then are aborted
+    max_queued_tokens: Optional[int] = None  # prompt tokens awaiting their first token; more: 429. None = no bound
+    request_timeout_s: Optional[float] = None  # a request's default deadline from arrival (finish reason timeout)
+    shutdown_timeout_s: float = 30.0  # on SIGTERM: new requests get 503, admitted ones this long, then are aborted
     # split chat output into reasoning_content and content: think (<think>...</think>) | none; None = the model
     # family's own (deepseek_v4: think; others: none)
     reasoning_parser: Optional[str] = None

@@ -7,7 +7,8 @@ turns, ``thinking`` / ``redacted_thinking`` in assistant turns, which are not re
 (``{name, description, input_schema}``), ``tool_choice`` (``auto`` | ``any`` | ``tool`` with ``name`` |
 ``none``; ``disable_parallel_tool_use``), ``thinking`` (``enabled``: the output starts in reasoning, as
 ``chat_template_kwargs`` ``thinking: true``; ``budget_tokens`` is checked against ``max_tokens``, which bounds
-reasoning and answer together), ``metadata`` (not read: it does not change the output). Any other block type
+reasoning and answer together), ``timeout_s`` (this server's per-request deadline), ``metadata`` (not read: it
+does not change the output). Any other block type
 (an image, a document) is a 400 naming it: ``messages.0.content.1.type``.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 
 from inferhal.core.server.chat_messages import call, text_of
 from inferhal.core.server.errors import APIError
-from inferhal.core.server.protocol import Job, sampling_fields
+from inferhal.core.server.protocol import Job, sampling_fields, timeout_of
 from inferhal.core.server.tools import spec as tool_spec
 
 MAX_STOP_SEQUENCES = 16
@@ -139,7 +140,8 @@ def parse(body: Any, count_only: bool = False) -> Job:
         budget = thinking.get("budget_tokens")
         if kind == "enabled" and budget is not None and (not isinstance(budget, int) or isinstance(budget, bool)
                                                          or budget < 1 or (mt is not None and budget >= mt)):
-            raise _bad("'thinking.budget_tokens' must be an integer >= 1 and below max_tokens", "thinking.budget_tokens")
+            raise _bad("'thinking.budget_tokens' must be an integer >= 1 and below max_tokens",
+                       "thinking.budget_tokens")
         job.template_kwargs = {"thinking": kind != "disabled"}
     stop = body.get("stop_sequences")
     if stop is not None:
@@ -154,4 +156,5 @@ def parse(body: Any, count_only: bool = False) -> Job:
     if not isinstance(stream, bool):
         raise _bad("'stream' must be a boolean", "stream")
     job.stream = stream
+    job.timeout_s = timeout_of(body)
     return job

@@ -3,8 +3,9 @@
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (:mod:`.openai_api`), ``POST /v1/messages``,
 ``POST /v1/messages/count_tokens`` (:mod:`.anthropic_api`), ``GET /v1/models``,
-``GET /health`` (503 once the engine loop has died; under ``parallel.role=pd`` each process's state,
-``degraded`` when one is dead), ``GET /version``, ``GET /metrics`` (Prometheus text).
+``GET /health`` (503 once the engine loop has died, or ``draining`` while SIGTERM drains it; under
+``parallel.role=pd`` each process's state, ``degraded`` when one is dead), ``GET /version``, ``GET /metrics``
+(Prometheus text).
 
 Every handler is a module-level function reading the app's :class:`~.service.Service` from
 ``request.app.state.service``. Every error is OpenAI's schema (:class:`~.errors.APIError`), Anthropic's on
@@ -80,6 +81,8 @@ async def health(request: Request):
     if not engine.alive:
         why = f"{type(engine.dead).__name__}: {engine.dead}" if engine.dead else "not running"
         return JSONResponse({"status": "dead", "reason": why}, status_code=503)
+    if engine.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
     eng = svc.eng
     roles = eng.health() if callable(getattr(type(eng), "health", None)) else None  # parallel.role=pd
     if roles is None:

@@ -8,10 +8,16 @@ Continuous batching, prefix caching and spec decoding are the engine's own: ever
 shares it.
 
 - Admission: :meth:`AsyncEngine.submit` validates a request on the loop thread (the engine's own checks:
-  prompt length, sampling fields) and raises its ``UserError`` back to the caller; more than
-  ``max_queued`` unfinished requests raise :class:`QueueFull` first.
+  prompt length, sampling fields) and raises its ``UserError`` back to the caller. Before that it raises
+  :class:`QueueFull` when ``max_queued`` requests are unfinished (queued or running), or when the prompt
+  tokens of requests that have not had their first token yet would pass ``max_queued_tokens`` (a prompt
+  longer than that bound alone is a ``UserError``: it could never be admitted); :class:`Draining` once
+  :meth:`drain` was called (the server is shutting down).
+- Deadlines: a request's ``timeout_s`` (else the server's ``request_timeout_s``) counts from its arrival;
+  past it the loop thread aborts the request (its KV blocks freed before the next step) and its last
+  output says ``finish_reason="timeout"``.
 - :meth:`AsyncEngine.abort` (a client that went away) frees the request's KV blocks at the next loop
-  turn, before the next step.
+  turn, before the next step; :meth:`abort_all` does it for every open request.
 - A step that raises kills the loop: every open stream ends with :class:`EngineDead`, ``dead`` is set
   (the server's ``/health`` answers 503) and new requests are refused.
 """
@@ -41,6 +47,10 @@ class EngineDead(Exception):
     """The engine loop stopped (an error in a step, or shutdown)."""
 
 
+class Draining(Exception):
+    """The server is shutting down: it finishes what it admitted and admits nothing more."""
+
+
 @dataclass
 class Delta:
     """What one engine step gave one request: its new token ids, their logprobs, and whether it finished."""
@@ -62,14 +72,21 @@ class _Track:
     last: Optional[float] = None
     num_out: int = 0
     num_lp: int = 0
+    deadline: Optional[float] = None  # time.monotonic() past which the request is ended ("timeout")
 
 
 class AsyncEngine:
-    def __init__(self, engine, max_queued: int = 256, metrics: Any = None) -> None:
+    def __init__(self, engine, max_queued: int = 256, metrics: Any = None, max_queued_tokens: Optional[int] = None,
+                 request_timeout_s: Optional[float] = None) -> None:
         self.engine = engine
         self.max_queued = int(max_queued)
+        self.max_queued_tokens = max_queued_tokens
+        self.request_timeout_s = request_timeout_s
         self.metrics = metrics
         self.dead: Optional[BaseException] = None
+        self.draining = False
+        self._pending: dict[str, int] = {}  # admitted, no token yet: prompt tokens (event loop side)
+        self.queued_tokens = 0
         self._cmds: "queue.Queue[tuple[str, Any]]" = queue.Queue()
         self._tracks: dict[str, _Track] = {}  # loop thread only
         self._open: set[str] = set()  # submitted, neither finished nor aborted (event loop side)
@@ -99,32 +116,62 @@ class AsyncEngine:
     def num_unfinished(self) -> int:
         return len(self._open)
 
+    def drain(self) -> None:
+        """Admit nothing more (event loop side): :meth:`submit` raises :class:`Draining` from now on."""
+        self.draining = True
+
     # -- requests (event loop side) ----------------------------------------------------------------
-    async def submit(self, prompt: Sequence[int], params) -> tuple[str, asyncio.Queue]:
+    async def submit(self, prompt: Sequence[int], params,
+                     timeout_s: Optional[float] = None) -> tuple[str, asyncio.Queue]:
         """Admit one request → (request id, its queue of :class:`Delta`). Raises ``UserError`` (bad
-        request), :class:`QueueFull` or :class:`EngineDead`."""
+        request), :class:`QueueFull`, :class:`Draining` or :class:`EngineDead`."""
         if not self.alive:
             raise EngineDead("the engine loop is not running")
+        if self.draining:
+            raise Draining("the server is shutting down")
         if len(self._open) >= self.max_queued:
             raise QueueFull(f"{len(self._open)} requests are queued or running (server.max_queued_requests="
                             f"{self.max_queued}); retry later")
+        n, bound = len(prompt), self.max_queued_tokens
+        if bound is not None and n > bound:
+            raise UserError(f"the prompt has {n} tokens, more than the server queues at once "
+                            f"(server.max_queued_tokens={bound})")
+        if bound is not None and self.queued_tokens + n > bound:
+            raise QueueFull(f"{self.queued_tokens} prompt tokens are waiting for their first token; {n} more would "
+                            f"pass server.max_queued_tokens={bound}; retry later")
+        timeout = timeout_s if timeout_s is not None else self.request_timeout_s
+        deadline = time.monotonic() + timeout if timeout is not None else None
         rid = f"req-{next(self._ids)}"
         self._open.add(rid)
+        self._pending[rid] = n
+        self.queued_tokens += n
         q: asyncio.Queue = asyncio.Queue()
         fut: Future = Future()
-        self._cmds.put(("add", (rid, list(prompt), params, q, fut)))
+        self._cmds.put(("add", (rid, list(prompt), params, q, fut, deadline)))
         try:
             await asyncio.wrap_future(fut)
         except BaseException:
-            self._open.discard(rid)
+            self._forget(rid)
             raise
         return rid, q
 
     def abort(self, request_id: str) -> None:
         """Stop a request (event loop side): it no longer counts against ``max_queued``, and its KV is freed
         at the loop's next turn; a finished or unknown id is ignored."""
-        self._open.discard(request_id)
+        self._forget(request_id)
         self._cmds.put(("abort", request_id))
+
+    def abort_all(self) -> None:
+        """Abort every open request (event loop side): their streams end with ``finish_reason="abort"``."""
+        for rid in list(self._open):
+            self.abort(rid)
+
+    def _forget(self, rid: str) -> None:
+        self._open.discard(rid)
+        self._started(rid)
+
+    def _started(self, rid: str) -> None:
+        self.queued_tokens -= self._pending.pop(rid, 0)
 
     # -- the loop thread ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -134,6 +181,7 @@ class AsyncEngine:
                 self._drain(block=not eng.has_unfinished())
                 if self._stop.is_set():
                     break
+                self._expire()
                 if eng.has_unfinished():
                     outs = eng.step()
                     self._dispatch(outs)
@@ -159,21 +207,29 @@ class AsyncEngine:
     def _handle(self, kind: str, arg: Any) -> None:
         eng = self.engine
         if kind == "add":
-            rid, prompt, params, q, fut = arg
+            rid, prompt, params, q, fut, deadline = arg
             try:
                 req = eng.make_request(prompt, params, request_id=rid)
                 eng.add(req)
             except (UserError, ValueError, EngineDead) as exc:  # (EngineDead: a router with no live instance)
                 fut.set_exception(exc)
                 return
-            self._tracks[rid] = _Track(q, time.monotonic(), len(prompt))
+            self._tracks[rid] = _Track(q, time.monotonic(), len(prompt), deadline=deadline)
             fut.set_result(rid)
         elif kind == "abort":
             if arg in self._tracks:
                 outs = eng.abort([arg])
                 self._dispatch(outs)
 
-    def _dispatch(self, outs) -> None:
+    def _expire(self) -> None:
+        """End the requests past their deadline (loop thread): aborted in the engine, ``timeout`` to the client."""
+        now = time.monotonic()
+        late = [rid for rid, tr in self._tracks.items() if tr.deadline is not None and tr.deadline <= now]
+        if late:
+            self._dispatch(self.engine.abort(late), reason="timeout")
+
+    def _dispatch(self, outs, reason: Optional[str] = None) -> None:
+        """Each output to its request's queue (``reason`` replaces the finish reason of finished ones)."""
         now = time.monotonic()
         m = self.metrics
         for o in outs:
@@ -192,17 +248,23 @@ class AsyncEngine:
                     m.itl.observe((now - tr.last) / len(new))
                 tr.last = now
                 tr.num_out += len(new)
-            d = Delta(new, lps, o.finished, o.finish_reason, tr.num_prompt, o.num_cached_tokens)
+            d = Delta(new, lps, o.finished, (reason or o.finish_reason) if o.finished else o.finish_reason,
+                      tr.num_prompt, o.num_cached_tokens)
             if o.finished:
                 del self._tracks[o.request_id]
                 if m:
-                    m.finished(o, tr, now)
+                    m.finished(o, tr, now, d.finish_reason)
                 self._loop.call_soon_threadsafe(self._finish_put, o.request_id, tr.queue, d)
             else:
-                self._loop.call_soon_threadsafe(tr.queue.put_nowait, d)
+                self._loop.call_soon_threadsafe(self._put, o.request_id, tr.queue, d)
+
+    def _put(self, rid: str, q: asyncio.Queue, d) -> None:
+        if d.token_ids:
+            self._started(rid)
+        q.put_nowait(d)
 
     def _finish_put(self, rid: str, q: asyncio.Queue, d) -> None:
-        self._open.discard(rid)
+        self._forget(rid)
         q.put_nowait(d)
 
     def _fail_all(self, exc: BaseException) -> None:
@@ -220,7 +282,7 @@ class AsyncEngine:
                 kind, arg = self._cmds.get_nowait()
             except queue.Empty:
                 break
-            if kind == "add" and not arg[4].done():
+            if kind == "add" and not arg[4].done():  # (rid, prompt, params, queue, future, deadline)
                 arg[4].set_exception(EngineDead("the engine loop stopped"))
 
     def _update_gauges(self) -> None:

@@ -41,7 +41,8 @@ def call(name: Any, arguments: Any, call_id: Any, param: str) -> dict:
         except ValueError:
             arguments = None
     if not isinstance(arguments, dict):
-        raise _bad(f"{param}.function.arguments must be a JSON object (or its JSON text)", f"{param}.function.arguments")
+        raise _bad(f"{param}.function.arguments must be a JSON object (or its JSON text)",
+                   f"{param}.function.arguments")
     if not isinstance(call_id, str) or not call_id:
         raise _bad(f"{param}.id must be a non-empty string", f"{param}.id")
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}

@@ -11,12 +11,14 @@ Counters: ``inferhal_prompt_tokens_total``, ``inferhal_generation_tokens_total``
 ``inferhal_prefix_cache_queries_total`` / ``inferhal_prefix_cache_hits_total`` (prompt tokens),
 ``inferhal_num_preemptions_total``, ``inferhal_spec_decode_num_draft_tokens_total`` /
 ``inferhal_spec_decode_num_accepted_tokens_total``, ``inferhal_request_success_total{finished_reason}``
-(stop | length | abort).
+(stop | length | abort | timeout: the request's deadline).
 
 Everything but the request counters is written by the engine thread; prometheus_client is thread-safe.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -55,12 +57,12 @@ class ServerMetrics:
         self._success = Counter("inferhal_request_success", "Finished requests by finish reason",
                                 ["model_name", "finished_reason"], registry=r)
         self._model = model_name
-        for reason in ("stop", "length", "abort"):
+        for reason in ("stop", "length", "abort", "timeout"):
             self._success.labels(model_name, reason)
         self._seen = {"pre": 0, "draft": 0, "acc": 0}
         self._queried = self._hits = 0
 
-    def finished(self, out, track, now: float) -> None:
+    def finished(self, out, track, now: float, reason: Optional[str] = None) -> None:
         """A request finished (engine thread): its latencies, tokens and outcome."""
         self.e2e.observe(now - track.arrival)
         if track.first is not None and track.num_out > 1:
@@ -72,7 +74,7 @@ class ServerMetrics:
         self._queried += track.num_prompt
         self._hits += out.num_cached_tokens
         self.hit_rate.set(self._hits / self._queried if self._queried else 0.0)
-        self._success.labels(self._model, str(out.finish_reason or "abort")).inc()
+        self._success.labels(self._model, str(reason or out.finish_reason or "abort")).inc()
 
     def engine_state(self, engine) -> None:
         """After every loop turn (engine thread): gauges and the engine's own running counters."""

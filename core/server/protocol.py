@@ -5,15 +5,17 @@ answers it as ``{"error": {"message", "type", "param", "code"}}``. Supported: ``
 string or one list of token ids) or ``messages`` (roles system | user | assistant | tool; content a string
 or text parts; :mod:`.chat_messages`), ``tools`` / ``tool_choice`` / ``parallel_tool_calls``
 (:mod:`.tools.spec`), ``chat_template_kwargs`` (extra variables for the chat template, e.g.
-``{"thinking": true}``, which also sets where reasoning output starts), ``max_tokens`` / ``max_completion_tokens`` (left out: 16 for completions, as OpenAI and vLLM
-default; up to the context limit for chat), ``temperature``, ``top_p``, ``top_k``,
-``min_p``, ``seed``, ``stop`` (up to 4 strings), ``n``, ``logprobs`` / ``top_logprobs`` (at most 20),
-``stream``, ``stream_options.include_usage``, ``ignore_eos``, and structured outputs: ``response_format``
-(``text``, ``json_object``, ``json_schema`` with ``json_schema.schema``) or vLLM's ``structured_outputs``
-(one of ``json``, ``json_object``, ``regex``, ``choice``, ``grammar``); an invalid schema or regex is a 400.
+``{"thinking": true}``, which also sets where reasoning output starts), ``max_tokens`` /
+``max_completion_tokens`` (left out: 16 for completions, as OpenAI and vLLM default; up to the context
+limit for chat), ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop`` (up to 4 strings),
+``n``, ``logprobs`` / ``top_logprobs`` (at most 20), ``stream``, ``stream_options.include_usage``,
+``ignore_eos``, ``timeout_s`` (this request's deadline in seconds from its arrival; past it the request
+ends with finish reason ``timeout``), and structured outputs: ``response_format`` (``text``,
+``json_object``, ``json_schema`` with ``json_schema.schema``) or vLLM's ``structured_outputs`` (one of
+``json``, ``json_object``, ``regex``, ``choice``, ``grammar``); an invalid schema or regex is a 400.
 A field that would change the output but is not implemented (penalties, ``logit_bias``, the deprecated
-``functions``, ``echo``, ``suffix``, ``best_of``; ``tools`` on completions) is a 400 rather than silently ignored; other unknown fields are ignored,
-as OpenAI does.
+``functions``, ``echo``, ``suffix``, ``best_of``; ``tools`` on completions) is a 400 rather than silently
+ignored; other unknown fields are ignored, as OpenAI does.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class Job:
     tools: Optional[Any] = None  # a tools.spec.ToolSpec (chat)
     template_kwargs: dict = field(default_factory=dict)  # chat_template_kwargs
     thinking: Optional[bool] = None  # chat: whether the output starts in reasoning (set with the prompt)
+    timeout_s: Optional[float] = None  # the request's deadline, from its arrival (None: the server's default)
 
 
 def _bad(msg: str, param: str) -> APIError:
@@ -133,6 +136,11 @@ def _structured(body: dict) -> Optional[Any]:
     raise _bad("'response_format.type' must be one of text, json_object, json_schema", "response_format")
 
 
+def timeout_of(body: dict) -> Optional[float]:
+    """The request's ``timeout_s`` (seconds > 0): past it the request ends with finish reason ``timeout``."""
+    return _num(body, "timeout_s", 0.0, 1e9, lo_open=True)
+
+
 def sampling_fields(body: dict, s: dict, keys: tuple[str, ...], temperature_max: float = 2.0) -> None:
     """The sampling fields ``keys`` of ``body``, checked, into ``s`` (SamplingParams' names)."""
     check = {"temperature": lambda: _num(body, "temperature", 0.0, temperature_max),
@@ -196,6 +204,7 @@ def parse(body: Any, chat: bool) -> Job:
         s["structured"] = structured
         job.structured_field = structured_field(body)
     job.n = _int(body, "n", 1, MAX_N) or 1
+    job.timeout_s = timeout_of(body)
     if chat:
         lp = body.get("logprobs")
         if lp is not None and not isinstance(lp, bool):

@@ -3,9 +3,11 @@ or SIGINT.
 
 Settings come from the ``server`` group (:class:`~inferhal.core.config.schema.ServerConfig`): the bind
 address (``127.0.0.1`` unless ``server.host`` says otherwise), the served model name, the API key (or the
-environment variable ``INFERHAL_API_KEY``), the body-size and queue limits. On SIGTERM the server stops
-accepting connections, lets in-flight requests finish for ``server.shutdown_timeout_s``, aborts the
-rest (their streams end), stops the engine loop and exits 0.
+environment variable ``INFERHAL_API_KEY``), the body-size and admission limits (``max_queued_requests``,
+``max_queued_tokens``), the default per-request deadline (``request_timeout_s``) and the reasoning parser.
+On SIGTERM the server drains (:mod:`.drain`): new requests get 503 while admitted ones finish for up to
+``server.shutdown_timeout_s`` (0: aborted at once), then the rest are aborted (their streams end), the
+engine loop stops and the process exits 0.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ def settings_of(cfg, model_name: str):
         raise UserError(f"server.max_queued_requests must be >= 1, got {s.max_queued_requests}")
     if float(s.shutdown_timeout_s) < 0:
         raise UserError(f"server.shutdown_timeout_s must be >= 0, got {s.shutdown_timeout_s}")
+    if s.max_queued_tokens is not None and int(s.max_queued_tokens) < 1:
+        raise UserError(f"server.max_queued_tokens must be >= 1 (or null: no bound), got {s.max_queued_tokens}")
+    if s.request_timeout_s is not None and float(s.request_timeout_s) <= 0:
+        raise UserError(f"server.request_timeout_s must be > 0 (or null: no deadline), got {s.request_timeout_s}")
     if s.reasoning_parser is not None and str(s.reasoning_parser) not in REASONING_PARSERS:
         raise UserError(f"server.reasoning_parser must be one of {', '.join(REASONING_PARSERS)} (or null: the model "
                         f"family's own), got {s.reasoning_parser!r}")
@@ -82,7 +88,10 @@ def _app(inner, cfg, model_name: str):
 
     settings = settings_of(cfg, model_name)
     metrics = ServerMetrics(settings.model_name)
-    engine = AsyncEngine(inner, int(cfg.server.max_queued_requests), metrics)
+    s = cfg.server
+    engine = AsyncEngine(inner, int(s.max_queued_requests), metrics,
+                         max_queued_tokens=None if s.max_queued_tokens is None else int(s.max_queued_tokens),
+                         request_timeout_s=None if s.request_timeout_s is None else float(s.request_timeout_s))
     app = with_lifespan(build_app(engine, settings, metrics), engine)
     app.state.model_name = settings.model_name
     return app, engine
@@ -183,6 +192,8 @@ def with_lifespan(app, engine):
 def serve(cfg, llm=None) -> int:
     import uvicorn
 
+    from inferhal.core.server.drain import FLUSH_S, DrainingServer
+
     from inferhal.core.engine.llm import LLM
 
     check_roles(cfg)
@@ -191,15 +202,15 @@ def serve(cfg, llm=None) -> int:
         return serve_instance(cfg)
     settings_of(cfg, str(cfg.model.name))  # bad server settings fail before the model loads
     if role in ("pd", "router"):
-        app, _ = make_router_app(cfg)
+        app, engine = make_router_app(cfg)
     else:
         if llm is None:
             llm = LLM.from_config(cfg)
-        app, _ = make_app(llm, cfg)
+        app, engine = make_app(llm, cfg)
     s = cfg.server
     config = uvicorn.Config(app, host=str(s.host), port=int(s.port), log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=float(s.shutdown_timeout_s), lifespan="on")
-    server = uvicorn.Server(config)
+                            timeout_graceful_shutdown=FLUSH_S, lifespan="on")
+    server = DrainingServer(config, engine, float(s.shutdown_timeout_s))
     # uvicorn re-raises a caught SIGTERM/SIGINT after its graceful shutdown; with handlers of our own in place
     # that re-raise lands here instead of killing the process, so a graceful stop exits 0
     stopped = []

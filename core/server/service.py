@@ -16,13 +16,17 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import Request
 
 from inferhal.core.errors import UserError
-from inferhal.core.server.async_engine import AsyncEngine, EngineDead, QueueFull
+from inferhal.core.server.async_engine import AsyncEngine, Draining, EngineDead, QueueFull
 from inferhal.core.server.protocol import APIError, Job
 from inferhal.core.server.tools import prompt, reasoning
 from inferhal.core.server.tools.choice import ChoiceParser
 from inferhal.core.server.tools.constrain import constraint
 from inferhal.core.server.tools.formats import call_format, reasoning_of
 from inferhal.core.structured.grammar import GrammarError
+
+
+#: a 429's (queue full) and a draining server's 503's Retry-After, in seconds
+RETRY = {"Retry-After": "1"}
 
 
 @dataclass(frozen=True)
@@ -142,12 +146,15 @@ class Service:
         subs: list[tuple[str, asyncio.Queue]] = []
         try:
             for i in range(job.n):
-                subs.append(await self.engine.submit(ids, self.sampling(job, len(ids), i)))
+                subs.append(await self.engine.submit(ids, self.sampling(job, len(ids), i), job.timeout_s))
         except BaseException as exc:
             for rid, _ in subs:
                 self.engine.abort(rid)
             if isinstance(exc, QueueFull):
-                raise APIError(429, str(exc), code="queue_full") from None
+                raise APIError(429, str(exc), code="queue_full", headers=RETRY) from None
+            if isinstance(exc, Draining):
+                raise APIError(503, "the server is shutting down; retry on another", code="shutting_down",
+                               headers=RETRY) from None
             if isinstance(exc, EngineDead):
                 raise APIError(503, f"the engine is not running: {exc}", code="engine_dead") from None
             if isinstance(exc, GrammarError):

@@ -6,8 +6,8 @@ through the structured-output path every constraint takes (:mod:`inferhal.core.s
 
 ``required`` allows one or more calls (one when ``parallel_tool_calls`` is false) and nothing else (for
 Hermes calls a tag of our own: xgrammar's ``qwen_3`` one lets free text follow the first call, which a
-greedy model fills up to ``max_tokens``); a named function allows exactly one call of it. When the request starts in reasoning (thinking on),
-the tag lets the reasoning run to ``</think>`` first.
+greedy model fills up to ``max_tokens``); a named function allows exactly one call of it. When the request
+starts in reasoning (thinking on), the tag lets the reasoning run to ``</think>`` first.
 """
 
 from __future__ import annotations

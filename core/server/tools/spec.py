@@ -90,10 +90,11 @@ def openai_tools(body: dict) -> Optional[ToolSpec]:
         raise _bad("'tools' must be a list of {type: function, function: {name, description, parameters}}", "tools")
     fns = []
     for i, t in enumerate(tools):
-        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(t.get("function"), dict):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or t.get("type", "function") != "function":
             raise _bad(f"tools[{i}] must be {{type: function, function: {{name, description, parameters}}}}",
                        f"tools[{i}]")
-        f = t["function"]
+        f = fn
         fns.append(function(f.get("name"), f.get("description"), f.get("parameters"), f"tools[{i}].function",
                             f.get("strict")))
     parallel = body.get("parallel_tool_calls", True)

@@ -12,6 +12,7 @@ import pytest
 API_KEY = "test-key-123"
 MODEL = "smollm2_135m_instruct"
 MAX_QUEUED = 8
+MAX_QUEUED_TOKENS = 1024
 #: prompts whose offline greedy outputs are computed before the server starts (the same engine)
 OFFLINE_PROMPTS = ["The capital of France is", "def add(a, b):\n"]
 OFFLINE_MAX_TOKENS = 12
@@ -93,12 +94,13 @@ def offline_long(llm):
 
 @pytest.fixture(scope="package")  # this directory (a package): freed after its last test
 def server(llm, offline, offline_long):
-    """(base URL, AsyncEngine) of the session's server (API key API_KEY, MAX_QUEUED requests at most)."""
+    """(base URL, AsyncEngine) of the session's server: API key API_KEY, MAX_QUEUED requests and
+    MAX_QUEUED_TOKENS prompt tokens awaiting their first token at most, reasoning split (``<think>``)."""
     from inferhal.core.cli.main import compose
     from inferhal.core.server.serve import make_app
 
     cfg = compose([f"model={MODEL}", f"server.api_key={API_KEY}", f"server.max_queued_requests={MAX_QUEUED}",
-                   "server.reasoning_parser=think",
+                   "server.reasoning_parser=think", f"server.max_queued_tokens={MAX_QUEUED_TOKENS}",
                    "server.max_body_bytes=65536"], command="serve")
     app, engine = make_app(llm, cfg)
     with run_server(app) as url:
