@@ -169,6 +169,28 @@ class QualifyConfig:
 
 
 @dataclass
+class AgentBenchConfig:
+    """``inferhal bench agent`` (core/bench/agent.py): agent sessions replayed against OpenAI-compatible servers.
+    Lists of values are distributions of equally likely values."""
+
+    trace: Optional[str] = None  # a JSONL trace of turns (core/bench/agent_sessions.py); None: generated sessions
+    seed: int = 0  # the generated sessions and the users' salts
+    sessions: int = 8  # generated sessions
+    turns: int = 4  # turns of a generated session (the task, then tool results)
+    system_words: int = 300  # the shared system prompt (instructions and tool schemas), in words
+    tool_result_words: List[int] = field(default_factory=lambda: [40, 120, 300])
+    output_tokens: List[int] = field(default_factory=lambda: [64, 128])  # a turn's max_tokens
+    think_s: List[float] = field(default_factory=lambda: [0.0, 0.5])  # a user's wait after an answer
+    turns_per_point: int = 16  # turns each concurrency level runs (all its users together)
+    temperature: float = 0.0
+    slo_ttft_ms: float = 2000.0  # goodput: turns with TTFT and TPOT within both
+    slo_tpot_ms: float = 100.0
+    # label -> overrides of an `inferhal serve` child (this config with their changes); {}: one child, this config
+    variants: Dict[str, List[str]] = field(default_factory=dict)
+    drafter_cost: bool = True  # replay the turns through the suffix and n-gram drafters, timed (agent_drafter.py)
+
+
+@dataclass
 class BenchConfig:
     concurrency: List[int] = field(default_factory=lambda: [1, 8, 32])
     num_prompts: int = 32
@@ -177,6 +199,8 @@ class BenchConfig:
     repeats: int = 3
     output_dir: str = "bench-results"
     peers: List[str] = field(default_factory=list)  # e.g. [transformers, llama_cpp]
+    url: Optional[str] = None  # a running OpenAI-compatible server (bench agent measures it: http://host:port)
+    agent: AgentBenchConfig = field(default_factory=AgentBenchConfig)
 
 
 @dataclass

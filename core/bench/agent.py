@@ -1,0 +1,217 @@
+"""``inferhal bench agent``: multi-turn agent sessions replayed against OpenAI-compatible servers, a concurrency
+sweep per server, and Pareto curves of throughput per device against throughput per user.
+
+The workload (:mod:`.agent_sessions`): sessions generated from ``bench.agent.seed`` (a shared system prompt
+with tool schemas as text, a task, tool results of drawn lengths, think times, a salt per replayed copy) or a
+JSONL trace (``bench.agent.trace``). The users (:mod:`.agent_client`): at each ``bench.concurrency`` level
+``c``, ``c`` asyncio users over the ``openai`` client replay sessions turn by turn (streamed chat
+completions) for ``bench.agent.turns_per_point`` turns in all, after ``bench.warmup`` warm-up turns per
+server. What is reported (:mod:`.agent_report`): TTFT / TPOT / ITL / E2E at p50, p90, p99, output and total
+tok/s, tok/s per user, tokens per chunk, prefix-hit rate and drafts accepted from the server's ``/metrics``,
+goodput under ``bench.agent.slo_ttft_ms`` / ``slo_tpot_ms``.
+
+The servers, measured one after another (never two at once: they would share the cores):
+
+- each ``bench.agent.variants`` entry (label → overrides) as an ``inferhal serve`` child with this config and
+  those changes: ``bench=agent`` selects ``conf/bench/agent.yaml``, the set measured in docs/performance.md
+  (off, ``spec=ngram``, ``spec=suffix``); more with ``"+bench.agent.variants.avx512=['backend=cpu_avx512']"``
+  (a mapping: ``+``, and quotes around overrides). No variants and no ``bench.url``: one child with this config;
+- ``bench.url``: a server already running (any OpenAI-compatible one), as it is;
+- ``bench.peers: [llama_cpp]``: llama.cpp's OpenAI server (llama-cpp-python, installed from the wheel
+  cached under ``~/.cache/inferhal/wheels``, see :mod:`.agent_servers`) on the same GGUF, with as many
+  threads as torch uses. It serves one request at a time, so at ``c`` > 1 its users queue.
+
+With ``bench.agent.drafter_cost`` the recorded turns of the first server are replayed through the suffix
+and n-gram drafters without a model (:mod:`.agent_drafter`): their host time per request and decode step,
+against the step time the servers measured. ``output=`` (default ``<bench.output_dir>/agent.json``) gets the
+JSON and, beside it, ``agent.png`` with the curves (stamped with commit, host and date). Clients and servers
+share the host: on a shared machine the numbers hold as ratios within one run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import platform
+import signal
+import socket
+import subprocess
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from inferhal.core.bench import write_json
+from inferhal.core.bench.agent_client import run_point
+from inferhal.core.bench.agent_report import COUNTERS, plot, summarize, table
+from inferhal.core.bench.agent_servers import gguf_path, running, start_inferhal, start_llama_cpp, stop, variant_config
+from inferhal.core.bench.agent_sessions import generate, load_trace
+from inferhal.core.bench.serve import _get, _metric
+from inferhal.core.errors import UserError
+
+PEERS = ("llama_cpp",)
+
+
+def check(a: Any, peers: list[str]) -> None:
+    """``bench.agent`` and ``bench.peers`` as this bench reads them, refused with the field named."""
+    for name in ("sessions", "turns", "turns_per_point"):
+        if int(a[name]) < 1:
+            raise UserError(f"bench.agent.{name} must be >= 1; got {a[name]}")
+    if int(a.system_words) < 0:
+        raise UserError(f"bench.agent.system_words must be >= 0; got {a.system_words}")
+    for name, least in (("tool_result_words", 1), ("output_tokens", 1), ("think_s", 0)):
+        vals = list(a[name])
+        if not vals or any(v < least for v in vals):
+            raise UserError(f"bench.agent.{name}: needs one or more values, each >= {least}; got {vals}")
+    if float(a.temperature) < 0:
+        raise UserError(f"bench.agent.temperature must be >= 0; got {a.temperature}")
+    for name in ("slo_ttft_ms", "slo_tpot_ms"):
+        if float(a[name]) <= 0:
+            raise UserError(f"bench.agent.{name} must be > 0; got {a[name]}")
+    for p in peers:
+        if p not in PEERS:
+            raise UserError(f"bench.peers: bench agent runs the peers {list(PEERS)} (an OpenAI server each); got {p!r}")
+
+
+def _counters(url: str) -> dict[str, float]:
+    text = _get(url + "/metrics")[1]
+    return {k: _metric(text, name) for k, name in COUNTERS.items()}
+
+
+def _stamp() -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(__file__)).stdout.strip() or "?"
+    except OSError:
+        commit = "?"
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    return (f"commit {commit}, {socket.gethostname()} ({cpu}, {os.cpu_count()} CPUs), "
+            f"{datetime.date.today().isoformat()}")
+
+
+def _sweep(srv, sessions, levels, a, warmup: int, con) -> list[dict]:
+    rows = []
+    metrics = srv.has_metrics
+    if warmup:
+        asyncio.run(run_point(srv.url, srv.model, sessions, 1, warmup, float(a.temperature), seed=-1))
+    for c in levels:
+        before = _counters(srv.url) if metrics else None
+        wall, res = asyncio.run(run_point(srv.url, srv.model, sessions, c, int(a.turns_per_point),
+                                          float(a.temperature), seed=int(a.seed) * 1000 + c))
+        diff = {k: v - before[k] for k, v in _counters(srv.url).items()} if metrics else None
+        row = summarize(srv.label, c, wall, res, diff, float(a.slo_ttft_ms), float(a.slo_tpot_ms))
+        row["_results"], row["_counters"] = res, diff
+        rows.append(row)
+        con.print(f"  {srv.label} c={c}: {row['completed']}/{row['turns']} turns in {wall:.1f} s, "
+                  f"{row['output_tok_s']:.1f} out tok/s, TPOT p50 {row['tpot_ms']['p50']:.0f} ms, "
+                  f"{row['tokens_per_chunk'] or 0:.2f} tok/chunk", highlight=False)
+    return rows
+
+
+def _tokenizer(cfg) -> Any:
+    """The model's tokenizer (loaded with the model, a small KV cache and no drafter), or None if it has none."""
+    from inferhal.core.config.schema import SpecConfig
+    from inferhal.core.engine.llm import LLM
+
+    small = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    OmegaConf.update(small, "cache.num_blocks", 16, merge=False)
+    OmegaConf.update(small, "spec", OmegaConf.structured(SpecConfig()), merge=False)
+    return LLM.from_config(small).tokenizer
+
+
+def _count_inputs(rows: list[dict], tok: Any, a: Any) -> None:
+    """Rows of a server that sent no usage (llama-cpp-python streams none): their turns' prompt tokens counted
+    with the model's tokenizer and chat template, the row summarized again."""
+    for i, row in enumerate(rows):
+        if row["input_tokens"] is not None:
+            continue
+        for r in row["_results"]:
+            if r.ok and r.prompt_tokens is None:
+                r.prompt_tokens = len(tok.encode(tok.apply_chat_template(r.messages, add_generation_prompt=True),
+                                                 add_bos=False))
+        new = summarize(row["server"], row["concurrency"], row["wall_s"], row["_results"], row["_counters"],
+                        float(a.slo_ttft_ms), float(a.slo_tpot_ms))
+        rows[i] = {**new, "_results": row["_results"], "_counters": row["_counters"],
+                   "input_tokens_from": "the bench's tokenizer (the server sent no usage)"}
+
+
+def _drafter_cost(cfg, rows: list[dict], tok: Any, con) -> dict:
+    """The suffix and n-gram drafters replayed over the first server's turns at its lowest concurrency."""
+    from inferhal.core.bench.agent_drafter import replay, tokenized
+    from inferhal.core.config.schema import SpecConfig
+    from inferhal.core.spec.ngram import NgramProposer
+    from inferhal.core.spec.suffix import SuffixProposer
+
+    first = rows[0]
+    res = sorted((r for r in first["_results"] if r.ok and r.text), key=lambda r: r.start)
+    turns = tokenized(tok, [(r.messages, r.text) for r in res])
+    out = {"turns": len(turns), "server": first["server"], "concurrency": first["concurrency"]}
+    for name, cls in (("suffix", SuffixProposer), ("ngram", NgramProposer)):  # as conf/spec/NAME.yaml sets them
+        prop = cls.from_config(SpecConfig(**OmegaConf.to_container(variant_config(cfg, [f"spec={name}"]).spec)))
+        out[name] = replay(prop, turns)
+        con.print(f"  drafter {name}: {out[name]['host_us_p50']:.0f} us per request-step (median), "
+                  f"{out[name]['tokens_per_step'] or 0:.2f} tokens per step replayed", highlight=False)
+    return out
+
+
+def run(cfg) -> int:
+    from inferhal.core.cli.console import console
+
+    con = console(min_width=200)
+    b, a = cfg.bench, cfg.bench.agent
+    peers = [str(p) for p in b.peers]
+    check(a, peers)
+    sessions = load_trace(str(a.trace)) if a.trace else generate(
+        int(a.seed), int(a.sessions), int(a.turns), int(a.system_words), list(a.tool_result_words),
+        list(a.output_tokens), list(a.think_s))
+    levels = [int(c) for c in b.concurrency]
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    for path, least in (("scheduler.max_num_seqs", max(levels)), ("server.max_queued_requests", 2 * max(levels))):
+        OmegaConf.update(cfg, path, max(int(OmegaConf.select(cfg, path)), least), merge=False)
+    variants = dict(a.variants) if a.variants else ({} if b.url else {str(cfg.model.name): []})
+    starts = [(label, lambda ov=list(ov), label=label: start_inferhal(variant_config(cfg, ov), label))
+              for label, ov in variants.items()]
+    if b.url:
+        starts.append(("url", lambda: running(str(b.url), str(cfg.server.served_model_name or cfg.model.name))))
+    if "llama_cpp" in peers:
+        import torch
+
+        starts.append(("llama_cpp", lambda: start_llama_cpp(gguf_path(cfg), torch.get_num_threads(),
+                                                            int(cfg.model.max_model_len))))
+    n_turns = sum(len(s.turns) for s in sessions)
+    con.print(f"[bench agent] {len(sessions)} sessions ({n_turns} turns), {a.turns_per_point} turns per point at "
+              f"concurrency {levels}; servers: {', '.join(s for s, _ in starts)}", highlight=False)
+    rows, notes = [], {}
+    for label, start in starts:
+        srv, why = start()
+        if srv is None:
+            notes[label] = f"not measured: {why}"
+            con.print(f"  {label}: {notes[label]}", highlight=False)
+            continue
+        try:
+            rows += _sweep(srv, sessions, levels, a, int(b.warmup), con)
+        finally:
+            code = stop(srv)
+        if code not in (None, 0) and not (srv.kind == "llama_cpp" and code == -signal.SIGTERM):  # uvicorn's way
+            notes[label] = f"the server exited {code} after SIGTERM"
+    tok = _tokenizer(cfg) if rows and (a.drafter_cost or any(r["input_tokens"] is None for r in rows)) else None
+    if tok is not None:
+        _count_inputs(rows, tok, a)
+    drafter = _drafter_cost(cfg, rows, tok, con) if a.drafter_cost and tok is not None else None
+    con.print(table(rows, f"bench agent: {cfg.model.name}, {len(sessions)} sessions, {a.turns_per_point} turns per "
+                          f"point (clients and servers on one shared host)"))
+    for label, note in notes.items():
+        con.print(f"{label}: {note}", highlight=False)
+    stamp = _stamp()
+    payload = {"model": str(cfg.model.name), "stamp": stamp, "levels": levels, "sessions": len(sessions),
+               "turns_per_point": int(a.turns_per_point), "variants": {k: list(v) for k, v in variants.items()},
+               "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows], "notes": notes,
+               "drafter_cost": drafter, "note": "clients and servers on one host"}
+    out = write_json(cfg, "agent.json", payload)
+    png = os.path.splitext(out)[0] + ".png"
+    if rows:
+        plot(rows, png, f"bench agent: {cfg.model.name} (tok/s per device vs tok/s per user)", stamp)
+    con.print(f"wrote {out}" + (f" and {png}" if rows else ""), highlight=False)
+    # the exit status: 1 when a server could not be measured or a turn failed
+    return 0 if rows and not notes and not any(r["failed"] for r in rows) else 1
