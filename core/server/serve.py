@@ -222,8 +222,8 @@ def serve(cfg, llm=None) -> int:
             await asyncio.sleep(0.05)
         port = server.servers[0].sockets[0].getsockname()[1] if server.servers else s.port
         name = app.state.model_name
-        print(f"[serve] {name} on http://{s.host}:{port}/v1 (OpenAI API; /health, /metrics)", file=sys.stderr,
-              flush=True)
+        print(f"[serve] {name} on http://{s.host}:{port}/v1 (OpenAI and Anthropic APIs; /health, /metrics)",
+              file=sys.stderr, flush=True)
 
     async def main():
         task = asyncio.create_task(announce())

@@ -256,7 +256,7 @@ def test_separate_launches_from_the_cli_serve_the_colocated_text(offline):
                                 "waiting for a router on", env))
         pre, dec = (f"127.0.0.1:{p.port_after('waiting for a router on ')}" for p in procs)
         router = ServeProcess(["parallel.role=router", "server.port=0", f"server.api_key={API_KEY}",
-                         f"disagg.prefill=[{pre}]", f"disagg.decode=[{dec}]"], "(OpenAI API", env)
+                         f"disagg.prefill=[{pre}]", f"disagg.decode=[{dec}]"], "(OpenAI and Anthropic APIs", env)
         procs.append(router)
         assert f"[serve] {MODEL} on http://127.0.0.1:" in router.ready
         url = f"http://127.0.0.1:{router.port_after('http://127.0.0.1')}"
