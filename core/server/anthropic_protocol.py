@@ -18,7 +18,7 @@ from typing import Any
 
 from inferhal.core.server.chat_messages import call, text_of
 from inferhal.core.server.errors import APIError
-from inferhal.core.server.protocol import Job, sampling_fields, timeout_of
+from inferhal.core.server.protocol import Job, new_job, sampling_fields, timeout_of
 from inferhal.core.server.tools import spec as tool_spec
 
 MAX_STOP_SEQUENCES = 16
@@ -119,12 +119,7 @@ def _tools(body: dict):
 
 
 def parse(body: Any, count_only: bool = False) -> Job:
-    if not isinstance(body, dict):
-        raise _bad("the request body must be a JSON object", None)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _bad("'model' is required (a string)", "model")
-    job = Job(chat=True, model=model)
+    job = new_job(body, chat=True)
     job.messages = _messages(body)
     job.tools = _tools(body)
     mt = body.get("max_tokens")

@@ -153,13 +153,18 @@ def sampling_fields(body: dict, s: dict, keys: tuple[str, ...], temperature_max:
             s[key] = val
 
 
-def parse(body: Any, chat: bool) -> Job:
+def new_job(body: Any, chat: bool) -> Job:
+    """A Job for ``body`` (a JSON object naming its ``model``), its fields yet to be read."""
     if not isinstance(body, dict):
         raise _bad("the request body must be a JSON object", None)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("'model' is required (a string)", "model")
-    job = Job(chat=chat, model=model)
+    return Job(chat=chat, model=model)
+
+
+def parse(body: Any, chat: bool) -> Job:
+    job = new_job(body, chat)
     if chat:
         job.messages = openai_messages(body.get("messages"))
         job.tools = openai_tools(body)

@@ -4,7 +4,7 @@ format (when the request has active tools). Both are cut-invariant, so the compo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Optional
 

@@ -29,7 +29,7 @@ import json
 import re
 from typing import Any, Optional
 
-from inferhal.core.server.tools.scan import Content, IdFactory, Parsed, ToolCall, held, loads_object, new_call_id
+from inferhal.core.server.tools.scan import BlockParser, Parsed, ToolCall, loads_object
 
 BAR = "\uff5c"
 START, END = f"<{BAR}DSML{BAR}tool_calls>", f"</{BAR}DSML{BAR}tool_calls>"
@@ -84,38 +84,29 @@ def call_of(invoke: str) -> Optional[tuple[str, dict]]:
     return (m.group(1), args) if not body[pos:].strip() else None
 
 
-class DSMLParser:
+class DSMLParser(BlockParser):
     """Content and calls from a choice's text, delta by delta (see the module docstring)."""
 
-    def __init__(self, new_id: IdFactory = new_call_id) -> None:
-        self.buf, self.inside, self.new_id = "", False, new_id
-        self.sink = Content()
+    START = START
 
-    def feed(self, text: str) -> Parsed:
-        self.buf += text
-        out = Parsed()
-        while True:
-            if not self.inside:
-                i = self.buf.find(START)
-                if i < 0:
-                    cut = len(self.buf) - held(self.buf, START)
-                    out.text(self.sink.text(self.buf[:cut]))
-                    self.buf = self.buf[cut:]
-                    return out
-                out.text(self.sink.text(self.buf[:i]))
-                self.sink.call()
-                self.buf, self.inside = self.buf[i + len(START):], True
-                continue
-            j, k = self.buf.find(INVOKE_END), self.buf.find(END)
-            if k >= 0 and (j < 0 or k < j):  # the block ends: what is left before its end is not an invoke
-                self._invoke(self.buf[:k], out)
-                self.buf, self.inside = self.buf[k + len(END):], False
-                self.sink.call()
-            elif j >= 0:
-                self._invoke(self.buf[:j + len(INVOKE_END)], out)
-                self.buf = self.buf[j + len(INVOKE_END):]
-            else:
-                return out
+    def opened(self) -> None:
+        self.sink.call()
+
+    def step(self, out: Parsed) -> bool:
+        j, k = self.buf.find(INVOKE_END), self.buf.find(END)
+        if k >= 0 and (j < 0 or k < j):  # the block ends: what is left before its end is not an invoke
+            self._invoke(self.buf[:k], out)
+            self.buf, self.inside = self.buf[k + len(END):], False
+            self.sink.call()
+        elif j >= 0:
+            self._invoke(self.buf[:j + len(INVOKE_END)], out)
+            self.buf = self.buf[j + len(INVOKE_END):]
+        else:
+            return False
+        return True
+
+    def unterminated(self, out: Parsed) -> None:
+        self._invoke(self.buf, out)
 
     def _invoke(self, text: str, out: Parsed) -> None:
         if not text.strip():
@@ -126,16 +117,6 @@ class DSMLParser:
         else:
             out.call(ToolCall(call[0], call[1], self.new_id()))
         self.sink.call()
-
-    def finish(self) -> Parsed:
-        out = Parsed()
-        if self.inside:
-            self._invoke(self.buf, out)
-        else:
-            out.text(self.sink.text(self.buf))
-        self.buf, self.inside = "", False
-        out.text(self.sink.finish())
-        return out
 
 
 Parser = DSMLParser  # the format's parser, by the name every format module gives it

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
-from inferhal.core.server.tools.scan import Content, IdFactory, Parsed, ToolCall, held, loads_object, new_call_id
+from inferhal.core.server.tools.scan import BlockParser, Parsed, ToolCall, loads_object
 
 START, END = "<tool_call>", "</tool_call>"
 NAME = "hermes"
@@ -57,34 +57,23 @@ def call_of(body: str) -> Optional[tuple[str, dict]]:
     return (obj["name"], args) if isinstance(args, dict) else None
 
 
-class HermesParser:
+class HermesParser(BlockParser):
     """Content and calls from a choice's text, delta by delta. A call is released when its closing tag
     arrives (or at the end, if its body is a complete call); a tagged body that is not a well-formed call
     stays content, tags and all."""
 
-    def __init__(self, new_id: IdFactory = new_call_id) -> None:
-        self.buf, self.inside, self.new_id = "", False, new_id
-        self.sink = Content()
+    START = START
 
-    def feed(self, text: str) -> Parsed:
-        self.buf += text
-        out = Parsed()
-        while True:
-            if not self.inside:
-                i = self.buf.find(START)
-                if i < 0:
-                    cut = len(self.buf) - held(self.buf, START)
-                    out.text(self.sink.text(self.buf[:cut]))
-                    self.buf = self.buf[cut:]
-                    return out
-                out.text(self.sink.text(self.buf[:i]))
-                self.buf, self.inside = self.buf[i + len(START):], True
-            else:
-                j = self.buf.find(END)
-                if j < 0:
-                    return out
-                body, self.buf, self.inside = self.buf[:j], self.buf[j + len(END):], False
-                self._close(body, END, out)
+    def step(self, out: Parsed) -> bool:
+        j = self.buf.find(END)
+        if j < 0:
+            return False
+        body, self.buf, self.inside = self.buf[:j], self.buf[j + len(END):], False
+        self._close(body, END, out)
+        return True
+
+    def unterminated(self, out: Parsed) -> None:
+        self._close(self.buf, "", out)
 
     def _close(self, body: str, end: str, out: Parsed) -> None:
         call = call_of(body)
@@ -93,16 +82,6 @@ class HermesParser:
         else:
             self.sink.call()
             out.call(ToolCall(call[0], call[1], self.new_id()))
-
-    def finish(self) -> Parsed:
-        out = Parsed()
-        if self.inside:
-            self._close(self.buf, "", out)
-        else:
-            out.text(self.sink.text(self.buf))
-        self.buf, self.inside = "", False
-        out.text(self.sink.finish())
-        return out
 
 
 Parser = HermesParser  # the format's parser, by the name every format module gives it

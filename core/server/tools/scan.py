@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
+#: a factory of call ids (tests pass a deterministic one)
+IdFactory = Callable[[], str]
+
+
 def new_call_id() -> str:
     return "call_" + uuid.uuid4().hex[:24]
 
@@ -99,13 +103,58 @@ class Content:
         return out
 
 
+class BlockParser:
+    """What every call parser shares: text outside call blocks is content (what may still grow into the
+    format's ``START`` marker is held back); inside a block, :meth:`step` consumes what it can. A format
+    defines ``START``, :meth:`step` (→ False to wait for more text) and :meth:`unterminated` (a block the
+    text ends in), and may react to a block's start in :meth:`opened`."""
+
+    START = ""
+
+    def __init__(self, new_id: IdFactory = new_call_id) -> None:
+        self.buf, self.inside, self.new_id = "", False, new_id
+        self.sink = Content()
+
+    def feed(self, text: str) -> Parsed:
+        self.buf += text
+        out = Parsed()
+        while True:
+            if not self.inside:
+                i = self.buf.find(self.START)
+                if i < 0:
+                    cut = len(self.buf) - held(self.buf, self.START)
+                    out.text(self.sink.text(self.buf[:cut]))
+                    self.buf = self.buf[cut:]
+                    return out
+                out.text(self.sink.text(self.buf[:i]))
+                self.buf, self.inside = self.buf[i + len(self.START):], True
+                self.opened()
+            elif not self.step(out):
+                return out
+
+    def finish(self) -> Parsed:
+        out = Parsed()
+        if self.inside:
+            self.unterminated(out)
+        else:
+            out.text(self.sink.text(self.buf))
+        self.buf, self.inside = "", False
+        out.text(self.sink.finish())
+        return out
+
+    def opened(self) -> None:
+        pass
+
+    def step(self, out: Parsed) -> bool:
+        raise NotImplementedError
+
+    def unterminated(self, out: Parsed) -> None:
+        raise NotImplementedError
+
+
 def loads_object(text: str) -> Any:
     """``text`` as JSON, or None when it is not valid JSON."""
     try:
         return json.loads(text)
     except ValueError:
         return None
-
-
-#: a factory of call ids (tests pass a deterministic one)
-IdFactory = Callable[[], str]
