@@ -1,5 +1,6 @@
-"""SIGTERM drains ``inferhal serve`` (a process of its own, SmolLM2-135M-Instruct): under load no admitted
-request is lost (each stream runs to its end), new requests get 503 ``shutting_down`` and ``/health`` 503
+"""SIGTERM drains ``inferhal serve``. The policy (core/server/drain.py), on a stand-in engine: admission
+stops at once; the server stops when nothing is open, or at the deadline after aborting what is. Then in a
+process of its own (SmolLM2-135M-Instruct): under load no admitted request is lost (each stream runs to its end), new requests get 503 ``shutting_down`` and ``/health`` 503
 ``draining`` meanwhile, and the process exits 0; with ``server.shutdown_timeout_s=0`` the open streams are
 aborted at once and the process exits within 4 s of the signal (vLLM's shutdown test allows 4.1 s)."""
 
@@ -17,7 +18,45 @@ import pytest
 from serve_process import ServeProcess
 from server_fixtures import MODEL
 
-pytestmark = pytest.mark.slow
+
+
+class Open:
+    """An AsyncEngine stand-in: ``open`` requests until aborted."""
+
+    def __init__(self, open_: int) -> None:
+        self.num_unfinished, self.draining, self.aborted = open_, False, 0
+
+    def drain(self):
+        self.draining = True
+
+    def abort_all(self):
+        self.aborted, self.num_unfinished = self.num_unfinished, 0
+
+
+def test_the_drain_waits_for_open_requests_until_its_deadline_then_aborts_them():
+    import uvicorn
+
+    from inferhal.core.server.drain import DrainingServer
+
+    eng = Open(2)
+    server = DrainingServer(uvicorn.Config(app=None), eng, shutdown_timeout_s=0.3)
+    server.start_drain()
+    assert eng.draining and not server.should_exit  # requests open, deadline ahead: wait
+    server._check()
+    assert not server.should_exit and eng.aborted == 0
+    time.sleep(0.35)
+    server._check()
+    assert server.should_exit and eng.aborted == 2  # past the deadline: the rest aborted
+    done = Open(1)
+    server = DrainingServer(uvicorn.Config(app=None), done, shutdown_timeout_s=60)
+    server.start_drain()
+    done.num_unfinished = 0  # its last request finished
+    server._check()
+    assert server.should_exit and done.aborted == 0
+    at_once = Open(3)
+    server = DrainingServer(uvicorn.Config(app=None), at_once, shutdown_timeout_s=0)
+    server.start_drain()
+    assert server.should_exit and at_once.aborted == 3
 
 
 def serve(timeout_s: float) -> tuple[ServeProcess, int]:
@@ -77,6 +116,7 @@ def start(port: int, n: int, max_tokens: int) -> list[Stream]:
     return streams
 
 
+@pytest.mark.slow
 def test_a_drain_under_load_loses_no_admitted_request():
     p, port = serve(60)
     try:
@@ -96,6 +136,7 @@ def test_a_drain_under_load_loses_no_admitted_request():
         p.stop()
 
 
+@pytest.mark.slow
 def test_shutdown_timeout_0_aborts_at_once_and_exits_within_4_s():
     p, port = serve(0)
     try:
