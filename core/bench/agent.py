@@ -90,23 +90,59 @@ def _stamp() -> str:
             f"{datetime.date.today().isoformat()}")
 
 
-def _sweep(srv, sessions, levels, a, warmup: int, con) -> list[dict]:
-    rows = []
-    metrics = srv.has_metrics
-    if warmup:
-        asyncio.run(run_point(srv.url, srv.model, sessions, 1, warmup, float(a.temperature), seed=-1))
-    for c in levels:
-        before = _counters(srv.url) if metrics else None
-        wall, res = asyncio.run(run_point(srv.url, srv.model, sessions, c, int(a.turns_per_point),
-                                          float(a.temperature), seed=int(a.seed) * 1000 + c))
-        diff = {k: v - before[k] for k, v in _counters(srv.url).items()} if metrics else None
-        row = summarize(srv.label, c, wall, res, diff, float(a.slo_ttft_ms), float(a.slo_tpot_ms))
-        row["_results"], row["_counters"] = res, diff
-        rows.append(row)
-        con.print(f"  {srv.label} c={c}: {row['completed']}/{row['turns']} turns in {wall:.1f} s, "
-                  f"{row['output_tok_s']:.1f} out tok/s, TPOT p50 {row['tpot_ms']['p50']:.0f} ms, "
-                  f"{row['tokens_per_chunk'] or 0:.2f} tok/chunk", highlight=False)
-    return rows
+def _point(srv, sessions, c: int, rep: int, a, con) -> dict:
+    """One point: ``c`` users on ``srv`` for the point's turns (salts drawn afresh for each repeat, so a repeat
+    finds no prefix of an earlier one)."""
+    before = _counters(srv.url) if srv.metrics else None
+    wall, res = asyncio.run(run_point(srv.url, srv.model, sessions, c, int(a.turns_per_point), float(a.temperature),
+                                      seed=(int(a.seed) * 1000 + c) * 100 + rep))
+    diff = {k: v - before[k] for k, v in _counters(srv.url).items()} if srv.metrics else None
+    row = summarize(srv.label, c, wall, res, diff, float(a.slo_ttft_ms), float(a.slo_tpot_ms))
+    row["repeat"], row["_results"], row["_counters"] = rep, res, diff
+    con.print(f"  {srv.label} c={c} #{rep}: {row['completed']}/{row['turns']} turns in {wall:.1f} s, "
+              f"{row['output_tok_s']:.1f} out tok/s, TPOT p50 {row['tpot_ms']['p50']:.0f} ms, "
+              f"{row['tokens_per_chunk'] or 0:.2f} tok/chunk", highlight=False)
+    return row
+
+
+def _turns(row: dict) -> list[dict]:
+    """Each turn of a row, compact (the JSON keeps them: paired comparisons between servers)."""
+    return [{"user": r.user, "session": r.session, "turn": r.turn, "prompt_tokens": r.prompt_tokens,
+             "output_tokens": r.output_tokens, "chunks": len(r.times), "error": r.error or None,
+             "ttft_ms": round(1e3 * (r.first - r.start), 1) if r.first else None,
+             "e2e_ms": round(1e3 * (r.end - r.start), 1)} for r in row["_results"]]
+
+
+def _medians(reps: list[dict], servers: list[str]) -> tuple[list[dict], list[dict]]:
+    """Per server and level the repeat with the median output tok/s (its repeats' key numbers beside it), and
+    per level the median over repeats of each server's ratios to the first server's (paired by repeat)."""
+    import statistics
+
+    rows, ratios = [], []
+    levels = sorted({r["concurrency"] for r in reps})
+    for name in servers:
+        for c in levels:
+            rs = sorted((r for r in reps if r["server"] == name and r["concurrency"] == c),
+                        key=lambda r: r["output_tok_s"])
+            if rs:
+                row = dict(rs[(len(rs) - 1) // 2])
+                row["repeats"] = [{"output_tok_s": r["output_tok_s"], "tpot_p50_ms": r["tpot_ms"]["p50"],
+                                   "ttft_p50_ms": r["ttft_ms"]["p50"], "tokens_per_chunk": r["tokens_per_chunk"]}
+                                  for r in sorted(rs, key=lambda r: r["repeat"])]
+                rows.append(row)
+    base = servers[0] if servers else None
+    for name in servers[1:]:
+        for c in levels:
+            pairs = [(r, b) for r in reps for b in reps if r["server"] == name and b["server"] == base
+                     and r["concurrency"] == b["concurrency"] == c and r["repeat"] == b["repeat"]]
+            got = {}
+            for key, get in (("output_tok_s", lambda r: r["output_tok_s"]), ("tpot_p50", lambda r: r["tpot_ms"]["p50"]),
+                             ("ttft_p50", lambda r: r["ttft_ms"]["p50"])):
+                vals = [get(r) / get(b) for r, b in pairs if get(b) and get(r) == get(r)]
+                got[key] = statistics.median(vals) if vals else None
+            if pairs:
+                ratios.append({"server": name, "baseline": base, "concurrency": c, "repeats": len(pairs), **got})
+    return rows, ratios
 
 
 def _tokenizer(cfg) -> Any:
@@ -132,8 +168,7 @@ def _count_inputs(rows: list[dict], tok: Any, a: Any) -> None:
                                                  add_bos=False))
         new = summarize(row["server"], row["concurrency"], row["wall_s"], row["_results"], row["_counters"],
                         float(a.slo_ttft_ms), float(a.slo_tpot_ms))
-        rows[i] = {**new, "_results": row["_results"], "_counters": row["_counters"],
-                   "input_tokens_from": "the bench's tokenizer (the server sent no usage)"}
+        rows[i] = {**row, **new, "input_tokens_from": "the bench's tokenizer (the server sent no usage)"}
 
 
 def _drafter_cost(cfg, rows: list[dict], tok: Any, con) -> dict:
@@ -182,32 +217,47 @@ def run(cfg) -> int:
     n_turns = sum(len(s.turns) for s in sessions)
     con.print(f"[bench agent] {len(sessions)} sessions ({n_turns} turns), {a.turns_per_point} turns per point at "
               f"concurrency {levels}; servers: {', '.join(s for s, _ in starts)}", highlight=False)
-    rows, notes = [], {}
-    for label, start in starts:
-        srv, why = start()
-        if srv is None:
-            notes[label] = f"not measured: {why}"
-            con.print(f"  {label}: {notes[label]}", highlight=False)
-            continue
-        try:
-            rows += _sweep(srv, sessions, levels, a, int(b.warmup), con)
-        finally:
+    servers, notes, reps = [], {}, []
+    try:
+        for label, start in starts:  # every server up first: the levels then run interleaved across them
+            srv, why = start()
+            if srv is None:
+                notes[label] = f"not measured: {why}"
+                con.print(f"  {label}: {notes[label]}", highlight=False)
+                continue
+            srv.metrics = srv.has_metrics
+            servers.append(srv)
+            if int(b.warmup):
+                asyncio.run(run_point(srv.url, srv.model, sessions, 1, int(b.warmup), float(a.temperature), seed=-1))
+        for c in levels:
+            for rep in range(int(b.repeats)):  # the servers in turn, rotated each repeat: a slow spell hits all
+                for srv in servers[rep % len(servers):] + servers[: rep % len(servers)] if servers else []:
+                    reps.append(_point(srv, sessions, c, rep, a, con))
+    finally:
+        for srv in servers:
             code = stop(srv)
-        if code not in (None, 0) and not (srv.kind == "llama_cpp" and code == -signal.SIGTERM):  # uvicorn's way
-            notes[label] = f"the server exited {code} after SIGTERM"
+            if code not in (None, 0) and not (srv.kind == "llama_cpp" and code == -signal.SIGTERM):  # uvicorn's way
+                notes[srv.label] = f"the server exited {code} after SIGTERM"
+    rows, ratios = _medians(reps, [srv.label for srv in servers])
     tok = _tokenizer(cfg) if rows and (a.drafter_cost or any(r["input_tokens"] is None for r in rows)) else None
     if tok is not None:
         _count_inputs(rows, tok, a)
     drafter = _drafter_cost(cfg, rows, tok, con) if a.drafter_cost and tok is not None else None
     con.print(table(rows, f"bench agent: {cfg.model.name}, {len(sessions)} sessions, {a.turns_per_point} turns per "
-                          f"point (clients and servers on one shared host)"))
+                          f"point, median of {b.repeats} repeats (clients and servers on one shared host)"))
+    for r in ratios:
+        con.print(f"{r['server']} / {r['baseline']} at c={r['concurrency']} (median of {r['repeats']} paired repeats): "
+                  f"output tok/s x{r['output_tok_s'] or float('nan'):.2f}, TPOT p50 x{r['tpot_p50'] or float('nan'):.2f}, "
+                  f"TTFT p50 x{r['ttft_p50'] or float('nan'):.2f}", highlight=False)
     for label, note in notes.items():
         con.print(f"{label}: {note}", highlight=False)
     stamp = _stamp()
     payload = {"model": str(cfg.model.name), "stamp": stamp, "levels": levels, "sessions": len(sessions),
                "turns_per_point": int(a.turns_per_point), "variants": {k: list(v) for k, v in variants.items()},
-               "rows": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows], "notes": notes,
-               "drafter_cost": drafter, "note": "clients and servers on one host"}
+               "rows": [{**{k: v for k, v in r.items() if not k.startswith("_")}, "turn_records": _turns(r)}
+                        for r in rows],
+               "ratios": ratios, "repeats": int(b.repeats), "notes": notes, "drafter_cost": drafter,
+               "note": "clients and servers on one host; each row is the repeat with the median output tok/s"}
     out = write_json(cfg, "agent.json", payload)
     png = os.path.splitext(out)[0] + ".png"
     if rows:

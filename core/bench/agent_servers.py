@@ -43,6 +43,7 @@ class Server:
     kind: str  # inferhal | llama_cpp | url
     proc: Any = None  # the child (a multiprocessing.Process or a subprocess.Popen), None for bench.url
     model: str = ""  # the name clients send
+    metrics: bool = False  # /metrics carries inferhal's counters (set once the server answers: has_metrics)
 
     @property
     def has_metrics(self) -> bool:

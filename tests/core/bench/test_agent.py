@@ -10,7 +10,7 @@ import json
 import pytest
 
 from inferhal.core.bench import agent_sessions as sessions_mod
-from inferhal.core.bench.agent import check
+from inferhal.core.bench.agent import _medians, check
 from inferhal.core.bench.agent_client import TurnResult
 from inferhal.core.bench.agent_drafter import replay
 from inferhal.core.bench.agent_report import pct, summarize
@@ -91,6 +91,21 @@ def test_a_point_reports_latencies_throughput_goodput_and_the_server_counters():
     assert summarize("x", 1, 1.0, res[:1], None, 1e3, 1e3).get("prefix_hit_rate") is None
 
 
+def test_rows_are_the_median_repeat_and_ratios_pair_repeats():
+    def rep(server, r, tok_s, tpot):
+        return {"server": server, "concurrency": 1, "repeat": r, "output_tok_s": tok_s, "tpot_ms": {"p50": tpot},
+                "ttft_ms": {"p50": 100.0}, "tokens_per_chunk": 1.0}
+
+    reps = [rep("off", 0, 10.0, 50.0), rep("on", 0, 12.0, 40.0), rep("off", 1, 5.0, 100.0), rep("on", 1, 7.5, 60.0),
+            rep("off", 2, 8.0, 60.0), rep("on", 2, 8.0, 60.0)]
+    rows, ratios = _medians(reps, ["off", "on"])
+    assert [(r["server"], r["repeat"]) for r in rows] == [("off", 2), ("on", 2)]  # 8.0 is each one's median
+    assert [x["output_tok_s"] for x in rows[0]["repeats"]] == [10.0, 5.0, 8.0]
+    (r,) = ratios  # paired by repeat: 1.2, 1.5, 1.0 and 0.8, 0.6, 1.0
+    assert (r["server"], r["baseline"], r["repeats"]) == ("on", "off", 3)
+    assert r["output_tok_s"] == pytest.approx(1.2) and r["tpot_p50"] == pytest.approx(0.8) and r["ttft_p50"] == 1.0
+
+
 def test_the_drafter_replay_times_each_request_step_and_verifies_greedily():
     prompt, out = [1, 2, 3, 4, 5, 6] * 3, [1, 2, 3, 4, 5, 6, 1, 2, 3, 9, 9]
     for prop in (SuffixProposer(k=8), NgramProposer(2, 1, 4)):
@@ -130,7 +145,7 @@ def test_a_short_run_against_an_inferhal_serve_child(tmp_path, capsys):
     """Two sessions of two turns, c=1 and 2, 8 tokens a turn, the child with suffix drafts (~1 min here)."""
     out = tmp_path / "agent.json"
     code = main(["bench", "agent", "model=smollm2_135m_instruct", "model.max_model_len=2048", "bench.concurrency=[1,2]",
-                 "bench.warmup=0", "bench.agent.sessions=2", "bench.agent.turns=2", "bench.agent.turns_per_point=4",
+                 "bench.warmup=0", "bench.repeats=1", "bench.agent.sessions=2", "bench.agent.turns=2", "bench.agent.turns_per_point=4",
                  "bench.agent.output_tokens=[8]", "bench.agent.think_s=[0]", "bench.agent.tool_result_words=[30]",
                  "bench.agent.system_words=60", "bench.agent.drafter_cost=false",
                  "+bench.agent.variants.suffix=['spec=suffix','spec.disable_by_batch_size=0']", f"output={out}"])
@@ -150,7 +165,7 @@ def test_a_short_run_against_an_inferhal_serve_child(tmp_path, capsys):
 def test_a_short_run_against_llama_cpp(tmp_path, capsys):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python (the bench extra) is not installed")
     out = tmp_path / "agent.json"
-    code = main(["bench", "agent", "model=smollm2_135m_instruct", "bench.concurrency=[1]", "bench.warmup=0",
+    code = main(["bench", "agent", "model=smollm2_135m_instruct", "bench.concurrency=[1]", "bench.warmup=0", "bench.repeats=1",
                  "bench.agent.sessions=1", "bench.agent.turns=2", "bench.agent.turns_per_point=2",
                  "bench.agent.output_tokens=[8]", "bench.agent.think_s=[0]", "bench.agent.tool_result_words=[30]",
                  "bench.agent.system_words=60", "bench.agent.drafter_cost=false", "bench.peers=[llama_cpp]",
