@@ -90,12 +90,12 @@ def _stamp() -> str:
             f"{datetime.date.today().isoformat()}")
 
 
-def _point(srv, sessions, c: int, rep: int, a, con) -> dict:
-    """One point: ``c`` users on ``srv`` for the point's turns (salts drawn afresh for each repeat, so a repeat
-    finds no prefix of an earlier one)."""
+def _point(srv, sessions, c: int, rep: int, offset: int, a, con) -> dict:
+    """One point: ``c`` users on ``srv`` for the point's turns, from session ``offset`` on (salts drawn afresh
+    for each repeat, so a repeat finds no prefix of an earlier one)."""
     before = _counters(srv.url) if srv.metrics else None
     wall, res = asyncio.run(run_point(srv.url, srv.model, sessions, c, int(a.turns_per_point), float(a.temperature),
-                                      seed=(int(a.seed) * 1000 + c) * 100 + rep))
+                                      seed=(int(a.seed) * 1000 + c) * 100 + rep, offset=offset))
     diff = {k: v - before[k] for k, v in _counters(srv.url).items()} if srv.metrics else None
     row = summarize(srv.label, c, wall, res, diff, float(a.slo_ttft_ms), float(a.slo_tpot_ms))
     row["repeat"], row["_results"], row["_counters"] = rep, res, diff
@@ -215,8 +215,15 @@ def run(cfg) -> int:
         starts.append(("llama_cpp", lambda: start_llama_cpp(gguf_path(cfg), torch.get_num_threads(),
                                                             int(cfg.model.max_model_len))))
     n_turns = sum(len(s.turns) for s in sessions)
+    # each point starts at its own block of sessions (the same for every server): a block holds what a point can
+    # start (its turns, plus one partial session per user), the warm-up the last one
+    block, points = int(a.turns_per_point) + max(levels), len(levels) * int(b.repeats)
     con.print(f"[bench agent] {len(sessions)} sessions ({n_turns} turns), {a.turns_per_point} turns per point at "
               f"concurrency {levels}; servers: {', '.join(s for s, _ in starts)}", highlight=False)
+    if not a.trace and len(sessions) < (points + 1) * block:
+        con.print(f"  sessions repeat across points (copies with other salts, whose greedy outputs suffix decoding's "
+                  f"recent store has seen): bench.agent.sessions={(points + 1) * block} replays each once",
+                  highlight=False)
     servers, notes, reps = [], {}, []
     try:
         for label, start in starts:  # every server up first: the levels then run interleaved across them
@@ -228,11 +235,12 @@ def run(cfg) -> int:
             srv.metrics = srv.has_metrics
             servers.append(srv)
             if int(b.warmup):
-                asyncio.run(run_point(srv.url, srv.model, sessions, 1, int(b.warmup), float(a.temperature), seed=-1))
-        for c in levels:
+                asyncio.run(run_point(srv.url, srv.model, sessions, 1, int(b.warmup), float(a.temperature), seed=-1,
+                                      offset=points * block))
+        for i, c in enumerate(levels):
             for rep in range(int(b.repeats)):  # the servers in turn, rotated each repeat: a slow spell hits all
                 for srv in servers[rep % len(servers):] + servers[: rep % len(servers)] if servers else []:
-                    reps.append(_point(srv, sessions, c, rep, a, con))
+                    reps.append(_point(srv, sessions, c, rep, (i * int(b.repeats) + rep) * block, a, con))
     finally:
         for srv in servers:
             code = stop(srv)

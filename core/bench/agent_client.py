@@ -2,8 +2,8 @@
 turn by turn against an OpenAI-compatible ``/v1/chat/completions`` (streamed, ``stream_options.include_usage``),
 timing every content chunk. Nothing server-specific: any OpenAI-compatible endpoint works.
 
-At concurrency ``c``, ``c`` users run at once; user ``u`` replays sessions ``u, u + c, u + 2c, ...`` (modulo
-their number), each copy with its own salt (:meth:`Session.salted`), until the point's turn budget is taken:
+At concurrency ``c``, ``c`` users run at once; user ``u`` replays sessions ``offset + u, offset + u + c, ...``
+(modulo their number), each copy with its own salt (:meth:`Session.salted`), until the point's turn budget is taken:
 a user starts a turn only while fewer than ``turns`` have been started, so a point runs a fixed number of
 turns (the last sessions may stop early). After each answer the user waits the turn's think time. A turn that
 fails (an HTTP error, a refused prompt) ends that user's session and is counted, not retried.
@@ -71,7 +71,7 @@ async def _turn(client, model: str, messages: list[dict], max_tokens: int, tempe
 
 
 async def run_point(url: str, model: str, sessions: Sequence[Session], c: int, turns: int, temperature: float,
-                    seed: int, api_key: str = "none", extra: Optional[dict] = None,
+                    seed: int, offset: int = 0, api_key: str = "none", extra: Optional[dict] = None,
                     timeout_s: float = 1800.0) -> tuple[float, list[TurnResult]]:
     """``c`` users against ``url`` until ``turns`` turns were started → (wall seconds, every turn's result)."""
     from openai import AsyncOpenAI
@@ -85,7 +85,7 @@ async def run_point(url: str, model: str, sessions: Sequence[Session], c: int, t
         nonlocal started
         replay = 0
         while started < turns:
-            sess = sessions[(u + replay * c) % len(sessions)].salted(f"{rng.getrandbits(32):08x}")
+            sess = sessions[(offset + u + replay * c) % len(sessions)].salted(f"{rng.getrandbits(32):08x}")
             replay += 1
             messages = [{"role": "system", "content": sess.system}] if sess.system else []
             for t, turn in enumerate(sess.turns):
