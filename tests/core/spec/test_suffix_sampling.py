@@ -1,6 +1,6 @@
 """Sampling with suffix drafts keeps the target's output distribution: the chi-square test of
-test_mtp_sampling.py (its exact distributions, its statistic and its broken verifier, imported) with the
-suffix drafter.
+test_mtp_sampling.py (the test itself, with its exact distributions, statistic and broken verifier) run on
+samples drawn with the suffix drafter.
 
 A first round of ``N`` sampled requests fills the recent store, so in the measured round the drafter
 proposes at most positions (from those outputs and the request's own tokens). As in the MTP test, where it
@@ -19,7 +19,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_mtp_sampling import ALPHA, N, PROMPT, V, Ops, broken_verify, chi2_pvalue, exact, llm  # noqa: E402,F401
+import test_mtp_sampling  # noqa: E402
+from test_mtp_sampling import N, PROMPT, Ops, broken_verify, exact, llm  # noqa: E402,F401
 
 from inferhal import SamplingParams  # noqa: E402
 
@@ -53,14 +54,8 @@ def sample(exact, broken: bool = False):
 
 
 @pytest.mark.slow
-def test_sampled_tokens_follow_the_target_distribution_and_a_broken_verifier_fails(exact):
-    _, _, m2, m3 = exact
-    toks, st = sample(exact)
-    assert st["accepted_tokens"] > 0.1 * st["draft_tokens"] > 0, st  # drafts are made and often accepted
-    ps = [chi2_pvalue(torch.bincount(toks[:, i], minlength=V).double(), m) for i, m in ((1, m2), (2, m3))]
-    print(f"\nchi-square p-values: verifier {ps}, broken verifier (below) ", end="")
-    assert min(ps) > ALPHA, f"chi-square p-values {ps} (alpha {ALPHA} each)"
-    bad, _ = sample(exact, broken=True)
-    bps = [chi2_pvalue(torch.bincount(bad[:, i], minlength=V).double(), m) for i, m in ((1, m2), (2, m3))]
-    print(bps, st["accepted_tokens"], "of", st["draft_tokens"], "drafts accepted")
-    assert min(bps) < ALPHA, f"the broken verifier passed: p-values {bps}"
+def test_sampled_tokens_follow_the_target_distribution_and_a_broken_verifier_fails(exact, monkeypatch):
+    """The MTP test itself, its sampling done by :func:`sample` (measured: p = 0.99 / 0.80 with the verifier,
+    1.7e-6 broken; 270 of 1,595 drafts stood)."""
+    monkeypatch.setattr(test_mtp_sampling, "sample", sample)
+    test_mtp_sampling.test_sampled_tokens_follow_the_target_distribution_and_a_broken_verifier_fails(exact)
