@@ -191,7 +191,7 @@ def _drafter_cost(cfg, rows: list[dict], tok: Any, con) -> dict:
 
 
 def run(cfg) -> int:
-    from inferhal.core.cli.console import console
+    from inferhal.core.console import console
 
     con = console(min_width=200)
     b, a = cfg.bench, cfg.bench.agent

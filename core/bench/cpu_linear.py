@@ -106,7 +106,7 @@ def measure(runners: dict[str, Callable], shapes: Sequence[tuple[str, int, int]]
 
 
 def run(cfg) -> int:
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.console import console as make_console
     from rich.table import Table
 
     from inferhal.core.bench import host

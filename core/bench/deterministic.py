@@ -31,7 +31,7 @@ def run(cfg) -> int:
     from rich.table import Table
 
     from inferhal import LLM, SamplingParams
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.console import console as make_console
     from inferhal.core.engine.llm import compose_config
 
     console = make_console(min_width=110)

@@ -24,7 +24,7 @@ import statistics
 import time
 
 from inferhal.core.bench import write_json
-from inferhal.core.cli.console import Progress, console as make_console
+from inferhal.core.console import Progress, console as make_console
 
 
 def _pct(xs, q):

@@ -170,7 +170,7 @@ def inferhal_variants(dtype: str) -> list[tuple[str, str]]:
 
 def run(cfg) -> int:
     import torch
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.console import console as make_console
     from rich.table import Table
 
     from inferhal.core.engine.llm import LLM

@@ -148,7 +148,7 @@ def throughput(loaded, backend, concurrency: int, num_prompts: int, max_tokens: 
 
 
 def run(cfg) -> int:
-    from inferhal.core.cli.console import Progress, console as make_console
+    from inferhal.core.console import Progress, console as make_console
     from rich.table import Table
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 4)))

@@ -135,7 +135,7 @@ def run(cfg) -> int:
     from omegaconf import OmegaConf
     from rich.table import Table
 
-    from inferhal.core.cli.console import Progress, console as make_console
+    from inferhal.core.console import Progress, console as make_console
     from inferhal.core.engine.llm import LLM
     from inferhal.core.parallel.launch import spawn_from_file
     from inferhal.core.sampling.params import SamplingParams

@@ -223,7 +223,7 @@ def summarize(rows: list[Row], ours: str = "inferhal", tol: float = 1e-6) -> dic
 
 
 def _print(rows: list[Row], speeds: list[dict], peer: Peer, repeats: int) -> None:
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.console import console as make_console
     from rich.table import Table
 
     cases = _cases(rows)

@@ -80,7 +80,7 @@ def measure(logits_fn: Callable, greedy_fn: Callable, hidden: torch.Tensor, leve
 
 
 def run(cfg) -> int:
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.console import console as make_console
     from rich.table import Table
 
     from inferhal.core.bench.clients import PROMPTS

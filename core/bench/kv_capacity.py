@@ -35,7 +35,7 @@ def shared_pool_requests(specs, block_size: int, context: int, budget: int) -> i
 
 def run(cfg) -> int:
     from inferhal.core.cli.cmd_plan import kv_groups_for, plan_kv
-    from inferhal.core.cli.console import console
+    from inferhal.core.console import console
     from inferhal.core.cli.main import compose
     from inferhal.core.paging import planning
     from rich.table import Table

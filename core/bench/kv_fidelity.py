@@ -94,7 +94,7 @@ def _arch_overrides(arch: dict) -> list[str]:
 def run(cfg) -> int:
     from rich.table import Table
 
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.console import console as make_console
 
     console = make_console(min_width=140)
     rows = []

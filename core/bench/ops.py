@@ -176,7 +176,7 @@ def measure(llm, prompts: Sequence[list[int]], levels: Sequence[int], num_prompt
 
 
 def run(cfg) -> int:
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.console import console as make_console
     from rich.table import Table
 
     from inferhal.core.bench.clients import prompt_ids

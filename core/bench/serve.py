@@ -139,7 +139,7 @@ async def _load(port: int, model: str, texts: list[str], max_tokens: int, c: int
 def run(cfg) -> int:
     from rich.table import Table
 
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.console import console as make_console
     from inferhal.core.engine.llm import LLM
 
     con = make_console(min_width=160)

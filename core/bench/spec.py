@@ -73,7 +73,7 @@ def one(loaded, backend, k: int, concurrency: int, prompts, max_tokens: int, asy
 def run(cfg) -> int:
     from rich.table import Table
 
-    from inferhal.core.cli.console import Progress, console as make_console
+    from inferhal.core.console import Progress, console as make_console
 
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 4)))
     loaded, backend = _load(cfg)

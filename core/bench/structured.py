@@ -62,7 +62,7 @@ def run(cfg) -> int:
     from rich.table import Table
 
     from inferhal import LLM, SamplingParams
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.console import console as make_console
 
     console = make_console(min_width=120)
     from inferhal.core.bench.structured_schemas import PROMPTS as prompts, SCHEMAS as schemas

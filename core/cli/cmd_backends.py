@@ -41,7 +41,7 @@ def report(reg: BackendRegistry, config: BackendConfig | None = None) -> dict:
 
 
 def run(cfg, words) -> int:
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.console import console as make_console
     from rich.markup import escape
     from rich.table import Table
 

@@ -51,7 +51,7 @@ def run(cfg, words) -> int:
 
 
 def _print(rows, target, backend, out) -> None:
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.console import console as make_console
     from rich.markup import escape
     from rich.table import Table
 

@@ -98,7 +98,7 @@ def deployment(cfg) -> dict:
 
 
 def run_deployment(cfg) -> int:
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.console import console as make_console
     from inferhal.core.plan import report
 
     plan = deployment(cfg)
@@ -115,7 +115,7 @@ def run_devices(cfg) -> int:
     """Every device ``plan.device`` may name, with its numbers and their sources."""
     from rich.table import Table
 
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.console import console as make_console
     from inferhal.core.plan import hardware
 
     t = Table(title="devices for plan.device (from the backends' device_catalog; host = this CPU, measured)")
@@ -141,7 +141,7 @@ def run_devices(cfg) -> int:
 def run_kv(cfg) -> int:
     plan = plan_kv(cfg.model, int(cfg.cache.block_size), int(cfg.cache.kv_cache_bytes),
                    int(cfg.scheduler.max_num_seqs), int(cfg.scheduler.max_num_batched_tokens), str(cfg.cache.kv_dtype))
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.console import console as make_console
     from rich.table import Table
 
     t = Table(title=f"KV cache plan: {plan['model']} (kv_dtype {plan['kv_dtype']}, block_size {plan['block_size']}, "

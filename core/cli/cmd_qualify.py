@@ -144,7 +144,7 @@ def unavailable_report(reg, bcfg: BackendConfig, reason: str, level: str) -> dic
 
 
 def print_summary(rep: dict, paths: dict) -> None:
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.console import console as make_console
     from rich.markup import escape
     from rich.table import Table
 

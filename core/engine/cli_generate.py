@@ -162,7 +162,7 @@ def _read_jobs(path: str) -> list[tuple[int, Any]]:
 
 
 def _batch(llm, path: str, params: SamplingParams, output: Optional[str], out: TextIO) -> int:
-    from inferhal.core.cli.console import Progress
+    from inferhal.core.console import Progress
 
     eng = llm.engine
     errors, ids = [], {}

@@ -155,7 +155,7 @@ def _binding(r: dict) -> str:
 def run(cfg) -> int:
     from rich.table import Table
 
-    from inferhal.core.cli.console import console as make_console
+    from inferhal.core.console import console as make_console
 
     root = os.getcwd()
     data = anchors()

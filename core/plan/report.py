@@ -1,4 +1,4 @@
-"""A plan as a table (rich, readable when piped: core/cli/console.py), and its Pareto plot (matplotlib)."""
+"""A plan as a table (rich, readable when piped: core/console.py), and its Pareto plot (matplotlib)."""
 
 from __future__ import annotations
 

@@ -286,7 +286,7 @@ class _progress:
     ``advance(key)`` starts the next case (``None`` after the last)."""
 
     def __init__(self, enabled: bool, total: int, resumed: int) -> None:
-        from inferhal.core.cli.console import Progress
+        from inferhal.core.console import Progress
 
         label = f"qualify (resumed: {resumed} done before)" if resumed else "qualify"
         self._p = Progress(label, total, enabled=enabled and total > 0)

@@ -6,7 +6,7 @@ import io
 import subprocess
 import sys
 
-from inferhal.core.cli import console as C
+from inferhal.core import console as C
 
 
 def test_piped_plan_table_is_whole():
