@@ -54,7 +54,7 @@ class Server:
 def variant_config(cfg: Any, overrides: list[str]) -> Any:
     """``cfg`` (the bench's config) with what ``overrides`` change against the default composition, as a serve
     config."""
-    from inferhal.core.cli.main import compose
+    from inferhal.core.config.compose import compose
 
     base = OmegaConf.to_container(compose([], command="serve", check=False), resolve=True)
     var = OmegaConf.to_container(compose(list(overrides), command="serve"), resolve=True)

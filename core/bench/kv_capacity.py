@@ -34,9 +34,9 @@ def shared_pool_requests(specs, block_size: int, context: int, budget: int) -> i
 
 
 def run(cfg) -> int:
-    from inferhal.core.cli.cmd_plan import kv_groups_for, plan_kv
+    from inferhal.core.plan.kv import kv_groups_for, plan_kv
     from inferhal.core.console import console
-    from inferhal.core.cli.main import compose
+    from inferhal.core.config.compose import compose
     from inferhal.core.paging import planning
     from rich.table import Table
 

@@ -20,48 +20,9 @@ from __future__ import annotations
 import json
 
 from inferhal.core.errors import UserError
-from inferhal.core.paging import planning
-from inferhal.core.paging.kv_manager import KVCacheManager
-from inferhal.core.plan.kv import kv_groups_for
+from inferhal.core.plan.kv import kv_groups_for, plan_kv
 
 SUBCOMMANDS = ("", "kv", "devices", "calibrate")
-
-
-def plan_kv(model_cfg, block_size: int, budget_bytes: int = 0, max_num_seqs: int = 64,
-            max_step_tokens: int = 2048, kv_dtype: str = "auto") -> dict:
-    """The plan as data: per group its bytes per token and per block, what one request of
-    ``max_model_len`` tokens stores and what its blocks take, and what ``budget_bytes`` holds."""
-    specs = kv_groups_for(model_cfg, kv_dtype)
-    bs = planning.compatible_block_size(specs, block_size)
-    groups = planning.layouts(specs, bs)
-    max_len = int(model_cfg.max_model_len)
-    kv = KVCacheManager(specs, bs, 1, enable_caching=False)
-    held = kv.blocks_for(max_len)  # blocks one max_model_len request holds, per group (sliding: its window)
-    rows = []
-    for s, g in zip(specs, groups):
-        stored_tokens = min(s.window, max_len) if s.kind == "sliding" else max_len
-        rows.append({"group": s.name, "kind": s.kind, "layers": len(s.layers), "tokens_per_slot": s.tokens_per_slot,
-                     "window": s.window, "slot_bytes": s.slot_bytes(), "record": s.record,
-                     "bytes_per_token_per_layer": s.slot_bytes() / s.tokens_per_slot,
-                     "bytes_per_token": s.bytes_per_token(), "page_bytes": planning.page_bytes(g),
-                     "block_bytes": planning.group_block_bytes(g), "blocks_per_max_len_request": held[s.name],
-                     "stored_bytes_per_max_len_request": s.bytes_per_token() * stored_tokens,
-                     "planned_bytes_per_max_len_request": held[s.name] * planning.group_block_bytes(g)})
-    stored = sum(r["stored_bytes_per_max_len_request"] for r in rows)
-    planned = sum(r["planned_bytes_per_max_len_request"] for r in rows)
-    out = {"model": str(model_cfg.name), "kv_dtype": kv_dtype, "block_size": bs, "requested_block_size": block_size,
-           "groups": rows,
-           "bytes_per_token": sum(r["bytes_per_token"] for r in rows),
-           "bytes_per_token_full_context": sum(r["bytes_per_token"] for r in rows if r["kind"] != "sliding"),
-           "sliding_bytes_per_request": sum(r["bytes_per_token"] * r["window"] for r in rows if r["kind"] == "sliding"),
-           "max_model_len": max_len, "stored_bytes_per_max_len_request": stored,
-           "bytes_per_max_len_request": planned, "planned_over_stored": planned / stored if stored else 0.0}
-    if budget_bytes:
-        n = planning.blocks_for_budget(specs, bs, budget_bytes, max_num_seqs, max_step_tokens, max_len)
-        fits = min(n[s.name] // max(held[s.name], 1) for s in specs)
-        out.update(budget_bytes=budget_bytes, max_num_seqs=max_num_seqs, num_blocks=n,
-                   allocated_bytes=planning.storage_bytes(planning.layouts(specs, bs, n)), max_len_requests=fits)
-    return out
 
 
 def _human(n: float) -> str:

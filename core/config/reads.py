@@ -56,7 +56,7 @@ READS: dict[str, tuple[str, ...]] = {
     "plan": (*PLANNED_MODEL, "parallel.tp", "parallel.dp", "parallel.ep", "plan", "cache.kv_dtype",
              "scheduler.max_num_batched_tokens", "output"),  # core/plan/deploy.py
     "plan kv": (*PLANNED_MODEL, "cache.block_size", "cache.kv_cache_bytes", "cache.kv_dtype", "scheduler.max_num_seqs",
-                "scheduler.max_num_batched_tokens", "output"),  # cmd_plan.plan_kv
+                "scheduler.max_num_batched_tokens", "output"),  # plan.kv.plan_kv
     "plan devices": ("output",),  # every catalogued device
     "plan calibrate": ("output",),  # core/plan/anchors.yaml holds each anchor's own config
     # core/bench/<kind>.py run(cfg)

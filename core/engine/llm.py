@@ -80,7 +80,7 @@ def compose_config(model: Optional[str] = None, backend: Optional[str] = None, o
     """The composed root config of an LLM (see the module docstring for the options). ``command``: whose reads
     decide which fields may be set (core/config/reads.py): ``generate`` for a job or its ranks (parallel, eplb,
     prompts, sampling), ``LLM`` for ``LLM(...)`` itself, which reads the engine's fields only."""
-    from inferhal.core.cli.main import compose
+    from inferhal.core.config.compose import compose
 
     hydra_ov = list(overrides)
     sets: dict[str, Any] = {}

@@ -29,7 +29,7 @@ def anchors() -> dict:
 
 
 def _compose(overrides):
-    from inferhal.core.cli.main import compose
+    from inferhal.core.config.compose import compose
 
     return compose(list(overrides), "plan")  # an anchor's deployment, read as `inferhal plan` reads it
 

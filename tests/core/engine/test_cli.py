@@ -71,7 +71,7 @@ def test_a_misspelt_job_field_is_named_with_the_field_it_resembles(llm, tmp_path
 
 
 def test_plan_kv_for_deepseek_v4_configs():
-    from inferhal.core.cli.cmd_plan import plan_kv
+    from inferhal.core.plan.kv import plan_kv
 
     cfg = compose(["model=deepseek_v4_tiny"], "plan kv")
     plan = plan_kv(cfg.model, 16, 1 << 30)
@@ -85,7 +85,7 @@ def test_plan_kv_for_deepseek_v4_configs():
 @pytest.mark.parametrize("budget,kv_dtype", [(8 << 20, "auto"), (64 << 20, "auto"), (8 << 20, "fp8"), (8 << 20, "fp4")])
 def test_plan_kv_allocates_what_the_engine_allocates(budget, kv_dtype):
     """`plan kv` and a running engine split a budget into the same pools and allocate the same bytes."""
-    from inferhal.core.cli.cmd_plan import plan_kv
+    from inferhal.core.plan.kv import plan_kv
     from inferhal.core.engine.llm import LLM
 
     ov = [f"cache.kv_cache_bytes={budget}", "cache.block_size=16", "model.max_model_len=256",
@@ -108,7 +108,7 @@ def test_bench_dispatch_lists_kinds():
 
 
 def test_plan_kv_formats_and_the_v4_1_reading_of_890_bytes():
-    from inferhal.core.cli.cmd_plan import plan_kv
+    from inferhal.core.plan.kv import plan_kv
 
     v41 = compose(["model=deepseek_v4_1_flash", "cache.kv_dtype=fp4"], "plan kv")  # planning honours kv_dtype
     plan = plan_kv(v41.model, 16, kv_dtype="fp4")
