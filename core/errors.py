@@ -4,3 +4,8 @@ message and exits with status 2, without a traceback."""
 
 class UserError(Exception):
     """A problem the user can fix; the message names it."""
+
+
+class EngineDead(Exception):
+    """The engine loop stopped (an error in a step, or shutdown), or no engine instance behind a router is
+    live: a request cannot be served now (HTTP 503)."""

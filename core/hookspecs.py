@@ -31,6 +31,9 @@ if TYPE_CHECKING:  # pragma: no cover - names for the docstrings and type checke
     from inferhal.core.backend import KVStorageRequest, ParallelLayout
 
 PROJECT = "inferhal"
+#: The entry-point group a backend package registers its plugin module under (``pyproject.toml``:
+#: ``[project.entry-points."inferhal.backends"] NAME = "package.plugin"``).
+ENTRY_POINT_GROUP = "inferhal.backends"
 
 #: The version of this contract. A backend declares the version it was written against through
 #: :func:`inferhal_api_version`; the registry refuses a different major version with a clear message.

@@ -25,7 +25,7 @@ from inferhal.core.profile import DeviceProfile, ExecLevel, Probe
 
 log = logging.getLogger("inferhal.registry")
 
-ENTRY_POINT_GROUP = "inferhal.backends"
+ENTRY_POINT_GROUP = hookspecs.ENTRY_POINT_GROUP
 REFERENCE = "reference"
 
 
@@ -71,14 +71,9 @@ class ActiveBackend:
         return self.call("inferhal_communicator", layout=layout, profile=self.profile)
 
     def kv_connector(self, peer: int, group: Any = None) -> Any:
-        """The backend's KV connector to rank ``peer`` (prefill/decode disaggregation), or the default one:
-        torch.distributed point-to-point."""
-        conn = self.call("inferhal_kv_connector", peer=peer, group=group, profile=self.profile)
-        if conn is None:
-            from inferhal.core.disagg.connector import TorchDistConnector
-
-            conn = TorchDistConnector(peer, group)
-        return conn
+        """The backend's KV connector to rank ``peer`` (prefill/decode disaggregation), or None: it has none
+        (:func:`inferhal.core.disagg.connector.connect` then takes torch.distributed point-to-point)."""
+        return self.call("inferhal_kv_connector", peer=peer, group=group, profile=self.profile)
 
     def graph_runner(self) -> Any:
         return self.call("inferhal_graph_runner", profile=self.profile, config=self.config)

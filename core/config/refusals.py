@@ -148,7 +148,7 @@ def _readers_checks(cfg: Any) -> list[tuple[str, str]]:
     (an EP rank ran them only after spawning and loading)."""
     from inferhal.core.eplb.baseline import drift_of, policy_of
     from inferhal.core.errors import UserError
-    from inferhal.core.parallel.launch import timeout_of
+    from inferhal.core.config.values import timeout_of
 
     out = []
     for path, check in (("parallel.timeout_s", lambda: timeout_of(cfg.parallel)),

@@ -322,7 +322,7 @@ def register_schemas() -> None:
 
     from hydra.core.config_store import ConfigStore
 
-    from inferhal.core.registry import ENTRY_POINT_GROUP
+    from inferhal.core.hookspecs import ENTRY_POINT_GROUP
 
     cs = ConfigStore.instance()
     cs.store(name=SCHEMA_NAME, node=InferhalConfig)

@@ -162,3 +162,10 @@ class TorchDistConnector:
 
     def close(self) -> None:
         pass
+
+
+def connect(backend: Any, peer: int, group: Any = None) -> Any:
+    """The KV connector to rank ``peer`` of ``group``: the backend's own (``inferhal_kv_connector``), or
+    torch.distributed point-to-point (:class:`TorchDistConnector`) where it has none."""
+    conn = backend.kv_connector(peer, group)
+    return conn if conn is not None else TorchDistConnector(peer, group)

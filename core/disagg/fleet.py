@@ -67,7 +67,7 @@ class Fleet:
         from omegaconf import OmegaConf
 
         from inferhal.core.disagg.link import authkey_of, parse_address, random_key
-        from inferhal.core.parallel.launch import timeout_of
+        from inferhal.core.config.values import timeout_of
 
         self.timeout_s = timeout_of(cfg.parallel)
         self.spawn = spawn

@@ -72,7 +72,7 @@ def serve_instance(role: str, cfg: Any, key: bytes, announce: Callable[[str, Any
 
     from inferhal.core.disagg.link import Locked, kv_store, listen, parse_address, reader
     from inferhal.core.disagg.workers import serve_router
-    from inferhal.core.parallel.launch import timeout_of
+    from inferhal.core.config.values import timeout_of
 
     timeout_s = timeout_of(cfg.parallel)
     host, port = parse_address(cfg.disagg.listen, "disagg.listen")

@@ -60,7 +60,7 @@ from typing import Any, Iterable, Optional
 
 from inferhal.core.disagg.fleet import Fleet, Member
 from inferhal.core.disagg.prefixes import PREFIX_SLACK, Prefixes
-from inferhal.core.errors import UserError
+from inferhal.core.errors import EngineDead, UserError
 
 log = logging.getLogger("inferhal.disagg")
 
@@ -188,8 +188,6 @@ class Router(Fleet):
         if rid in self.requests:
             raise UserError(f"request id {rid!r} is already in use")
         if not any(i.live or i.state in ("starting", "hello") for i in self.insts.values()):
-            from inferhal.core.server.async_engine import EngineDead
-
             raise EngineDead("no engine instance is live (" + "; ".join(f"{n}: {i.dead}" for n, i in self.insts.items())
                              + (f"); the router tries each again every {self.reconnect_s:g} s" if not self.spawn else ")"))
         self.requests[rid] = rec = _Rec(list(req.prompt_token_ids), req.params, "pending")

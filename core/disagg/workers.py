@@ -112,12 +112,13 @@ def make_link(role: str, eng: Any, store: Any, key: str, host: str, port: int, t
     """This side's KV connector of one link, its peer checked (blocks until the peer joins, at most
     ``timeout_s``). ``store``: the decode side's own store (it hosts the pair's rendezvous), None on the
     prefill side (it connects to ``host:port``)."""
+    from inferhal.core.disagg.connector import connect
     from inferhal.core.disagg.handoff import check_compatible, describe
     from inferhal.core.disagg.link import pair_group
 
     rank = 0 if role == "prefill" else 1
     group = pair_group(store, key, host, port, rank, timeout_s)
-    conn = eng.backend.kv_connector(1 - rank, group)
+    conn = connect(eng.backend, 1 - rank, group)
     them = "decode" if role == "prefill" else "prefill"
     check_compatible(describe(eng), conn.handshake(describe(eng)), me=role, them=them)
     return conn

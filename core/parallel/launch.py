@@ -10,6 +10,7 @@ import socket
 from typing import Any, Callable, Mapping
 
 from inferhal.core.backend import ParallelLayout
+from inferhal.core.config.values import timeout_of
 from inferhal.core.errors import UserError
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -87,15 +88,6 @@ def layout_from_env(parallel: Any, env: Mapping[str, str] | None = None) -> Para
     return ParallelLayout(world_size=world, rank=int(env["RANK"]), tp=int(parallel.tp), ep=int(parallel.ep),
                           dp=int(parallel.dp), master_addr=env["MASTER_ADDR"], master_port=int(env["MASTER_PORT"]),
                           timeout_s=timeout_of(parallel))
-
-
-def timeout_of(parallel: Any) -> float:
-    """``parallel.timeout_s`` (how long a rank waits for its peers to join, and in each collective), checked."""
-    t = float(getattr(parallel, "timeout_s", 120.0))
-    if not t > 0:
-        raise UserError(f"parallel.timeout_s={t:g} must be > 0 (seconds a rank waits for the others to join the "
-                        f"group, and in each collective)")
-    return t
 
 
 def teardown() -> None:

@@ -34,17 +34,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from inferhal.core.errors import UserError
+from inferhal.core.errors import EngineDead, UserError
 
 log = logging.getLogger("inferhal.server")
 
 
 class QueueFull(Exception):
     """More unfinished requests than the server admits."""
-
-
-class EngineDead(Exception):
-    """The engine loop stopped (an error in a step, or shutdown)."""
 
 
 class Draining(Exception):

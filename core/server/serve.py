@@ -106,7 +106,7 @@ ROLES = {"any": (), "pd": ("restarts",), "prefill": ("listen", "authkey"), "deco
 def check_roles(cfg) -> None:
     """Refuse, before anything loads, spawns or connects, a role or a ``disagg`` setting `serve` cannot honour."""
     from inferhal.core.config.refusals import default_of
-    from inferhal.core.parallel.launch import timeout_of
+    from inferhal.core.config.values import timeout_of
 
     role = str(cfg.parallel.role)
     if role not in ROLES:

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import Request
 
 from inferhal.core.errors import UserError
-from inferhal.core.server.async_engine import AsyncEngine, Draining, EngineDead, QueueFull
+from inferhal.core.server.async_engine import AsyncEngine, Draining, QueueFull
 from inferhal.core.server.protocol import APIError, Job
 from inferhal.core.server.tools import prompt, reasoning
 from inferhal.core.server.tools.choice import ChoiceParser

@@ -24,7 +24,7 @@ def tiny():
 
 def pd_pair(layout, out_dir):
     torch.set_num_threads(1)
-    from inferhal.core.disagg.connector import KVPayload
+    from inferhal.core.disagg.connector import KVPayload, connect
     from inferhal.core.disagg.handoff import check_compatible, describe, side
     from inferhal.core.engine.engine import Engine
 
@@ -33,7 +33,7 @@ def pd_pair(layout, out_dir):
     be.communicator(layout)  # the process group (gloo)
     me = layout.rank
     eng = Engine(base.engine.loaded, be, transfer=side("prefill" if me == 0 else "decode"))
-    conn = be.kv_connector(1 - me)
+    conn = connect(be, 1 - me)
     peer = conn.handshake(describe(eng))
     check_compatible(describe(eng), peer, *(("prefill", "decode") if me == 0 else ("decode", "prefill")))
     done, sent = {}, {}
