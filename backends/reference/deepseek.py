@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from inferhal.backends.reference import kv_records
 from inferhal.backends.reference.attention import attend_gathered, gather_slots, token_seqs
+from inferhal.backends.reference.elementwise import norm_rms, rope_apply
 from inferhal.core.ops.params import AttnBatch, AttnParams, CompressParams, IndexerParams, RmsNormParams
 
 
@@ -29,8 +30,6 @@ def read(entries: torch.Tensor, fmt) -> torch.Tensor:
 def attn_compress(state_cache: torch.Tensor, batch: AttnBatch, rows: torch.Tensor, position_bias: torch.Tensor,
                   norm_weight: torch.Tensor, cos_sin: torch.Tensor, p: CompressParams) -> torch.Tensor:
     # state_cache: [NB, BS, 2, C] (kv | gate per token); rows: [N] flat rows that close a window -> [N, D]
-    from inferhal.backends.reference.ops import norm_rms, rope_apply  # ops.py collects this module's OPS
-
     m = p.ratio
     c = state_cache.shape[-1]
     d = c // 2 if p.overlap else c

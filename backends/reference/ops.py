@@ -8,98 +8,17 @@ live in sibling modules (``attention.py``, ``moe.py``, ``mhc.py``) and are colle
 from __future__ import annotations
 
 import sys
-import weakref
 
 import torch
 import torch.nn.functional as F
 
-from inferhal.backends.reference.matmul import product
 from inferhal.backends.reference import kv_records
+from inferhal.backends.reference.elementwise import norm_rms, norm_scale, rope_apply  # noqa: F401 (ops' names)
+from inferhal.backends.reference.matmul import product
+from inferhal.backends.reference.sampling import argmax_rows, filtered_probs, sample  # noqa: F401 (ops' names)
 from inferhal.core.ops.quantize import dequantize
-from inferhal.core.ops.params import ActParams, KVWriteParams, RmsNormParams, RopeParams, SampleBatch
+from inferhal.core.ops.params import ActParams, KVWriteParams
 from inferhal.core.ops.quant import QuantWeight
-
-
-_NORM_SCALES: dict = {}
-
-
-def norm_scale(weight: torch.Tensor, unit_offset: bool) -> torch.Tensor:
-    """``weight`` in fp32 (plus one with ``unit_offset``), kept per weight tensor and version: a model
-    calls its norms every step with the same weights, and widening them was a fifth of each call."""
-    try:
-        key = (id(weight), unit_offset, weight._version, weight.dtype, weight.device)
-    except RuntimeError:  # an inference-mode tensor keeps no version counter
-        key = None
-    hit = _NORM_SCALES.get(key) if key is not None else None
-    if hit is not None and hit[0]() is weight:
-        return hit[1]
-    w = weight.float()
-    scale = 1.0 + w if unit_offset else w
-    if scale is weight:  # fp32 already: nothing to keep (an entry would hold the weight itself, and with it
-        return scale  # the memory-mapped weight file it views, after its model was dropped)
-    if key is not None:
-        if len(_NORM_SCALES) > 4096:
-            _NORM_SCALES.clear()
-        # a weak reference: a norm weight is often a view of a whole memory-mapped weight file, which a
-        # strong one kept mapped after its model was dropped (0.5 GB per Gemma 3 load in a test session)
-        _NORM_SCALES[key] = (weakref.ref(weight), scale)
-    return scale
-
-
-def norm_rms(
-    x: torch.Tensor, weight: torch.Tensor | None, p: RmsNormParams, residual: torch.Tensor | None = None
-):
-    h = x if residual is None else x + residual
-    hf = h.float()
-    y = hf * torch.rsqrt(hf.pow(2).mean(dim=-1, keepdim=True) + p.eps)
-    if weight is not None:
-        y = y * norm_scale(weight, p.unit_offset)
-    y = y.to(x.dtype)
-    return y if residual is None else (y, h)
-
-
-_ROPE_ROWS: dict = {}
-
-
-def _rope_rows(cos_sin: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """``cos_sin[positions]`` in fp32 ``[T, R]``, kept per table and positions tensor (and their version
-    counters): every layer of a step rotates q and k at the same positions (36 gathers a step for Gemma 3)."""
-    try:
-        key = (id(cos_sin), cos_sin._version, id(positions), positions._version)
-    except RuntimeError:  # inference-mode tensors keep no version counter
-        key = None
-    hit = _ROPE_ROWS.get(key) if key is not None else None
-    if hit is not None and hit[0] is cos_sin and hit[1] is positions:
-        return hit[2]
-    cs = cos_sin[positions.long()].float()
-    if key is not None:
-        if len(_ROPE_ROWS) >= 8:  # a new step: the previous step's positions are done with
-            _ROPE_ROWS.clear()
-        _ROPE_ROWS[key] = (cos_sin, positions, cs)
-    return cs
-
-
-def rope_apply(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, p: RopeParams) -> torch.Tensor:
-    # x: [T, H, D]; cos_sin: [P, R] = [cos(R/2) | sin(R/2)]
-    r = p.rotary_dim
-    cs = _rope_rows(cos_sin, positions)  # [T, R]
-    cos, sin = cs[:, None, : r // 2], cs[:, None, r // 2 :]
-    if p.inverse:
-        sin = -sin
-    rot = x[..., :r] if p.placement == "head" else x[..., -r:]
-    rf = rot.float()
-    if p.style == "neox":
-        a, b = rf[..., : r // 2], rf[..., r // 2 :]
-        out = torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
-    else:
-        a, b = rf[..., 0::2], rf[..., 1::2]
-        out = torch.stack((a * cos - b * sin, b * cos + a * sin), dim=-1).flatten(-2)
-    out = out.to(x.dtype)
-    if r == x.shape[-1]:
-        return out
-    if p.placement == "head":
-        return torch.cat((out, x[..., r:]), dim=-1)
-    return torch.cat((x[..., :-r], out), dim=-1)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor | QuantWeight, bias: torch.Tensor | None = None, *,
@@ -218,65 +137,6 @@ def sample_mask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor)
     banned = banned.reshape(rows.numel(), -1)[:, :v]
     for j, r in enumerate(rows.tolist()):
         logits[r].masked_fill_(banned[j], float("-inf"))
-
-
-ARGMAX_CHUNK = 4096
-
-
-def argmax_rows(x: torch.Tensor) -> torch.Tensor:
-    """``torch.argmax(x, dim=-1)`` of ``x [B, V]`` (first index on ties; NaN counts as the largest), in two
-    passes: each row's max per chunk of :data:`ARGMAX_CHUNK` (a vectorised ``amax``), then ``argmax`` inside
-    the first chunk holding the row's max. torch's CPU ``argmax`` does not vectorise: over Gemma 3's
-    262,144-token vocabulary at 32 rows it took 11 ms, this 2 ms (2 threads)."""
-    b, v = x.shape
-    full = v - v % ARGMAX_CHUNK
-    if full == 0:
-        return torch.argmax(x, dim=-1)
-    chunks = x[:, :full].reshape(b, -1, ARGMAX_CHUNK)
-    chunk_max = chunks.amax(dim=-1)  # [B, chunks]
-    best = torch.argmax(chunk_max, dim=-1)  # the first chunk holding the max
-    idx = chunks[torch.arange(b, device=x.device), best].argmax(dim=-1) + best * ARGMAX_CHUNK
-    if full < v:  # a tail shorter than a chunk wins only when strictly larger
-        tail_max, tail_idx = x[:, full:].max(dim=-1)
-        top = chunk_max.gather(1, best[:, None])[:, 0]
-        idx = torch.where((tail_max > top) | (tail_max.isnan() & ~top.isnan()), tail_idx + full, idx)
-    return idx
-
-
-def filtered_probs(row: torch.Tensor, p: SampleBatch, i: int) -> torch.Tensor:
-    """Row ``i``'s sampling distribution over ``row [V]`` (temperature > 0): temperature, then top-k, top-p
-    and min-p filtering, normalised. ``sample`` draws from it and ``spec.verify`` accepts drafts against
-    it, so both sample the same distribution."""
-    row = row.float() / p.temperature[i]
-    k = p.top_k[i]
-    if 0 < k < row.numel():
-        kth = torch.topk(row, k).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    probs = torch.softmax(row, dim=-1)
-    top_p = p.top_p[i]
-    if top_p < 1.0:
-        sp, si = torch.sort(probs, descending=True, stable=True)
-        cum = torch.cumsum(sp, dim=-1)
-        drop = (cum - sp) > top_p  # keep the smallest prefix whose mass reaches top_p
-        sp = sp.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(0, si, sp)
-    if p.min_p and p.min_p[i] > 0:
-        probs = probs.masked_fill(probs < p.min_p[i] * probs.max(), 0.0)
-    return probs / probs.sum()
-
-
-def sample(logits: torch.Tensor, p: SampleBatch) -> torch.Tensor:
-    # logits: [B, V] -> tokens [B]; each row uses only its own settings and generator.
-    if all(t <= 0.0 for t in p.temperature):  # all greedy: one argmax (first index on ties, as per row)
-        return argmax_rows(logits.float())
-    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-    for i in range(logits.shape[0]):
-        if p.temperature[i] <= 0.0:
-            out[i] = torch.argmax(logits[i].float())
-            continue
-        gen = p.generators[i] if p.generators else None
-        out[i] = torch.multinomial(filtered_probs(logits[i], p, i), 1, generator=gen)[0]
-    return out
 
 
 def _ops() -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from inferhal.backends.reference.sampling import argmax_rows, filtered_probs
 from inferhal.core.ops.params import SampleBatch
 
 
@@ -18,8 +19,6 @@ def spec_verify(draft_ids: torch.Tensor, draft_probs: torch.Tensor | None, targe
     the output distributed exactly as the target's: accept d with probability min(1, p(d)/q(d)), else draw
     from norm(max(0, p - q)); all accepted → draw the bonus from p.
     """
-    from inferhal.backends.reference.ops import argmax_rows, filtered_probs
-
     b, s = draft_ids.shape
     out = torch.full((b, s + 1), -1, dtype=torch.long, device=draft_ids.device)
     n = torch.zeros(b, dtype=torch.long, device=draft_ids.device)

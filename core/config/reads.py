@@ -50,7 +50,7 @@ READS: dict[str, tuple[str, ...]] = {
     "backends": ("backend",),  # cmd_backends: the selected backend's config decides how its probe runs
     "kernels compile": ("target", "output"),  # every backend's aot_compiler extra; no backend is selected
     "generate": (*ENGINE, "deterministic", "sampling", "prompt", "prompt_ids", "messages", "prompts_file", "output",
-                 "eplb", *RANKS),  # core/engine/cli_generate.py, core/parallel/ep_generate.py
+                 "eplb", *RANKS),  # core/cli/generate.py, core/parallel/ep_generate.py
     "serve": (*ENGINE, "deterministic", "server", "disagg", "parallel.role", "parallel.timeout_s"),  # server/serve.py
     "qualify": ("backend", "qualify"),  # cmd_qualify, core/qualify/ (golden and audits run their own tiny models)
     "plan": (*PLANNED_MODEL, "parallel.tp", "parallel.dp", "parallel.ep", "plan", "cache.kv_dtype",

@@ -43,7 +43,7 @@ class ModelConfig:
     chat_template: Optional[str] = None
     arch: Dict[str, Any] = field(default_factory=dict)  # config.json fields, transformers' names
     # deepseek_v4: a safetensors file of mtp.* tensors laid over the model's MTP layers (a fitted draft head,
-    # core/models/deepseek_v4/fit_mtp.py); a relative path not found here is taken from the package
+    # core/bench/fit_mtp.py); a relative path not found here is taken from the package
     mtp_weights: Optional[str] = None
 
 

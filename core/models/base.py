@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
@@ -80,3 +81,29 @@ class LoadedModel:
     #: max_position_embeddings); None: not declared. A longer model.max_model_len is refused against it unless
     #: model.allow_long_context (core/config/context.py)
     max_context: int | None = None
+
+
+def slice_batch(batch: Any, s0: int, s1: int) -> Any:
+    """Sequences ``s0 .. s1 - 1`` of a :class:`~inferhal.core.models.base.ForwardBatch` as a batch of their
+    own (the one the runner would build for them alone, block tables keeping the step's width); no
+    logits rows (the step's head runs on the joined streams)."""
+    qsl = batch.query_start_loc
+    t0, t1 = int(qsl[s0]), int(qsl[s1])
+    attn = {g: dataclasses.replace(a, query_start_loc=a.query_start_loc[s0:s1 + 1] - a.query_start_loc[s0],
+                                   seq_lens=a.seq_lens[s0:s1], positions=a.positions[t0:t1],
+                                   block_table=a.block_table[s0:s1], slot_mapping=a.slot_mapping[t0:t1])
+            for g, a in batch.attn.items()}
+    return dataclasses.replace(batch, input_ids=batch.input_ids[t0:t1], positions=batch.positions[t0:t1],
+                               query_start_loc=qsl[s0:s1 + 1] - qsl[s0], attn=attn,
+                               logits_indices=batch.logits_indices[:0], extras={}, logits_out=None)
+
+
+def split_batch(batch: Any, micro_batches: Sequence[int]) -> list[Any]:
+    """A batch cut into consecutive micro-batches of ``micro_batches[i]`` sequences each."""
+    out, s = [], 0
+    for n in micro_batches:
+        out.append(slice_batch(batch, s, s + int(n)))
+        s += int(n)
+    if s != int(batch.query_start_loc.shape[0]) - 1:
+        raise ValueError(f"micro-batches {tuple(micro_batches)} do not cover the step's {s} sequences")
+    return out

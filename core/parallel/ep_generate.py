@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
@@ -43,21 +43,20 @@ def dp_llm(cfg: Any, layout: ParallelLayout) -> tuple[Any, DPRank]:
     return llm, hook
 
 
-def run_rank(layout: ParallelLayout, cfg_node: dict) -> int:
-    """One rank of ``inferhal generate``; returns the command's exit status."""
+def run_rank(layout: ParallelLayout, cfg_node: dict, body: Callable[[Any, Any, Any], int]) -> int:
+    """One rank of ``inferhal generate``: ``body(cfg, llm, out)`` over this rank's engine (the CLI's generate;
+    rank 0 writes to stdout, the others to nothing); returns its exit status."""
     import torch
-
-    from inferhal.core.engine.cli_generate import generate
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // layout.world_size))  # ranks share this host's cores
     cfg = OmegaConf.create(cfg_node)
     dp = int(cfg.parallel.dp) > 1
     llm, hook = (dp_llm if dp else ep_llm)(cfg, layout)
     if layout.rank == 0:
-        rc = generate(cfg, llm, sys.stdout)
+        rc = body(cfg, llm, sys.stdout)
     else:
         with open(os.devnull, "w") as null, contextlib.redirect_stderr(null):  # no second progress display
-            rc = generate(cfg, llm, null)
+            rc = body(cfg, llm, null)
     if dp:
         work = dp_work(hook)  # collective: every rank gets here (the front end ends the job on all at once)
         if layout.rank == 0:
@@ -75,9 +74,9 @@ def dp_work(hook: DPRank) -> str:
             f"(each rank its own requests); all-to-all bytes sent {', '.join(str(g[1]) for g in got)}]")
 
 
-def _spawned_rank(layout: ParallelLayout, cfg_node: dict) -> None:
+def _spawned_rank(layout: ParallelLayout, cfg_node: dict, body: Callable[[Any, Any, Any], int]) -> None:
     try:
-        rc = run_rank(layout, cfg_node)
+        rc = run_rank(layout, cfg_node, body)
     except UserError as exc:
         print(f"inferhal: rank {layout.rank}: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -132,20 +131,21 @@ def count_prompts(cfg: Any) -> int:
         raise UserError(f"prompts_file={str(path)!r}: {exc.strerror}") from None
 
 
-def generate_parallel(cfg: Any) -> int:
+def generate_parallel(cfg: Any, body: Callable[[Any, Any, Any], int]) -> int:
     """Run ``inferhal generate`` on ``parallel.tp * parallel.ep`` ranks (with ``parallel.dp = parallel.ep``
-    each a DP attention rank); the exit status of rank 0 (or of
-    the first rank that failed). :func:`check_before_spawn` runs first."""
+    each a DP attention rank): ``body(cfg, llm, out)`` on each (a module-level function: spawned ranks get
+    it by reference); the exit status of rank 0 (or of the first rank that failed). :func:`check_before_spawn`
+    runs first."""
     check_before_spawn(cfg)
     node = OmegaConf.to_container(cfg, resolve=True)
     if str(cfg.parallel.launcher) == "torchrun" or "RANK" in os.environ:
         rcs: list[int] = []
-        launch(lambda lay, c: rcs.append(run_rank(lay, c)), cfg.parallel, node)
+        launch(lambda lay, c: rcs.append(run_rank(lay, c, body)), cfg.parallel, node)
         return rcs[0] if rcs else 0
     import torch.multiprocessing as mp
 
     try:
-        launch(_spawned_rank, cfg.parallel, node)
+        launch(_spawned_rank, cfg.parallel, node, body)
     except mp.ProcessExitedException as exc:
         print(f"inferhal: EP rank {exc.error_index} exited with status {exc.exit_code}", file=sys.stderr)
         return int(exc.exit_code) if exc.exit_code and exc.exit_code > 0 else 1

@@ -8,8 +8,9 @@ A DP rank's step is split in two **micro-batches** so that one's MoE all-to-all 
   sequence boundary so that the two hold as equal a share of the tokens as the boundaries allow; a step
   of fewer than two sequences runs as one batch. The runner passes it on in ``ForwardBatch.extras``.
 - **The model runs the micro-batches as generators**: each yields at every MoE layer a request
-  ``(layer, x, weights, logical_ids)`` and receives the routed experts' output (:func:`split_batch`
-  slices the step's :class:`~inferhal.core.models.base.ForwardBatch` per micro-batch).
+  ``(layer, x, weights, logical_ids)`` and receives the routed experts' output
+  (:func:`~inferhal.core.models.base.split_batch` slices the step's
+  :class:`~inferhal.core.models.base.ForwardBatch` per micro-batch).
 - **The expert runner interleaves them** (:func:`interleave`, round robin): it starts micro-batch A's
   dispatch on the communicator's own thread (:func:`submit`), lets B compute up to its dispatch, finishes
   A's experts while B's dispatch travels, and so on; every rank issues the collectives in the same order
@@ -18,7 +19,6 @@ A DP rank's step is split in two **micro-batches** so that one's MoE all-to-all 
 
 from __future__ import annotations
 
-import dataclasses
 from concurrent.futures import Future
 from typing import Any, Callable, Generator, Sequence
 
@@ -41,32 +41,6 @@ def split_two(num_new: Sequence[int]) -> tuple[int, ...]:
         if best is None or gap < best:
             best, cut = gap, k
     return (cut, n - cut)
-
-
-def slice_batch(batch: Any, s0: int, s1: int) -> Any:
-    """Sequences ``s0 .. s1 - 1`` of a :class:`~inferhal.core.models.base.ForwardBatch` as a batch of their
-    own (the one the runner would build for them alone, block tables keeping the step's width); no
-    logits rows (the step's head runs on the joined streams)."""
-    qsl = batch.query_start_loc
-    t0, t1 = int(qsl[s0]), int(qsl[s1])
-    attn = {g: dataclasses.replace(a, query_start_loc=a.query_start_loc[s0:s1 + 1] - a.query_start_loc[s0],
-                                   seq_lens=a.seq_lens[s0:s1], positions=a.positions[t0:t1],
-                                   block_table=a.block_table[s0:s1], slot_mapping=a.slot_mapping[t0:t1])
-            for g, a in batch.attn.items()}
-    return dataclasses.replace(batch, input_ids=batch.input_ids[t0:t1], positions=batch.positions[t0:t1],
-                               query_start_loc=qsl[s0:s1 + 1] - qsl[s0], attn=attn,
-                               logits_indices=batch.logits_indices[:0], extras={}, logits_out=None)
-
-
-def split_batch(batch: Any, micro_batches: Sequence[int]) -> list[Any]:
-    """A batch cut into consecutive micro-batches of ``micro_batches[i]`` sequences each."""
-    out, s = [], 0
-    for n in micro_batches:
-        out.append(slice_batch(batch, s, s + int(n)))
-        s += int(n)
-    if s != int(batch.query_start_loc.shape[0]) - 1:
-        raise ValueError(f"micro-batches {tuple(micro_batches)} do not cover the step's {s} sequences")
-    return out
 
 
 def interleave(tasks: Sequence[Generator[Any, None, Any]]) -> list[Any]:

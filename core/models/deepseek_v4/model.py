@@ -31,7 +31,7 @@ from typing import Any, Generator, Mapping, Protocol, Sequence, runtime_checkabl
 
 import torch
 
-from inferhal.core.models.base import ForwardBatch, KVCache
+from inferhal.core.models.base import ForwardBatch, KVCache, split_batch
 from inferhal.core.models.deepseek_v4.attention import attention
 from inferhal.core.models.deepseek_v4.config import V4Config
 from inferhal.core.models.deepseek_v4.kv import kv_groups, record_formats
@@ -40,7 +40,6 @@ from inferhal.core.ops.params import ExpertsParams, KVWriteParams, MhcParams, Rm
 from inferhal.core.ops.quant import QuantWeight
 from inferhal.core.ops.quantize import dequantize
 from inferhal.core.paging.spec import KVGroupSpec
-from inferhal.core.parallel.tbo import split_batch
 
 
 @runtime_checkable

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from inferhal.backends.reference import ops as R
+from inferhal.backends.reference import sampling as S
 from inferhal.backends.reference import attention
 from inferhal.backends.reference.attention import attn_paged
 from inferhal.backends.reference.spec import spec_verify
@@ -209,7 +210,7 @@ def test_sample_is_greedy_at_zero_temperature_and_seeded_rows_ignore_the_batch()
     assert alone[0] == in_batch[1]
 
 
-@pytest.mark.parametrize("v", [10, R.ARGMAX_CHUNK, 3 * R.ARGMAX_CHUNK, 3 * R.ARGMAX_CHUNK + 17])
+@pytest.mark.parametrize("v", [10, S.ARGMAX_CHUNK, 3 * S.ARGMAX_CHUNK, 3 * S.ARGMAX_CHUNK + 17])
 def test_argmax_rows_equals_torch_argmax_with_ties_tails_and_nan(v):
     g = torch.Generator().manual_seed(v)
     x = torch.randn(9, v, generator=g)

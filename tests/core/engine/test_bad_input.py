@@ -11,7 +11,7 @@ import pytest
 
 from inferhal import LLM, SamplingParams
 from inferhal.core.cli.main import compose
-from inferhal.core.engine.cli_generate import generate
+from inferhal.core.cli.generate import generate
 from inferhal.core.errors import UserError
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from inferhal import LLM
 from inferhal.core.cli.main import compose
-from inferhal.core.engine.cli_generate import generate
+from inferhal.core.cli.generate import generate
 from inferhal.core.errors import UserError
 
 

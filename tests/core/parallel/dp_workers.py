@@ -115,6 +115,7 @@ def dp_suite(layout, out_dir, names):
             got[name]["load"] = (int(rec.local_load().sum()), int(rec.window_load(hook.comm).sum()), rec.steps)
     # `inferhal generate parallel=dep2 prompts_file=...` as each spawned rank runs it (run_rank), in this group
     from inferhal.core.engine.llm import compose_config
+    from inferhal.core.cli.generate import generate
     from inferhal.core.parallel.ep_generate import run_rank
 
     cfg = compose_config("deepseek_v4_tiny", "reference", overrides=[
@@ -122,7 +123,7 @@ def dp_suite(layout, out_dir, names):
         "sampling.max_tokens=5", "sampling.temperature=0"])
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        got["cli"] = {"rc": run_rank(layout, OmegaConf.to_container(cfg, resolve=True))}
+        got["cli"] = {"rc": run_rank(layout, OmegaConf.to_container(cfg, resolve=True), generate)}
     torch.set_num_threads(1)
     got["cli"].update(stdout=out.getvalue(), stderr=err.getvalue())
     # a rank handed different requests is named on every rank, not left hanging

@@ -73,7 +73,7 @@ def test_cli_token_id_prompts_without_a_tokenizer(tiny_llm, reference_tokens, tm
 
     from omegaconf import OmegaConf
 
-    from inferhal.core.engine.cli_generate import generate
+    from inferhal.core.cli.generate import generate
 
     wk = load_workers()
     cfg = wk.tiny_cfg([f"prompt_ids={wk.PROMPTS[0]}", f"sampling.max_tokens={wk.MAX_TOKENS}",
@@ -204,13 +204,14 @@ def test_cli_under_torchrun_prints_the_single_process_tokens(reference_tokens):
 
 def test_torchrun_launcher_without_torchrun_environment_is_a_user_error(monkeypatch):
     from inferhal.core.errors import UserError
+    from inferhal.core.cli.generate import generate
     from inferhal.core.parallel.ep_generate import generate_parallel
 
     for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(v, raising=False)
     cfg = load_workers().tiny_cfg(["parallel=ep2", "parallel.launcher=torchrun", "prompt_ids=[1,2]"])
     with pytest.raises(UserError, match="parallel.launcher=torchrun but RANK/WORLD_SIZE are not set"):
-        generate_parallel(cfg)
+        generate_parallel(cfg, generate)
 
 
 def test_eplb_drift_reaches_the_policy_and_a_bad_value_is_named():

@@ -10,6 +10,7 @@ import pytest
 
 from inferhal.core.cli.main import compose, main
 from inferhal.core.errors import UserError
+from inferhal.core.cli.generate import generate
 from inferhal.core.parallel.ep_generate import check_before_spawn, generate_parallel
 
 
@@ -44,7 +45,7 @@ def test_the_ascend_prefill_layout_is_refused_at_once_by_the_cli(no_spawn, capsy
 def test_generate_parallel_checks_the_layout_before_spawning(no_spawn, overrides, needle):
     cfg = compose(["model=deepseek_v4_tiny", "prompt_ids=[1,2]", *overrides], "generate", check=False)
     with pytest.raises(UserError, match=needle):
-        generate_parallel(cfg)
+        generate_parallel(cfg, generate)
 
 
 @pytest.mark.parametrize("overrides,needle", [

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from inferhal.core.parallel.launch import spawn_from_file
-from inferhal.core.parallel.tbo import interleave, slice_batch, split_batch, split_two, submit
+from inferhal.core.models.base import slice_batch, split_batch
+from inferhal.core.parallel.tbo import interleave, split_two, submit
 
 import by_file  # tests/core/parallel (conftest puts it on the path)
 

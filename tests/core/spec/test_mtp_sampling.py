@@ -62,7 +62,7 @@ def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 def broken_verify():
     """spec.verify with the classic bug: on a rejection, the replacement is drawn from p (not the residual)."""
-    from inferhal.backends.reference.ops import filtered_probs
+    from inferhal.backends.reference.sampling import filtered_probs
 
     def verify(drafts, draft_probs, logits, p):
         b, s = drafts.shape
@@ -116,7 +116,8 @@ def sample(exact, broken=False):
 
     prop.propose = propose
     if broken:
-        eng.engine.runner.ops = Ops(eng.engine.runner.ops, spec_verify=broken_verify())
+        sampler = eng.engine.runner.sampler  # what calls spec.verify
+        sampler.ops = Ops(sampler.ops, spec_verify=broken_verify())
     params = [SamplingParams(max_tokens=4, temperature=1.0, seed=i, ignore_eos=True) for i in range(N)]
     outs = eng.generate([PROMPT] * N, params)
     toks = torch.tensor([o.token_ids for o in outs])  # [N, 4]

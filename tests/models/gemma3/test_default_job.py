@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from inferhal.core.cli.main import compose
-from inferhal.core.engine.cli_generate import DEFAULT_PROMPT, generate
+from inferhal.core.cli.generate import DEFAULT_PROMPT, generate
 
 pytestmark = pytest.mark.slow
 SMALL = ["sampling.max_tokens=8", "cache.num_blocks=128", "model.max_model_len=512"]

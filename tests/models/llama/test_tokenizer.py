@@ -45,7 +45,7 @@ def test_chat_template_from_the_file(smollm):
 
 def test_chat_through_generate_cli(smollm, capsys):
     from inferhal.core.cli.main import compose
-    from inferhal.core.engine.cli_generate import generate
+    from inferhal.core.cli.generate import generate
     from inferhal.core.engine.llm import LLM
 
     cfg = compose(["model=smollm2_135m_instruct", "messages=[{role: user, content: 'What is the capital of France?'}]",

@@ -71,7 +71,7 @@ def generate(cfg, llm: Any = None, out: TextIO | None = None) -> int:
         if "parallel" in cfg and int(cfg.parallel.tp) * int(cfg.parallel.ep) > 1:
             from inferhal.core.parallel.ep_generate import generate_parallel
 
-            return generate_parallel(cfg)
+            return generate_parallel(cfg, generate)  # each rank runs generate(cfg, its llm, out)
         from inferhal.core.engine.llm import LLM
 
         llm = LLM.from_config(cfg)

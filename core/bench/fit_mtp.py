@@ -1,7 +1,7 @@
 """Fit a tiny DeepSeek-V4's MTP layer to the model's own greedy continuations, so that drafting has
 something to accept (a random MTP head accepts almost nothing).
 
-    python -m inferhal.core.models.deepseek_v4.fit_mtp OUT.safetensors [--model deepseek_v4_tiny]
+    python -m inferhal.core.bench.fit_mtp OUT.safetensors [--model deepseek_v4_tiny]
         [--seqs 768] [--len 64] [--steps 500] [--lr 5e-3] [--seed 0]
 
 Random prompts are continued greedily by the main model (weights frozen); the MTP layer learns, at every
