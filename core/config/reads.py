@@ -78,7 +78,8 @@ READS: dict[str, tuple[str, ...]] = {
     "bench kv_fidelity": ("backend.name", *_bench("max_tokens", "repeats")),  # its own tiny V4 variants
     "bench ops": (*ENGINE, *_bench("concurrency", "num_prompts", "max_tokens", "warmup", "repeats")),
     "bench serve": (*ENGINE, "deterministic", "server.served_model_name", "server.max_body_bytes",
-                    "server.max_queued_requests", "server.shutdown_timeout_s",
+                    "server.max_queued_requests", "server.max_queued_tokens", "server.request_timeout_s",
+                    "server.shutdown_timeout_s", "server.reasoning_parser",  # its server child's (serve(cfg))
                     *_bench("concurrency", "num_prompts", "max_tokens", "warmup")),
     "bench spec": ("backend", *_bench("num_prompts", "max_tokens", "warmup", "repeats")),  # deepseek_v4_tiny_mtp
     "bench structured": ("model.name", "backend.name", *_bench("max_tokens")),  # LLM(name, backend name)
