@@ -8,6 +8,11 @@ One program per (query token, KV head): the query heads sharing that KV head for
 ``[max(0, pos - window + 1), pos]``, clipped to the sequence's context; nothing depends on the other
 sequences of the batch (batch-invariant). P is cast to the KV dtype before the P·V dot (the tensor
 cores take bf16), where the oracle keeps fp32: see the test's tolerance.
+
+Two kernels, selected by the wrapper's ``decode`` argument (the cuda_sm100 backend passes
+``backend.options.attn_decode``): ``split`` (default), split-KV (:mod:`inferhal.kernels.attn_split`): a
+program per (token, ``BLOCK_H`` query heads of one KV head, split of the token's own key range) and a
+combine; ``single``: the program per (token, KV head) described above (kept to compare on a device).
 Oracle: ``backends/reference/attention.py:attn_paged``.
 """
 
@@ -18,6 +23,8 @@ import triton
 import triton.language as tl
 
 from inferhal.core.ops.params import AttnBatch, AttnParams
+from inferhal.kernels import attn_split
+from inferhal.kernels.attn_split import online_block_t, range_split, split_start, store_partial
 from inferhal.kernels.common import dot_operand, interp, launch, query_span, round_to, softmax_out, tl_dtype
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
@@ -70,9 +77,46 @@ def attn_paged_kernel(q_ptr, kv_ptr, o_ptr, sink_ptr, bt_ptr, seq_ptr, pos_ptr, 
              mask=hm[:, None] & dm[None, :])
 
 
+@triton.jit
+def attn_paged_split_kernel(q_ptr, kv_ptr, acc_ptr, ml_ptr, bt_ptr, seq_ptr, pos_ptr, len_ptr, t0, REP, HG, D, BS,
+                            NSW, SPLIT, stride_qt, stride_qh, stride_cb, stride_cs, stride_ckv, stride_ch, stride_bt,
+                            stride_at, stride_as, stride_ah, stride_mt, stride_ms, scale, softcap, window,
+                            SHARED_KV: tl.constexpr, SOFTCAP: tl.constexpr, PREC: tl.constexpr,
+                            BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                            INTERP: tl.constexpr):
+    """``split``: program (head group, row, split) of token ``t0 + row``; head group ``g`` = query heads
+    ``[(g % HG) * BLOCK_H, ...)`` of KV head ``g // HG``; split ``s`` of the token's key range."""
+    row = tl.program_id(1).to(tl.int64)
+    t = t0 + row
+    hk = (tl.program_id(0) // HG).to(tl.int64)
+    hi = (tl.program_id(0) % HG) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hm = hi < REP
+    heads = hk * REP + hi
+    s = tl.program_id(2)
+    b, qpos, first, last = query_span(seq_ptr, pos_ptr, len_ptr, t, window)
+    d, dm, qt, m_i, l_i, acc = split_start(q_ptr, t, heads, hm, D, stride_qt, stride_qh, BLOCK_H, BLOCK_D, INTERP)
+    lo, hi_ = range_split(s, last - first, NSW, SPLIT, BLOCK_N)
+    for n0 in range(first + lo, first + hi_, BLOCK_N):
+        kpos = n0 + tl.arange(0, BLOCK_N)
+        ok = kpos < first + hi_
+        blk = tl.load(bt_ptr + b * stride_bt + kpos // BS, mask=ok, other=0).to(tl.int64)
+        base = kv_ptr + blk[:, None] * stride_cb + (kpos % BS)[:, None] * stride_cs + hk * stride_ch + d[None, :]
+        k = tl.load(base, mask=ok[:, None] & dm[None, :], other=0.0)
+        if SHARED_KV:
+            v = k
+        else:
+            v = tl.load(base + stride_ckv, mask=ok[:, None] & dm[None, :], other=0.0)
+        m_i, l_i, acc = online_block_t(qt, k, v, ok, m_i, l_i, acc, scale, softcap, SOFTCAP, PREC, INTERP)
+    store_partial(acc_ptr, ml_ptr, row, s, heads, hm, d, dm, m_i, l_i, acc, stride_at, stride_as, stride_ah,
+                  stride_mt, stride_ms)
+
+
 def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: AttnParams,
-               sinks: torch.Tensor | None = None, *, target: str | None = None) -> torch.Tensor:
-    """``attn.paged``: q[T, H, D] over kv_cache [NB, BS, 2, Hk, D] (or [NB, BS, Hk, D] with shared_kv)."""
+               sinks: torch.Tensor | None = None, *, target: str | None = None, decode: str = "split") -> torch.Tensor:
+    """``attn.paged``: q[T, H, D] over kv_cache [NB, BS, 2, Hk, D] (or [NB, BS, Hk, D] with shared_kv).
+    ``decode``: ``split`` (split-KV and a combine) or ``single`` (a program per token and KV head)."""
+    if decode not in attn_split.DECODES:
+        raise ValueError(f"attn.paged: decode={decode!r}; known: {', '.join(attn_split.DECODES)}")
     t, h, d = q.shape
     hk = p.num_kv_heads
     if h % hk:
@@ -91,12 +135,14 @@ def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: Att
     seq_of_token = torch.repeat_interleave(torch.arange(batch.num_seqs, device=q.device), counts)
     if seq_of_token.numel() != t:
         raise ValueError(f"attn.paged: query_start_loc covers {seq_of_token.numel()} tokens, q has {t}")
-    cfg = config("attn_paged", target)
     rep = h // hk
-    bh = max(16, next_pow2(rep))  # all query heads of one KV head in one tile (tl.dot needs M >= 16)
     bt = batch.block_table.contiguous()
     stride_ckv = 0 if p.shared_kv else kv_cache.stride(2)
     stride_ch = kv_cache.stride(-2)
+    if decode == "split":
+        return _split(q, kv_cache, batch, p, sinks, target, out, seq_of_token, bt, stride_ckv, stride_ch)
+    cfg = config("attn_paged", target)
+    bh = max(16, next_pow2(rep))  # all query heads of one KV head in one tile (tl.dot needs M >= 16)
     launch(attn_paged_kernel, (t, hk),
         q, kv_cache, out, sinks.float().contiguous() if sinks is not None else q, bt, seq_of_token.contiguous(),
         batch.positions.contiguous(), batch.seq_lens.contiguous(), rep, d, kv_cache.shape[1], q.stride(0), q.stride(1),
@@ -105,4 +151,27 @@ def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: Att
         SHARED_KV=p.shared_kv, HAS_SINKS=sinks is not None, SOFTCAP=p.softcap > 0, DTYPE=tl_dtype(q.dtype),
         PREC="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_H=bh, BLOCK_N=cfg["BLOCK_N"],
         BLOCK_D=max(16, next_pow2(d)), INTERP=interp(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return out
+
+
+def _split(q, kv_cache, batch, p, sinks, target, out, seq_of_token, bt, stride_ckv, stride_ch):
+    t, h, d = q.shape
+    hk = p.num_kv_heads
+    rep = h // hk
+    cfg = config("attn_paged_split", target)
+    sp = attn_split.plan(t, h, d, cfg, window=int(p.window), reach=bt.shape[1] * kv_cache.shape[1], kv_heads=hk)
+    acc, ml = attn_split.partials(sp.chunk, sp.num_splits, h, d, q.device)
+    dtype, intp = tl_dtype(q.dtype), interp()
+    sink_arg = sinks.float().contiguous() if sinks is not None else None
+    for t0 in range(0, t, sp.chunk):
+        rows = min(sp.chunk, t - t0)
+        launch(attn_paged_split_kernel, sp.grid(rows),
+            q, kv_cache, acc, ml, bt, seq_of_token.contiguous(), batch.positions.contiguous(),
+            batch.seq_lens.contiguous(), t0, rep, sp.groups // hk, d, kv_cache.shape[1], sp.nsw, cfg["SPLIT"],
+            q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), stride_ckv, stride_ch, bt.stride(0),
+            *attn_split.partial_strides(acc, ml), float(p.scale), float(p.softcap), int(p.window),
+            SHARED_KV=p.shared_kv, SOFTCAP=p.softcap > 0, PREC="ieee" if q.dtype == torch.float32 else "tf32",
+            BLOCK_H=sp.block_h, BLOCK_N=cfg["BLOCK_N"], BLOCK_D=max(16, next_pow2(d)), INTERP=intp,
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        attn_split.combine(acc, ml, out, t0, rows, sink_arg, dtype, config("attn_combine", target), intp)
     return out

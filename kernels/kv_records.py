@@ -49,6 +49,15 @@ def _e2m1_value(c):
 
 
 @triton.jit
+def _e2m1_bits(c):
+    """e2m1 code (int32 0..15) → fp32 built from its bits: magnitude code x = 2e + m is 2**(e-1) (1 + m/2) =
+    the float with bits (x << 22) + (126 << 23) for x >= 2, and x / 2 for the zero and subnormal codes."""
+    x = c & 7
+    v = tl.where(x >= 2, ((x << 22) + (126 << 23)).to(tl.float32, bitcast=True), x.to(tl.float32) * 0.5)
+    return tl.where((c & 8) != 0, -v, v)
+
+
+@triton.jit
 def _e4m3_value(b):
     """e4m3 byte (int32 0..255) → fp32 (no NaN: 0x7F / 0xFF are never written)."""
     e = (b >> 3) & 15
@@ -96,6 +105,53 @@ def load_records(c_ptr, row, ok, d, D, CODE: tl.constexpr, SCALE: tl.constexpr, 
 
 
 @triton.jit
+def decode_tile(c_ptr, row, ok, D, DTYPE: tl.constexpr, CODE: tl.constexpr, SCALE: tl.constexpr,
+                BLOCK: tl.constexpr, CODED: tl.constexpr, RAW_AT: tl.constexpr, SCALES_AT: tl.constexpr,
+                BLOCK_D: tl.constexpr, GROUP: tl.constexpr, ALIGN: tl.constexpr):
+    """The records at byte offsets ``row [N]`` decoded into ``[N, BLOCK_D]`` of ``DTYPE`` (zeros where not
+    ``ok`` or past ``D``): the same values as :func:`load_records`, with fewer live registers for the wide
+    tiles of the split-KV kernels. Channels are handled as ``[N, BLOCK_D // GROUP, GROUP]`` with one scale
+    load per (record, group) (``GROUP`` = min(scale block, BLOCK_D)); e4m3 codes go through the hardware's
+    conversion from bytes loaded ``ALIGN``-wide (every row offset is a multiple of ``ALIGN``), an e2m1 channel
+    reads its byte's nibble and builds the float from the bits (joining the two nibbles of a byte instead
+    spilled 1.4-2.9 KB on sm_90a/sm_100a), the RoPE channels are loaded as bf16. A code times its
+    ue8m0 / e4m3 scale is exact in bf16 (at most 4 + 4 significant bits), so ``DTYPE`` bf16 rounds nothing
+    for main records."""
+    N: tl.constexpr = row.shape[0]
+    G: tl.constexpr = BLOCK_D // GROUP
+    row = tl.multiple_of(row, ALIGN)
+    g = tl.arange(0, G)[None, :, None]
+    okr = ok[:, None, None]
+    dd = g * GROUP + tl.arange(0, GROUP)[None, None, :]  # [1, G, GROUP] channel
+    base = c_ptr + row[:, None, None]
+    if CODE == 0:  # e4m3 bytes
+        v = tl.load(c_ptr.to(tl.pointer_type(tl.float8e4nv)) + row[:, None, None] + dd, mask=okr & (dd < CODED),
+                    other=0.0).to(tl.float32)
+    else:  # e2m1: byte i holds channels 2i (low nibble) and 2i + 1
+        b = tl.load(base + dd // 2, mask=okr & (dd < CODED), other=0).to(tl.int32)
+        v = _e2m1_bits((b >> ((dd & 1) * 4)) & 15)
+    si = (g * GROUP) // BLOCK  # [1, G, 1]
+    sm = okr & (g * GROUP < CODED)
+    if SCALE == 0:
+        sb = tl.load(base + SCALES_AT + si, mask=sm, other=0).to(tl.int32)
+        scale = tl.where(sb == 0, 0.0, (sb << 23).to(tl.float32, bitcast=True))
+    elif SCALE == 1:
+        bits = tl.load(base + SCALES_AT + 4 * si, mask=sm, other=0).to(tl.int32)
+        for k in tl.static_range(1, 4):
+            bits = bits | (tl.load(base + SCALES_AT + 4 * si + k, mask=sm, other=0).to(tl.int32) << (8 * k))
+        scale = bits.to(tl.float32, bitcast=True)
+    else:
+        scale = tl.load(c_ptr.to(tl.pointer_type(tl.float8e4nv)) + row[:, None, None] + SCALES_AT + si, mask=sm,
+                        other=0.0).to(tl.float32)
+    v = v * scale
+    if CODED < D:  # the RoPE channels, bf16 at an even byte offset
+        raw = tl.load(c_ptr.to(tl.pointer_type(tl.bfloat16)) + (row[:, None, None] + RAW_AT) // 2 + (dd - CODED),
+                      mask=okr & (dd >= CODED) & (dd < D), other=0.0).to(tl.float32)
+        v = tl.where(dd < CODED, v, raw)
+    return tl.reshape(v, (N, BLOCK_D)).to(DTYPE)
+
+
+@triton.jit
 def record_row_scale(c_ptr, row, ok, SCALES_AT: tl.constexpr):
     """The fp32 scale of each record at ``row`` whose coded channels form one block (FP8 indexer keys of
     at most 128 channels): a product with the unscaled codes times this equals the product with the values."""
@@ -111,6 +167,21 @@ def record_args(fmt) -> dict:
         return {"RECORD": False, "CODE": 0, "SCALE": 0, "RBLOCK": 1, "CODED": 0, "RAW_AT": 0, "SCALES_AT": 0}
     return {"RECORD": True, "CODE": CODES[fmt.code], "SCALE": SCALES[fmt.scale], "RBLOCK": fmt.block,
             "CODED": fmt.coded, "RAW_AT": fmt.raw_at, "SCALES_AT": fmt.scales_at}
+
+
+def tile_args(fmt, block_d: int, cache: torch.Tensor | None = None) -> dict:
+    """The constexprs :func:`decode_tile` takes beyond :func:`record_args`: ``GROUP`` and ``ALIGN`` (the
+    largest power of two up to 16 dividing the cache's strides and byte offset; 8 without a cache)."""
+    if fmt is None:
+        return {"GROUP": 16, "ALIGN": 1}
+    align = 8
+    if cache is not None:
+        import math
+
+        align = math.gcd(16, cache.stride(0), cache.stride(1), cache.data_ptr() % 16 or 16)
+    if fmt.raw_dims and (align % 2 or fmt.raw_at % 2):
+        raise ValueError(f"{fmt.name} records: the bf16 RoPE channels must start at an even byte")
+    return {"GROUP": min(fmt.block, block_d), "ALIGN": align}
 
 
 @triton.jit
@@ -177,15 +248,21 @@ def kv_record_write_kernel(v_ptr, c_ptr, slot_ptr, BS, stride_v, stride_cb, stri
 @triton.jit
 def kv_record_decode_kernel(c_ptr, row_ptr, o_ptr, D, BS, stride_cb, stride_co, stride_o,
                             CODE: tl.constexpr, SCALE: tl.constexpr, RBLOCK: tl.constexpr, CODED: tl.constexpr,
-                            RAW_AT: tl.constexpr, SCALES_AT: tl.constexpr, BLOCK_D: tl.constexpr):
-    """One record per program, through :func:`load_records` (the attention kernels' tile decoder)."""
+                            RAW_AT: tl.constexpr, SCALES_AT: tl.constexpr, BLOCK_D: tl.constexpr,
+                            TILE: tl.constexpr = False, GROUP: tl.constexpr = 16, ALIGN: tl.constexpr = 1):
+    """One record per program, through the attention kernels' tile decoder: :func:`load_records`, or
+    :func:`decode_tile` (``TILE``)."""
     r = tl.program_id(0).to(tl.int64)
     flat = tl.load(row_ptr + r + tl.zeros((1,), tl.int64))  # [1]
     ok = flat >= 0  # no entry: zeros, as a zero record decodes
     safe = tl.maximum(flat, 0)
     d = tl.arange(0, BLOCK_D)
-    v = load_records(c_ptr, (safe // BS) * stride_cb + (safe % BS) * stride_co, ok, d, D, CODE, SCALE, RBLOCK,
-                     CODED, RAW_AT, SCALES_AT)  # [1, BLOCK_D]
+    row = (safe // BS) * stride_cb + (safe % BS) * stride_co
+    if TILE:
+        v = decode_tile(c_ptr, row, ok, D, tl.float32, CODE, SCALE, RBLOCK, CODED, RAW_AT, SCALES_AT, BLOCK_D, GROUP,
+                        ALIGN)
+    else:
+        v = load_records(c_ptr, row, ok, d, D, CODE, SCALE, RBLOCK, CODED, RAW_AT, SCALES_AT)  # [1, BLOCK_D]
     tl.store(o_ptr + r * stride_o + d[None, :], v, mask=(d < D)[None, :])
 
 
@@ -230,9 +307,10 @@ def kv_write_record(values: torch.Tensor, cache: torch.Tensor, slot_mapping: tor
                                  INTERP=interp(), num_warps=cfg["num_warps"])
 
 
-def decode_rows(cache: torch.Tensor, flat: torch.Tensor, fmt, *, target: str | None = None) -> torch.Tensor:
+def decode_rows(cache: torch.Tensor, flat: torch.Tensor, fmt, *, target: str | None = None,
+                tile: bool = False) -> torch.Tensor:
     """fp32 ``[N, dims]``: the records at flat slots ``flat [N]`` (block * BS + offset; -1 → zeros) of
-    ``cache uint8 [NB, BS, nbytes]``, decoded."""
+    ``cache uint8 [NB, BS, nbytes]``, decoded by :func:`load_records` (or :func:`decode_tile` with ``tile``)."""
     check_record_cache(cache, fmt, "kv records")
     n = flat.numel()
     out = torch.empty(n, fmt.dims, dtype=torch.float32, device=cache.device)
@@ -240,5 +318,7 @@ def decode_rows(cache: torch.Tensor, flat: torch.Tensor, fmt, *, target: str | N
         cfg = config("kv_write", target)
         kv_record_decode_kernel[(n,)](cache, flat.reshape(-1).to(torch.int64).contiguous(), out, fmt.dims,
                                       cache.shape[1], cache.stride(0), cache.stride(1), out.stride(0),
-                                      **decode_constexprs(fmt), num_warps=cfg["num_warps"])
+                                      **decode_constexprs(fmt), TILE=tile,
+                                      **tile_args(fmt, decode_constexprs(fmt)["BLOCK_D"], cache),
+                                      num_warps=cfg["num_warps"])
     return out

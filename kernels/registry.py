@@ -100,6 +100,7 @@ def _specs() -> list[KernelSpec]:
     out.extend(_gemm_specs())
     out.extend(_dense_specs())
     out.extend(_kv_record_specs({k.name: k for k in out}))
+    out.extend(_split_specs())
     out.append(KernelSpec("sample_mask", "sample.mask", "inferhal.kernels.sample_mask:sample_mask_kernel", "sample_mask",
                           {"l_ptr": "*fp32", "m_ptr": "*i32", "row_ptr": "*i64"}, (),
                           lambda cfg: {"BLOCK_V": cfg["BLOCK_V"]}))
@@ -112,10 +113,10 @@ def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:
 
     def cx(fmt, write: bool):
         def make(cfg):
-            from inferhal.kernels.kv_records import _constexprs, decode_constexprs
+            from inferhal.kernels.kv_records import _constexprs, decode_constexprs, tile_args
 
-            if not write:
-                return decode_constexprs(fmt)
+            if not write:  # load_records, the decoder of the one-program-per-token attention kernels
+                return {**decode_constexprs(fmt), "TILE": False, **tile_args(fmt, 512)}
             used = fmt.scales_at + fmt.num_scales * (4 if fmt.scale == "fp32" else 1)
             return {**_constexprs(fmt), "PAD_AT": used, "PAD": fmt.nbytes - used, "INTERP": False}
         return make
@@ -148,6 +149,51 @@ def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:
         out.append(KernelSpec(f"indexer_scores_{index.name}", base.op_id, base.fn, base.tuning,
                               {**base.ptrs, "k_ptr": "*u8"}, base.floats, reading(index, "indexer_scores"),
                               mma=True))
+    return out
+
+
+def _split_specs() -> list[KernelSpec]:
+    """Split-KV decode (kernels/attn_split.py) at V4-Flash decode shapes: CSA (128-token window + top-512, 64
+    heads on the 512-dim latent, sinks) in groups of BLOCK_H heads, bf16 and FP8 / FP4 records; the combine."""
+    from inferhal.core.paging import formats
+
+    bf16 = lambda: _tl().bfloat16  # noqa: E731
+    sparse = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "c_ptr": "*bf16", "idx_ptr": "*i64", "acc_ptr": "*fp32",
+              "ml_ptr": "*fp32", "bt_ptr": "*i32", "cbt_ptr": "*i32", "seq_ptr": "*i64", "pos_ptr": "*i64",
+              "len_ptr": "*i32", "clen_ptr": "*i32"}
+
+    def sparse_cx(fmt):
+        def make(cfg):
+            from inferhal.kernels.kv_records import record_args, tile_args
+
+            return {"HAS_COMP": True, "DTYPE": bf16(), "PREC": "tf32", "BLOCK_D": 512, "INTERP": False,
+                    **_blocks(cfg), **record_args(fmt), **tile_args(fmt, 512)}
+        return make
+
+    fn = "inferhal.kernels.sparse_attn:sparse_attn_split_kernel"
+    out = [KernelSpec("attn_sparse_topk_csa_split", "attn.sparse_topk", fn, "attn_sparse_split", sparse, ("scale",),
+                      sparse_cx(None), mma=True)]
+    for kv_dtype in ("fp8", "fp4"):
+        main = formats.record(kv_dtype, 512, 64, role="main")
+        out.append(KernelSpec(f"attn_sparse_topk_csa_split_{main.name}", "attn.sparse_topk", fn,
+                              "attn_sparse_split_records",
+                              {**sparse, "kv_ptr": "*u8", "c_ptr": "*u8"}, ("scale",), sparse_cx(main), mma=True))
+    paged = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "acc_ptr": "*fp32", "ml_ptr": "*fp32", "bt_ptr": "*i32",
+             "seq_ptr": "*i64", "pos_ptr": "*i64", "len_ptr": "*i32"}
+    fn = "inferhal.kernels.attn_paged:attn_paged_split_kernel"
+
+    def paged_cx(shared: bool, dim: int):
+        return lambda cfg: {"SHARED_KV": shared, "SOFTCAP": False, "PREC": "tf32", "BLOCK_D": dim, "INTERP": False,
+                            **_blocks(cfg)}
+
+    # V4's latent decode (64 heads on one shared 512-dim KV head) and Gemma 3's (GQA, K and V, 256 dims)
+    for name, shared, dim in (("attn_paged_latent_decode_split", True, 512), ("attn_paged_gqa_d256_split", False, 256)):
+        out.append(KernelSpec(name, "attn.paged", fn, "attn_paged_split", paged, ("scale", "softcap"),
+                              paged_cx(shared, dim), mma=True))
+    partial = {"acc_ptr": "*fp32", "ml_ptr": "*fp32", "o_ptr": "*bf16", "sink_ptr": "*fp32"}
+    out.append(KernelSpec("attn_split_combine", "attn.sparse_topk", "inferhal.kernels.attn_split:split_combine_kernel",
+                          "attn_combine", partial, (),
+                          lambda cfg: {"HAS_SINKS": True, "DTYPE": bf16(), "INTERP": False, **_blocks(cfg)}))
     return out
 
 

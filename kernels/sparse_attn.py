@@ -14,6 +14,14 @@ denominator only:
 Indices in one row are assumed distinct (topk.select and the HCA "all visible" list are): the oracle
 builds a set, this kernel would count a duplicate twice. Nothing depends on the other tokens of the
 batch (batch-invariant). P is cast to the KV dtype before the P.V dot, as in ``attn_paged``.
+Two kernels, selected by the wrapper's ``decode`` argument (the cuda_sm100 backend passes
+``backend.options.attn_decode``):
+
+- ``split`` (default): split-KV (:mod:`inferhal.kernels.attn_split`): a program per (token, group of
+  ``BLOCK_H`` heads, split); the window is one key range cut by the token's own key count, the top-k
+  row is cut every ``SPLIT`` entries; a combine kernel merges the partials and adds the sinks;
+- ``single``: one program per token holding all heads (kept to compare on a device).
+
 Oracle: ``backends/reference/deepseek.py:attn_sparse_topk``.
 """
 
@@ -24,8 +32,10 @@ import triton
 import triton.language as tl
 
 from inferhal.core.ops.params import AttnBatch, AttnParams
+from inferhal.kernels import attn_split
+from inferhal.kernels.attn_split import online_block_t, range_split, split_start, store_partial
 from inferhal.kernels.common import dot_operand, interp, launch, query_span, round_to, softmax_out, tl_dtype
-from inferhal.kernels.kv_records import check_record_cache, load_records, record_args
+from inferhal.kernels.kv_records import check_record_cache, decode_tile, load_records, record_args, tile_args
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
 
@@ -45,6 +55,22 @@ def _online_block(q, k, ok, m_i, l_i, acc, scale, PREC: tl.constexpr, INTERP: tl
 
 
 @triton.jit
+def _key_tile(ptr, blk, slot, stride_b, stride_s, ok, d, dm, D, DTYPE: tl.constexpr, RECORD: tl.constexpr,
+              CODE: tl.constexpr, SCALE: tl.constexpr, RBLOCK: tl.constexpr, CODED: tl.constexpr,
+              RAW_AT: tl.constexpr, SCALES_AT: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
+              ALIGN: tl.constexpr):
+    """Keys ``[BLOCK_N, BLOCK_D]`` at (block, slot) for the split kernel: a value cache's rows, or FP8/FP4
+    records through :func:`~inferhal.kernels.kv_records.decode_tile`; zeros where not ``ok``."""
+    if RECORD:
+        k = decode_tile(ptr, blk * stride_b + slot * stride_s, ok, D, DTYPE, CODE, SCALE, RBLOCK, CODED, RAW_AT,
+                        SCALES_AT, BLOCK_D, GROUP, ALIGN)
+    else:
+        k = tl.load(ptr + blk[:, None] * stride_b + slot[:, None] * stride_s + d[None, :],
+                    mask=ok[:, None] & dm[None, :], other=0.0)
+    return k
+
+
+@triton.jit
 def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, cbt_ptr, seq_ptr, pos_ptr, len_ptr,
                        clen_ptr, H, D, BS, CBS, NK, RATIO, stride_qt, stride_qh, stride_ot, stride_oh, stride_kb,
                        stride_ks, stride_cb, stride_cs, stride_it, stride_bt, stride_cbt, scale, window,
@@ -53,6 +79,7 @@ def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, c
                        RECORD: tl.constexpr = False, CODE: tl.constexpr = 0, SCALE: tl.constexpr = 0,
                        RBLOCK: tl.constexpr = 1, CODED: tl.constexpr = 0, RAW_AT: tl.constexpr = 0,
                        SCALES_AT: tl.constexpr = 0):
+    """``single``: one program per token, all heads as the M side of ``tl.dot``."""
     t = tl.program_id(0).to(tl.int64)
     b, qpos, first, last = query_span(seq_ptr, pos_ptr, len_ptr, t, window)
     h = tl.arange(0, BLOCK_H)
@@ -94,10 +121,59 @@ def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, c
              mask=hm[:, None] & dm[None, :])
 
 
+@triton.jit
+def sparse_attn_split_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, acc_ptr, ml_ptr, bt_ptr, cbt_ptr, seq_ptr, pos_ptr,
+                             len_ptr, clen_ptr, t0, H, D, BS, CBS, NK, RATIO, NSW, WS, SPLIT, stride_qt, stride_qh,
+                             stride_kb, stride_ks, stride_cb, stride_cs, stride_it, stride_bt, stride_cbt, stride_at,
+                             stride_as, stride_ah, stride_mt, stride_ms, scale, window,
+                             HAS_COMP: tl.constexpr, DTYPE: tl.constexpr, PREC: tl.constexpr, BLOCK_H: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INTERP: tl.constexpr,
+                             RECORD: tl.constexpr = False, CODE: tl.constexpr = 0, SCALE: tl.constexpr = 0,
+                             RBLOCK: tl.constexpr = 1, CODED: tl.constexpr = 0, RAW_AT: tl.constexpr = 0,
+                             SCALES_AT: tl.constexpr = 0, GROUP: tl.constexpr = 16, ALIGN: tl.constexpr = 1):
+    """``split``: program (head group, row, split) of token ``t0 + row``. Splits ``s < WS`` cut the window
+    range (``NSW`` the constant of :func:`~inferhal.kernels.attn_split.range_split`), the next ones the
+    top-k row every ``SPLIT`` entries."""
+    row = tl.program_id(1).to(tl.int64)
+    t = t0 + row
+    s = tl.program_id(2)
+    b, qpos, first, last = query_span(seq_ptr, pos_ptr, len_ptr, t, window)
+    heads = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)
+    hm = heads < H
+    d, dm, qt, m_i, l_i, acc = split_start(q_ptr, t, heads, hm, D, stride_qt, stride_qh, BLOCK_H, BLOCK_D, INTERP)
+    j = tl.arange(0, BLOCK_N)
+    if s < WS:  # 1. a split of the sliding window
+        lo, hi = range_split(s, last - first, NSW, SPLIT, BLOCK_N)
+        for n0 in range(first + lo, first + hi, BLOCK_N):
+            kpos = n0 + j
+            ok = kpos < first + hi
+            blk = tl.load(bt_ptr + b * stride_bt + kpos // BS, mask=ok, other=0).to(tl.int64)
+            k = _key_tile(kv_ptr, blk, kpos % BS, stride_kb, stride_ks, ok, d, dm, D, DTYPE, RECORD, CODE, SCALE,
+                          RBLOCK, CODED, RAW_AT, SCALES_AT, BLOCK_D, GROUP, ALIGN)
+            m_i, l_i, acc = online_block_t(qt, k, k, ok, m_i, l_i, acc, scale, 0.0, False, PREC, INTERP)
+    elif HAS_COMP:  # 2. SPLIT entries of the top-k row
+        n_vis = tl.minimum(tl.load(clen_ptr + b).to(tl.int32), (qpos + 1) // RATIO)
+        i_lo = (s - WS) * SPLIT
+        i_hi = tl.minimum(i_lo + SPLIT, NK)
+        for i0 in range(i_lo, i_hi, BLOCK_N):
+            e = tl.load(idx_ptr + t * stride_it + i0 + j, mask=i0 + j < i_hi, other=-1).to(tl.int32)
+            ok = (e >= 0) & (e < n_vis)
+            blk = tl.load(cbt_ptr + b * stride_cbt + e // CBS, mask=ok, other=0).to(tl.int64)
+            k = _key_tile(c_ptr, blk, e % CBS, stride_cb, stride_cs, ok, d, dm, D, DTYPE, RECORD, CODE, SCALE,
+                          RBLOCK, CODED, RAW_AT, SCALES_AT, BLOCK_D, GROUP, ALIGN)
+            m_i, l_i, acc = online_block_t(qt, k, k, ok, m_i, l_i, acc, scale, 0.0, False, PREC, INTERP)
+    store_partial(acc_ptr, ml_ptr, row, s, heads, hm, d, dm, m_i, l_i, acc, stride_at, stride_as, stride_ah,
+                  stride_mt, stride_ms)
+
+
 def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, comp_cache: torch.Tensor | None,
                      comp_batch: AttnBatch | None, topk_idx: torch.Tensor | None, p: AttnParams,
-                     sinks: torch.Tensor | None = None, *, target: str | None = None) -> torch.Tensor:
-    """``attn.sparse_topk``: q[T, H, D] over kv_cache[NB, BS, D] and comp_cache[NB', BS', D] entries topk_idx[T, K]."""
+                     sinks: torch.Tensor | None = None, *, target: str | None = None,
+                     decode: str = "split") -> torch.Tensor:
+    """``attn.sparse_topk``: q[T, H, D] over kv_cache[NB, BS, D] and comp_cache[NB', BS', D] entries topk_idx[T, K].
+    ``decode``: ``split`` (split-KV and a combine) or ``single`` (one program per token)."""
+    if decode not in attn_split.DECODES:
+        raise ValueError(f"attn.sparse_topk: decode={decode!r}; known: {', '.join(attn_split.DECODES)}")
     if q.dim() != 3:
         raise ValueError(f"attn.sparse_topk: q must be [T, H, D], got shape {tuple(q.shape)}")
     t, h, d = q.shape
@@ -130,7 +206,6 @@ def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, 
     seq_of_token = torch.repeat_interleave(torch.arange(batch.num_seqs, device=q.device), qsl[1:] - qsl[:-1])
     if seq_of_token.numel() != t:
         raise ValueError(f"attn.sparse_topk: query_start_loc covers {seq_of_token.numel()} tokens, q has {t}")
-    cfg = config("attn_sparse", target)
     bt = batch.block_table.contiguous()
     if has_comp:
         idx = topk_idx.contiguous()
@@ -139,13 +214,34 @@ def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, 
     else:
         idx, cbt, clen, cc = bt, bt, batch.seq_lens, kv_cache  # unused placeholders
         c_args = (1, 0, 1)
-    launch(sparse_attn_kernel, (t,),
-        q, kv_cache, cc, idx, out, sinks.float().contiguous() if sinks is not None else q, bt, cbt, seq_of_token,
-        batch.positions.contiguous(), batch.seq_lens.contiguous(), clen, h, d, kv_cache.shape[1], *c_args,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1),
-        cc.stride(0), cc.stride(1), idx.stride(0), bt.stride(0), cbt.stride(0), float(p.scale), int(p.window),
-        HAS_COMP=has_comp, HAS_SINKS=sinks is not None, DTYPE=tl_dtype(q.dtype),
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_H=max(16, next_pow2(h)), BLOCK_N=cfg["BLOCK_N"],
-        BLOCK_D=max(16, next_pow2(d)), INTERP=interp(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **record_args(fmt))
+    sink_arg = sinks.float().contiguous() if sinks is not None else None
+    common = dict(DTYPE=tl_dtype(q.dtype), PREC="ieee" if q.dtype == torch.float32 else "tf32",
+                  BLOCK_D=max(16, next_pow2(d)), INTERP=interp(), **record_args(fmt))
+    ptrs = (bt, cbt, seq_of_token, batch.positions.contiguous(), batch.seq_lens.contiguous(), clen)
+    if decode == "single":
+        cfg = config("attn_sparse", target)
+        launch(sparse_attn_kernel, (t,),
+            q, kv_cache, cc, idx, out, sink_arg if sinks is not None else q, *ptrs, h, d, kv_cache.shape[1], *c_args,
+            q.stride(0), q.stride(1), out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1),
+            cc.stride(0), cc.stride(1), idx.stride(0), bt.stride(0), cbt.stride(0), float(p.scale), int(p.window),
+            HAS_COMP=has_comp, HAS_SINKS=sinks is not None, BLOCK_H=max(16, next_pow2(h)), BLOCK_N=cfg["BLOCK_N"],
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
+        return out
+    cfg = config("attn_sparse_split" if fmt is None else "attn_sparse_split_records", target)
+    split_tile = tile_args(fmt, common["BLOCK_D"], kv_cache)
+    if has_comp and fmt is not None:
+        split_tile["ALIGN"] = min(split_tile["ALIGN"], tile_args(fmt, common["BLOCK_D"], cc)["ALIGN"])
+    sp = attn_split.plan(t, h, d, cfg, window=int(p.window), reach=bt.shape[1] * kv_cache.shape[1],
+                         list_len=c_args[1] if has_comp else 0)
+    acc, ml = attn_split.partials(sp.chunk, sp.num_splits, h, d, q.device)
+    for t0 in range(0, t, sp.chunk):
+        rows = min(sp.chunk, t - t0)
+        launch(sparse_attn_split_kernel, sp.grid(rows),
+            q, kv_cache, cc, idx, acc, ml, *ptrs, t0, h, d, kv_cache.shape[1], *c_args, sp.nsw, sp.ws, cfg["SPLIT"],
+            q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), cc.stride(0), cc.stride(1),
+            idx.stride(0), bt.stride(0), cbt.stride(0), *attn_split.partial_strides(acc, ml), float(p.scale),
+            int(p.window), HAS_COMP=has_comp, BLOCK_H=sp.block_h, BLOCK_N=cfg["BLOCK_N"],
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common, **split_tile)
+        attn_split.combine(acc, ml, out, t0, rows, sink_arg, common["DTYPE"], config("attn_combine", target),
+                           common["INTERP"])
     return out

@@ -21,6 +21,28 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
+#: the attention decode kernels the attn.paged / attn.sparse_topk wrappers select with ``decode=``
+#: (``backend.options.attn_decode`` on cuda_sm100): split-KV with a combine (kernels/attn_split.py), or the
+#: one program per token (and KV head) they replace
+DECODES = ("split", "single")
+
+# split-KV decode (kernels/attn_split.py), the same on Hopper and Blackwell (listed in both tables below):
+# BLOCK_H heads per program (the N side of the swap-AB dots), SPLIT keys per split, a key range cut into at most
+# MAX_SPLITS splits (more keys: longer splits). From `inferhal kernels compile` (compiled only): 16-head groups at
+# 4 warps hold the [512, 16] fp32 accumulator unspilled (sm_90a 225 registers, sm_100a 160); 32 or 64 heads
+# spilled 16-80 B on one of them, 64-key tiles 600-1,200 B; FP8 / FP4 records need 16-key tiles.
+_SPLIT_KV = {
+    "attn_sparse_split": {"BLOCK_H": 16, "BLOCK_N": 32, "SPLIT": 128, "MAX_SPLITS": 16, "num_warps": 4,
+                          "num_stages": 2},
+    "attn_sparse_split_records": {"BLOCK_H": 16, "BLOCK_N": 16, "SPLIT": 128, "MAX_SPLITS": 16, "num_warps": 4,
+                                  "num_stages": 2},
+    # a 4K context in 8 splits of 512 keys: 512 programs at B=16 for 64 heads, 32 KB of partials per 512 KB read
+    "attn_paged_split": {"BLOCK_H": 16, "BLOCK_N": 32, "SPLIT": 256, "MAX_SPLITS": 8, "num_warps": 4,
+                         "num_stages": 2},
+    # the log-sum-exp merge of the splits: one program per (token, BLOCK_H heads, BLOCK_D channels)
+    "attn_combine": {"BLOCK_H": 16, "BLOCK_D": 128, "num_warps": 4, "num_stages": 1},
+}
+
 _DEFAULT: dict[str, dict[str, Any]] = {
     "norm_rms": {"num_warps": 4},
     "rope": {"num_warps": 1},
@@ -51,6 +73,7 @@ _DEFAULT: dict[str, dict[str, Any]] = {
     "indexer_scores": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
     "attn_sparse": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
     "attn_compress": {"BLOCK_C": 64, "num_warps": 4},
+    **_SPLIT_KV,
 }
 
 TUNING: dict[str, dict[str, dict[str, Any]]] = {
@@ -72,6 +95,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "attn_sparse": {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
         # HCA pools 128 tokens x BLOCK_C channels (kv and gate) in registers: 8 warps keep it unspilled
         "attn_compress": {"BLOCK_C": 32, "num_warps": 8},
+        **_SPLIT_KV,
     },
     "cuda_sm90": {
         "moe_gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
@@ -80,6 +104,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
         "gemm_fp8": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
         "attn_paged": {"BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 4, "num_stages": 2},
+        **_SPLIT_KV,
     },
     "ascend950": {},  # the Ascend backend fills this (or register_target) with triton-ascend tiles
     # the interpreter runs one numpy "program" at a time: small grids of big tiles are fastest there,
@@ -97,6 +122,14 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "topk_select": {"BLOCK_S": 64, "BLOCK_SORT": 256, "num_warps": 4},
         "indexer_scores": {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
         "attn_sparse": {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+        # splits of 16 keys (at most 4 to a range) so that the tests' short contexts cross split edges
+        "attn_sparse_split": {"BLOCK_H": 16, "BLOCK_N": 16, "SPLIT": 16, "MAX_SPLITS": 4, "num_warps": 4,
+                              "num_stages": 1},
+        "attn_sparse_split_records": {"BLOCK_H": 16, "BLOCK_N": 16, "SPLIT": 16, "MAX_SPLITS": 4, "num_warps": 4,
+                                      "num_stages": 1},
+        "attn_paged_split": {"BLOCK_H": 16, "BLOCK_N": 16, "SPLIT": 16, "MAX_SPLITS": 4, "num_warps": 4,
+                             "num_stages": 1},
+        "attn_combine": {"BLOCK_H": 16, "BLOCK_D": 512, "num_warps": 4, "num_stages": 1},
         "attn_compress": {"BLOCK_C": 32, "num_warps": 4},
         "mhc_pre": {"BLOCK_K": 64, "num_warps": 4},
         "mhc_post": {"BLOCK_D": 64, "num_warps": 4},

@@ -38,6 +38,31 @@ KERNEL_OPS: dict[str, str] = {
     "moe.combine": "inferhal.kernels.moe_ep:moe_combine",
 }
 
+#: ``backend.options`` cuda_sm100 reads, with their meaning
+OPTIONS = {
+    "attn_decode": "split (default): attn.paged and attn.sparse_topk run split-KV kernels, a program per (token, "
+                   "16-head group, split of the token's own keys) and a log-sum-exp combine (kernels/attn_split.py); "
+                   "single: the earlier program per token (and KV head), kept to compare on a device",
+}
+#: the ops ``attn_decode`` selects the kernel of
+DECODE_OPS = ("attn.paged", "attn.sparse_topk")
+
+
+def check_options(options) -> dict:
+    """``backend.options`` as cuda_sm100 reads them: an unknown key or value is a UserError naming it."""
+    from inferhal.core.errors import UserError
+    from inferhal.kernels.tuning import DECODES  # data: importing it defines no kernel
+
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        known = "; ".join(f"{k}: {v}" for k, v in OPTIONS.items())
+        raise UserError(f"backend.options: unknown option(s) {unknown} for the cuda_sm100 backend; known: {known}")
+    decode = str(options.get("attn_decode", "split"))
+    if decode not in DECODES:
+        raise UserError(f"backend.options.attn_decode={decode!r} is not one of {', '.join(DECODES)}")
+    return {"attn_decode": decode}
+
+
 def _bi(why: str):
     from inferhal.core.ops.invariance import BatchInvariance
 
@@ -64,8 +89,11 @@ BATCH_INVARIANCE: dict = {
                   "stream keyed by the row's seed and step; a row with neither seed nor generator draws its "
                   "key from torch's default generator (deterministic=true gives every request a seed)"),
     "sample.mask": _bi("elementwise per (row, vocabulary tile): no reduction"),
-    "attn.paged": _bi("one program per (token, KV head) over its own keys in fixed BLOCK_N blocks aligned to "
-                      "absolute positions: no split over the context, nothing from other sequences"),
+    "attn.paged": _bi("split (default): a program per (token, head group, split) over its own key range cut "
+                      "at lengths from the token's own key count and constants of the layer, the splits merged in "
+                      "split order (empty ones add exact zeros), tokens launched in chunks sized from the "
+                      "partials' bytes; single: one program per (token, KV head) over its own keys in fixed "
+                      "BLOCK_N blocks aligned to absolute positions; nothing from other sequences"),
     "moe.route": _bi("fixed BLOCK_T rows per program, per-row scoring and top-k (ties by lower id)"),
     "moe.experts": _bi(_GEMM + "; a pair's row never mixes with the other rows of its expert tile; the K "
                        "choices of a token added in order k = 0..K-1 (elementwise adds)"),
@@ -77,8 +105,10 @@ BATCH_INVARIANCE: dict = {
     "attn.compress": _bi("one program per compressed entry of its own sequence, fixed BLOCK_C channel tiles"),
     "indexer.scores": _bi("one program per (token, BLOCK_N entries of its own sequence); output columns past "
                           "the row's own entries are -inf padding to the batch's widest row"),
-    "attn.sparse_topk": _bi("one program per token over its window and its selected entries in fixed "
-                            "BLOCK_N blocks"),
+    "attn.sparse_topk": _bi("split (default): a program per (token, head group, split): the window cut at "
+                            "lengths from the token's own key count, its top-k row every SPLIT entries, merged "
+                            "in split order (empty splits add exact zeros); single: one program per token over "
+                            "its window and its selected entries in fixed BLOCK_N blocks"),
     "moe.dispatch": _bi("integer bookkeeping (counts, prefix sums) and row copies: no arithmetic on values"),
     "moe.combine": _bi("per token, its K choices summed in order k = 0..K-1 in fp32, rounded once"),
 }
@@ -90,16 +120,18 @@ DEGRADED: dict[str, dict[str, str]] = {
 }
 
 
-def provide(level, target: str) -> dict:
+def provide(level, target: str, options=None) -> dict:
     import importlib
 
     from inferhal.core.ops.table import OpImpl
 
+    decode = check_options(options or {})["attn_decode"]
     out = {}
     for op_id, path in KERNEL_OPS.items():
         mod, fn = path.split(":")
-        impl = functools.partial(getattr(importlib.import_module(mod), fn), target=target)
-        note = f"triton kernel {path} (tuning: {target})"
+        kw = {"decode": decode} if op_id in DECODE_OPS else {}
+        impl = functools.partial(getattr(importlib.import_module(mod), fn), target=target, **kw)
+        note = f"triton kernel {path} (tuning: {target}" + (f"; decode: {decode})" if kw else ")")
         if op_id in DEGRADED.get(target, {}):
             note += f"; degraded: {DEGRADED[target][op_id]}"
         out[op_id] = OpImpl(impl, level, note)

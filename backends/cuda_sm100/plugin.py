@@ -19,9 +19,10 @@ def inferhal_probe(config):
 
 @hookimpl
 def inferhal_device_profile(config):
-    from inferhal.backends.cuda_sm100 import device
+    from inferhal.backends.cuda_sm100 import device, ops
     from inferhal.kernels.runtime import use_interpreter
 
+    ops.check_options(config.options)
     use_interpreter(bool(config.interpret))  # before any kernel module is imported (raises on a mix)
     if config.interpret:
         return device.interpreter_profile()
@@ -56,10 +57,10 @@ def inferhal_op_batch_invariance():
 
 
 @hookimpl
-def inferhal_provide_ops(profile):
+def inferhal_provide_ops(profile, config):
     from inferhal.backends.cuda_sm100 import ops
 
-    return ops.provide(profile.exec_level, profile.extra.get("kernel_target", "cuda_sm100"))
+    return ops.provide(profile.exec_level, profile.extra.get("kernel_target", "cuda_sm100"), config.options)
 
 
 @hookimpl

@@ -3,7 +3,8 @@
 Tolerance: fp32 runs are exact up to the online softmax's re-association (1e-5). In bf16 the kernel
 rounds P to bf16 before the P·V dot (what the tensor cores take) while the oracle keeps P in fp32:
 each output is sum_s p_s v_s with sum p_s <= 1, so that costs at most 2**-8 * max|v|, plus the output's
-own bf16 rounding: two roundings at the scale of max|v|.
+own bf16 rounding: two roundings at the scale of max|v|. Both kernels: split-KV (the default) and one
+program per (token, KV head) (``decode="single"``).
 """
 
 import pytest
@@ -42,7 +43,8 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attn_paged_matches_reference(case, dtype, close):
+@pytest.mark.parametrize("decode", ["split", "single"])
+def test_attn_paged_matches_reference(case, dtype, decode, close):
     ctx, new, h, hk, d, shared, window, with_sinks, softcap = case
     g = torch.Generator().manual_seed(sum(ctx) + h + d)
     bs, nb = 8, 24
@@ -52,7 +54,7 @@ def test_attn_paged_matches_reference(case, dtype, close):
     q = torch.randn(sum(new), h, d, generator=g).to(dtype)
     sinks = torch.randn(h, generator=g) if with_sinks else None
     p = AttnParams(scale=d**-0.5, num_kv_heads=hk, window=window, softcap=softcap, shared_kv=shared)
-    out, ref = attn_paged(q, cache, batch, p, sinks), ref_attn(q, cache, batch, p, sinks)
+    out, ref = attn_paged(q, cache, batch, p, sinks, decode=decode), ref_attn(q, cache, batch, p, sinks)
     vmax = float(cache.float().abs().max())
     close(out, ref, links=2 if dtype == torch.bfloat16 else 1, scale=vmax, name="attn.paged")
 
@@ -62,3 +64,6 @@ def test_attn_paged_rejects_bad_heads():
     batch = make_batch([4], [1], 4, 2, g)
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         attn_paged(torch.randn(1, 3, 8), torch.randn(2, 4, 2, 2, 8), batch, AttnParams(scale=1.0, num_kv_heads=2))
+    with pytest.raises(ValueError, match="decode='fast'; known: split, single"):
+        attn_paged(torch.randn(1, 2, 8), torch.randn(2, 4, 2, 2, 8), batch, AttnParams(scale=1.0, num_kv_heads=2),
+                   decode="fast")

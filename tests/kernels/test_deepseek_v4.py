@@ -7,7 +7,8 @@ Tolerances (``check`` in conftest: ``links`` roundings of the output dtype at th
 - indexer.scores (fp32 out): bf16 x bf16 products are exact in fp32; only the order of the D-term dots
   and the H-term weighted sum differs (fp32 re-association, 1e-5 relative at the scale sum|w||q||k|).
 - attn.sparse_topk: as attn.paged (see test_attn_paged.py): fp32 1e-5; bf16 rounds P to bf16 before
-  the P.V dot plus the output rounding: two bf16 roundings at the scale of max|v|.
+  the P.V dot plus the output rounding: two bf16 roundings at the scale of max|v|; both kernels (split-KV
+  with its combine, and one program per token).
 - attn.compress: the kernel rounds where the oracle does (pooled -> dtype, RMSNorm -> dtype, RoPE ->
   dtype), so in bf16 each link may flip one rounding boundary: three links at the output's scale.
 """
@@ -95,7 +96,8 @@ SPARSE = [
 
 @pytest.mark.parametrize("case", SPARSE)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attn_sparse_topk_matches_reference(case, dtype, close):
+@pytest.mark.parametrize("decode", ["split", "single"])
+def test_attn_sparse_topk_matches_reference(case, dtype, decode, close):
     from inferhal.kernels.sparse_attn import attn_sparse_topk
 
     ctx, new, h, d, win, mode, with_sinks = case
@@ -108,7 +110,7 @@ def test_attn_sparse_topk_matches_reference(case, dtype, close):
     sinks = torch.randn(h, generator=g) if with_sinks else None
     p = AttnParams(scale=d ** -0.5, window=win, shared_kv=True)
     args = (None, None, None) if mode == "none" else (cc, attn["comp"], _topk_rows(pos, attn, m, 5, mode, g))
-    out = attn_sparse_topk(q, kv, attn["swa"], *args, p, sinks)
+    out = attn_sparse_topk(q, kv, attn["swa"], *args, p, sinks, decode=decode)
     ref = ref_sparse(q, kv, attn["swa"], *args, p, sinks)
     vmax = float(max(kv.float().abs().max(), cc.float().abs().max()))
     close(out, ref, links=2 if dtype == torch.bfloat16 else 1, scale=vmax, name="attn.sparse_topk")

@@ -38,6 +38,7 @@ def test_record_bytes_and_decoded_values_equal_the_reference(case, dtype):
     expect = ref.decode(want.reshape(-1, fmt.nbytes)[rows.clamp(min=0)], fmt)
     expect[2] = 0
     assert torch.equal(decode_rows(got, rows, fmt), expect)
+    assert torch.equal(decode_rows(got, rows, fmt, tile=True), expect)  # the split-KV kernels' decoder
 
 
 def test_a_cache_that_is_not_records_of_the_format_is_refused():
@@ -82,9 +83,12 @@ def test_sparse_attention_and_indexer_kernels_read_records_as_the_reference_does
     sinks = torch.randn(h, generator=g)
     p = AttnParams(scale=d ** -0.5, window=8, shared_kv=True, kv_format=main)
     args = (cc, attn["comp"], _topk_rows(pos, attn, m, 5, "csa", g))
-    out, expect = attn_sparse_topk(q, kv, attn["swa"], *args, p, sinks), ref_sparse(q, kv, attn["swa"], *args, p, sinks)
+    expect = ref_sparse(q, kv, attn["swa"], *args, p, sinks)
     vmax = float(max(ref.decode(kv, main).abs().max(), ref.decode(cc, main).abs().max()))
-    close(out, expect, links=2 if dtype == torch.bfloat16 else 1, scale=vmax, name=f"attn.sparse_topk {main.name}")
+    for decode in ("split", "single"):  # records decoded by kv_records.decode_tile / load_records
+        out = attn_sparse_topk(q, kv, attn["swa"], *args, p, sinks, decode=decode)
+        close(out, expect, links=2 if dtype == torch.bfloat16 else 1, scale=vmax,
+              name=f"attn.sparse_topk {main.name} {decode}")
     iq, w = torch.randn(len(pos), hi, di, generator=g).to(dtype), torch.randn(len(pos), hi, generator=g)
     ip = IndexerParams(di ** -0.5, hi ** -0.5, index)
     got, want = indexer_scores(iq, keys, attn["comp"], w, ip), ref_indexer(iq, keys, attn["comp"], w, ip)

@@ -44,6 +44,10 @@ _ATTN = [
     ("prefill GQA window", [96, 50], [96, 50], 8, 2, 128, 32, 32, False, 0.0, False, "full"),
     ("decode MQA D=256", [200, 77], [1, 1], 4, 1, 256, 16, 0, False, 0.0, False, "full"),
     ("decode shared-latent D=512", [130, 64, 7], [1, 1, 1], 8, 1, 512, 64, 0, True, 0.0, True, "full"),
+    # split-KV edges at the GPU tuning (256-key splits, at most 8): 256 and 512 keys end on a split boundary,
+    # one key, 2049 keys in 8 splits of 288 (kernels/attn_split.py)
+    ("decode split edges shared-latent", [256, 1, 512, 2049], [1, 1, 1, 1], 16, 1, 512, 64, 0, True, 0.0, True,
+     "full"),
 ]
 
 

@@ -95,6 +95,9 @@ _SPARSE = [
     ("CSA D=512", [(600, 1), (0, 200), (300, 40)], 16, 512, 128, 4, 128, 64, "full"),
     ("HCA m=128 D=512", [(1000, 1), (0, 384)], 8, 512, 128, 128, 0, 256, "full"),
     ("CSA decode batch", [(c, 1) for c in (3, 64, 97, 130, 255, 31)], 8, 128, 32, 4, 16, 32, "full"),
+    # split-KV edges at the GPU tuning (128-key splits): windows of exactly 128 keys and a top-128 row end on a
+    # split boundary, one key, a long context beside them (kernels/attn_split.py)
+    ("CSA split edges", [(127, 1), (0, 1), (255, 1), (1000, 1)], 16, 512, 128, 4, 128, 64, "full"),
 ]
 
 

@@ -50,3 +50,22 @@ def test_capability_tables():
     assert device.identify("NVIDIA B200", 10, 0, 180 * 10**9) == "B200"
     assert device.identify("NVIDIA H200", 9, 0, 141 * 10**9) == "H200"
     assert device.identify("NVIDIA H100 80GB HBM3", 9, 0, 80 * 2**30) is None  # no table: no roofline claimed
+
+
+def test_attn_decode_option_selects_the_decode_kernels_and_is_checked():
+    """backend.options.attn_decode: split (default) or single binds the attention wrappers' kernel; an unknown
+    value or option is refused naming it (the backend read no option before: any was silently dropped)."""
+    from inferhal.core.errors import UserError
+
+    reg = BackendRegistry.discover()
+    for value in (None, "split", "single"):
+        opts = {} if value is None else {"attn_decode": value}
+        ops = reg.select(BackendConfig(name="cuda_sm100", interpret=True, options=opts)).ops
+        for op_id in ("attn.paged", "attn.sparse_topk"):
+            entry = ops.entry(op_id)
+            assert entry.fn.fn.keywords["decode"] == (value or "split") and f"decode: {value or 'split'}" in entry.note
+        assert "decode" not in ops.entry("norm.rms").fn.fn.keywords
+    with pytest.raises(UserError, match=r"attn_decode='fast' is not one of split, single"):
+        reg.select(BackendConfig(name="cuda_sm100", interpret=True, options={"attn_decode": "fast"}))
+    with pytest.raises(UserError, match=r"unknown option\(s\) \['torch_device'\] for the cuda_sm100 backend"):
+        reg.select(BackendConfig(name="cuda_sm100", interpret=True, options={"torch_device": "cuda:1"}))
