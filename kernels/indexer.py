@@ -8,7 +8,15 @@ One program per (query token, tile of ``BLOCK_N`` entries): the tile's keys (gat
 table) times all indexer heads of the token, ``keys[BLOCK_N, Di] @ q^T[Di, Hi]`` on the tensor cores
 (M = 128 entries, N = 64 heads in V4), fp32 accumulation, then ReLU and the weighted head sum in fp32.
 bf16 products are exact in fp32, so the only difference from the oracle (fp32 einsum) is the
-summation order. Oracle: ``backends/reference/deepseek.py:indexer_scores``.
+summation order.
+
+Two kernels, selected by the wrapper's ``decode`` argument (the cuda_sm100 backend passes
+``backend.options.attn_decode``): ``split`` (default) gives each program a run of ``tiles`` consecutive
+tiles of one token, its queries and head weights loaded once, records decoded by
+:func:`~inferhal.kernels.kv_records.decode_tile`; ``tiles`` grows with the work (up to ``MAX_TILES``) so
+that a launch keeps about ``PROGRAMS`` programs. A score never sums across entries and each tile is the
+same dot wherever it runs, so the run length changes no bit (batch-invariant). ``single``: one program per
+tile (kept to compare). Oracle: ``backends/reference/deepseek.py:indexer_scores``.
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ import triton.language as tl
 
 from inferhal.core.ops.params import AttnBatch, IndexerParams
 from inferhal.kernels.common import dot_operand, interp, launch
-from inferhal.kernels.kv_records import check_record_cache, load_records, record_args, record_row_scale
+from inferhal.kernels.kv_records import (check_record_cache, decode_tile, load_records, record_args,
+                                         record_row_scale, tile_args)
+from inferhal.kernels.tuning import DECODES
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
 
@@ -67,9 +77,58 @@ def indexer_scores_kernel(q_ptr, k_ptr, w_ptr, o_ptr, bt_ptr, seq_ptr, pos_ptr, 
     tl.store(o_ptr + t * stride_ot + s, tl.where(ok, acc, -float("inf")), mask=s < W)
 
 
+@triton.jit
+def indexer_split_kernel(q_ptr, k_ptr, w_ptr, o_ptr, bt_ptr, seq_ptr, pos_ptr, len_ptr, H, D, BS, M_RATIO, W, TILES,
+                         stride_qt, stride_qh, stride_kb, stride_ks, stride_wt, stride_ot, stride_bt, scale,
+                         weight_scale, PREC: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_D: tl.constexpr, INTERP: tl.constexpr, RECORD: tl.constexpr = False,
+                         CODE: tl.constexpr = 0, SCALE: tl.constexpr = 0, RBLOCK: tl.constexpr = 1,
+                         CODED: tl.constexpr = 0, RAW_AT: tl.constexpr = 0, SCALES_AT: tl.constexpr = 0,
+                         GROUP: tl.constexpr = 16, ALIGN: tl.constexpr = 1):
+    """``split``: token ``t``'s tiles ``[pid(1) * TILES, ...)`` of ``BLOCK_N`` entries: keys ``[BLOCK_N, D]``
+    times its queries ``[D, H]`` (loaded once), ReLU, the weighted head sum in fp32."""
+    t = tl.program_id(0).to(tl.int64)
+    b = tl.load(seq_ptr + t).to(tl.int64)
+    qpos = tl.load(pos_ptr + t).to(tl.int32)
+    n = tl.minimum(tl.load(len_ptr + b).to(tl.int32), (qpos + 1) // M_RATIO)  # visible entries
+    h = tl.arange(0, BLOCK_H)
+    hm = h < H
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    qt = tl.load(q_ptr + t * stride_qt + h[None, :] * stride_qh + d[:, None], mask=dm[:, None] & hm[None, :],
+                 other=0.0)  # [BLOCK_D, BLOCK_H]
+    qt = dot_operand(qt, INTERP)
+    w = tl.load(w_ptr + t * stride_wt + h, mask=hm, other=0.0).to(tl.float32) * weight_scale * scale
+    lo = tl.program_id(1) * TILES * BLOCK_N
+    hi = tl.minimum(lo + TILES * BLOCK_N, W)
+    mid = tl.maximum(tl.minimum(hi, tl.cdiv(n, BLOCK_N) * BLOCK_N), lo)  # tiles past the visible entries: -inf only
+    for n0 in range(lo, mid, BLOCK_N):
+        s = n0 + tl.arange(0, BLOCK_N)
+        ok = s < n
+        blk = tl.load(bt_ptr + b * stride_bt + s // BS, mask=ok, other=0).to(tl.int64)
+        row = blk * stride_kb + (s % BS) * stride_ks
+        if RECORD:  # FP8 keys: their codes on the tensor cores, then each key's one scale; FP4: exact values
+            k = decode_tile(k_ptr, row, ok, D, qt.dtype, CODE, SCALE, RBLOCK, CODED, RAW_AT, SCALES_AT, BLOCK_D,
+                            GROUP, ALIGN, SCALE == 1)
+        else:
+            k = tl.load(k_ptr + row[:, None] + d[None, :], mask=ok[:, None] & dm[None, :], other=0.0)
+        dots = tl.dot(dot_operand(k, INTERP), qt, input_precision=PREC)  # [BLOCK_N, BLOCK_H]
+        if RECORD:
+            if SCALE == 1:
+                dots = dots * record_row_scale(k_ptr, row, ok, SCALES_AT)[:, None]
+        acc = tl.sum(tl.maximum(dots, 0.0) * w[None, :], axis=1)
+        tl.store(o_ptr + t * stride_ot + s, tl.where(ok, acc, -float("inf")), mask=s < W)
+    for n0 in range(mid, hi, BLOCK_N):
+        s = n0 + tl.arange(0, BLOCK_N)
+        tl.store(o_ptr + t * stride_ot + s, tl.full((BLOCK_N,), -float("inf"), tl.float32), mask=s < W)
+
+
 def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, weights: torch.Tensor,
-                   p: IndexerParams, *, target: str | None = None) -> torch.Tensor:
-    """``indexer.scores``: q[T, Hi, Di], key_cache[NB, BS, Di], weights[T, Hi] -> scores[T, S] fp32."""
+                   p: IndexerParams, *, target: str | None = None, decode: str = "split") -> torch.Tensor:
+    """``indexer.scores``: q[T, Hi, Di], key_cache[NB, BS, Di], weights[T, Hi] -> scores[T, S] fp32.
+    ``decode``: ``split`` (runs of tiles per program) or ``single`` (a program per tile)."""
+    if decode not in DECODES:
+        raise ValueError(f"indexer.scores: decode={decode!r}; known: {', '.join(DECODES)}")
     if q.dim() != 3:
         raise ValueError(f"indexer.scores: q must be [T, Hi, Di], got shape {tuple(q.shape)}")
     t, hi, di = q.shape
@@ -97,10 +156,22 @@ def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, w
     seq_of_token = torch.repeat_interleave(torch.arange(batch.num_seqs, device=q.device), qsl[1:] - qsl[:-1])
     if seq_of_token.numel() != t:
         raise ValueError(f"indexer.scores: query_start_loc covers {seq_of_token.numel()} tokens, q has {t}")
-    cfg = config("indexer_scores", target)
-    bn = cfg["BLOCK_N"]
     w = weights.contiguous()
     bt = batch.block_table.contiguous()
+    if decode == "split":
+        cfg = config("indexer_split", target)
+        bn, bd = cfg["BLOCK_N"], max(16, next_pow2(di))
+        tiles = split_tiles(t, triton.cdiv(width, bn), cfg)
+        launch(indexer_split_kernel, (t, triton.cdiv(width, tiles * bn)),
+            q, key_cache, w, out, bt, seq_of_token, batch.positions.contiguous(), batch.seq_lens.contiguous(),
+            hi, di, key_cache.shape[1], batch.tokens_per_slot, width, tiles, q.stride(0), q.stride(1),
+            key_cache.stride(0), key_cache.stride(1), w.stride(0), out.stride(0), bt.stride(0), float(p.scale),
+            float(p.weight_scale), PREC="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_H=max(16, next_pow2(hi)),
+            BLOCK_N=bn, BLOCK_D=bd, INTERP=interp(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+            **record_args(fmt), **tile_args(fmt, bd, key_cache))
+        return out
+    cfg = config("indexer_scores", target)
+    bn = cfg["BLOCK_N"]
     launch(indexer_scores_kernel, (t, triton.cdiv(width, bn)),
         q, key_cache, w, out, bt, seq_of_token, batch.positions.contiguous(), batch.seq_lens.contiguous(),
         hi, di, key_cache.shape[1], batch.tokens_per_slot, width, q.stride(0), q.stride(1), key_cache.stride(0),
@@ -109,3 +180,9 @@ def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, w
         BLOCK_D=max(16, next_pow2(di)), INTERP=interp(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **record_args(fmt))
     return out
+
+
+def split_tiles(t: int, tiles: int, cfg) -> int:
+    """Tiles per program: as many as keep about ``PROGRAMS`` programs for ``t`` tokens of ``tiles`` tiles each,
+    between 1 and ``MAX_TILES`` (any count gives the same bits: no score sums across tiles)."""
+    return max(1, min(cfg["MAX_TILES"], (t * tiles) // cfg["PROGRAMS"]))

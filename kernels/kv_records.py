@@ -107,7 +107,7 @@ def load_records(c_ptr, row, ok, d, D, CODE: tl.constexpr, SCALE: tl.constexpr, 
 @triton.jit
 def decode_tile(c_ptr, row, ok, D, DTYPE: tl.constexpr, CODE: tl.constexpr, SCALE: tl.constexpr,
                 BLOCK: tl.constexpr, CODED: tl.constexpr, RAW_AT: tl.constexpr, SCALES_AT: tl.constexpr,
-                BLOCK_D: tl.constexpr, GROUP: tl.constexpr, ALIGN: tl.constexpr):
+                BLOCK_D: tl.constexpr, GROUP: tl.constexpr, ALIGN: tl.constexpr, UNSCALED: tl.constexpr = False):
     """The records at byte offsets ``row [N]`` decoded into ``[N, BLOCK_D]`` of ``DTYPE`` (zeros where not
     ``ok`` or past ``D``): the same values as :func:`load_records`, with fewer live registers for the wide
     tiles of the split-KV kernels. Channels are handled as ``[N, BLOCK_D // GROUP, GROUP]`` with one scale
@@ -116,7 +116,8 @@ def decode_tile(c_ptr, row, ok, D, DTYPE: tl.constexpr, CODE: tl.constexpr, SCAL
     reads its byte's nibble and builds the float from the bits (joining the two nibbles of a byte instead
     spilled 1.4-2.9 KB on sm_90a/sm_100a), the RoPE channels are loaded as bf16. A code times its
     ue8m0 / e4m3 scale is exact in bf16 (at most 4 + 4 significant bits), so ``DTYPE`` bf16 rounds nothing
-    for main records."""
+    for main records. ``UNSCALED``: the codes' values only (the caller applies the scales, as
+    :func:`load_records`)."""
     N: tl.constexpr = row.shape[0]
     G: tl.constexpr = BLOCK_D // GROUP
     row = tl.multiple_of(row, ALIGN)
@@ -132,7 +133,9 @@ def decode_tile(c_ptr, row, ok, D, DTYPE: tl.constexpr, CODE: tl.constexpr, SCAL
         v = _e2m1_bits((b >> ((dd & 1) * 4)) & 15)
     si = (g * GROUP) // BLOCK  # [1, G, 1]
     sm = okr & (g * GROUP < CODED)
-    if SCALE == 0:
+    if UNSCALED:
+        scale = 1.0
+    elif SCALE == 0:
         sb = tl.load(base + SCALES_AT + si, mask=sm, other=0).to(tl.int32)
         scale = tl.where(sb == 0, 0.0, (sb << 23).to(tl.float32, bitcast=True))
     elif SCALE == 1:

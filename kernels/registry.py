@@ -190,6 +190,25 @@ def _split_specs() -> list[KernelSpec]:
     for name, shared, dim in (("attn_paged_latent_decode_split", True, 512), ("attn_paged_gqa_d256_split", False, 256)):
         out.append(KernelSpec(name, "attn.paged", fn, "attn_paged_split", paged, ("scale", "softcap"),
                               paged_cx(shared, dim), mma=True))
+    # the lightning indexer (64 heads x 128 dims) over runs of 128-entry tiles: bf16 keys, FP8 and FP4 records
+    idx = {"q_ptr": "*bf16", "k_ptr": "*bf16", "w_ptr": "*fp32", "o_ptr": "*fp32", "bt_ptr": "*i32", "seq_ptr": "*i64",
+           "pos_ptr": "*i64", "len_ptr": "*i32"}
+
+    def idx_cx(fmt):
+        def make(cfg):
+            from inferhal.kernels.kv_records import record_args, tile_args
+
+            return {"PREC": "tf32", "BLOCK_H": 64, "BLOCK_D": 128, "INTERP": False, **_blocks(cfg),
+                    **record_args(fmt), **tile_args(fmt, 128)}
+        return make
+
+    fn = "inferhal.kernels.indexer:indexer_split_kernel"
+    out.append(KernelSpec("indexer_scores_split", "indexer.scores", fn, "indexer_split", idx, ("scale", "weight_scale"),
+                          idx_cx(None), mma=True))
+    for kv_dtype in ("fp8", "fp4"):
+        fmt = formats.record(kv_dtype, 128, role="index")
+        out.append(KernelSpec(f"indexer_scores_split_{fmt.name}", "indexer.scores", fn, "indexer_split",
+                              {**idx, "k_ptr": "*u8"}, ("scale", "weight_scale"), idx_cx(fmt), mma=True))
     partial = {"acc_ptr": "*fp32", "ml_ptr": "*fp32", "o_ptr": "*bf16", "sink_ptr": "*fp32"}
     out.append(KernelSpec("attn_split_combine", "attn.sparse_topk", "inferhal.kernels.attn_split:split_combine_kernel",
                           "attn_combine", partial, (),

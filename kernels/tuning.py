@@ -39,6 +39,9 @@ _SPLIT_KV = {
     # a 4K context in 8 splits of 512 keys: 512 programs at B=16 for 64 heads, 32 KB of partials per 512 KB read
     "attn_paged_split": {"BLOCK_H": 16, "BLOCK_N": 32, "SPLIT": 256, "MAX_SPLITS": 8, "num_warps": 4,
                          "num_stages": 2},
+    # indexer.scores split: runs of up to MAX_TILES tiles of BLOCK_N entries per program, about PROGRAMS
+    # programs a launch (two per SM of an H100 / H200)
+    "indexer_split": {"BLOCK_N": 128, "MAX_TILES": 8, "PROGRAMS": 264, "num_warps": 8, "num_stages": 2},
     # the log-sum-exp merge of the splits: one program per (token, BLOCK_H heads, BLOCK_D channels)
     "attn_combine": {"BLOCK_H": 16, "BLOCK_D": 128, "num_warps": 4, "num_stages": 1},
 }
@@ -130,6 +133,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "attn_paged_split": {"BLOCK_H": 16, "BLOCK_N": 16, "SPLIT": 16, "MAX_SPLITS": 4, "num_warps": 4,
                              "num_stages": 1},
         "attn_combine": {"BLOCK_H": 16, "BLOCK_D": 512, "num_warps": 4, "num_stages": 1},
+        "indexer_split": {"BLOCK_N": 16, "MAX_TILES": 4, "PROGRAMS": 8, "num_warps": 4, "num_stages": 1},
         "attn_compress": {"BLOCK_C": 32, "num_warps": 4},
         "mhc_pre": {"BLOCK_K": 64, "num_warps": 4},
         "mhc_post": {"BLOCK_D": 64, "num_warps": 4},

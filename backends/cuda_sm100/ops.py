@@ -41,11 +41,12 @@ KERNEL_OPS: dict[str, str] = {
 #: ``backend.options`` cuda_sm100 reads, with their meaning
 OPTIONS = {
     "attn_decode": "split (default): attn.paged and attn.sparse_topk run split-KV kernels, a program per (token, "
-                   "16-head group, split of the token's own keys) and a log-sum-exp combine (kernels/attn_split.py); "
-                   "single: the earlier program per token (and KV head), kept to compare on a device",
+                   "16-head group, split of the token's own keys) and a log-sum-exp combine (kernels/attn_split.py), "
+                   "indexer.scores a run of tiles per program; single: the earlier program per token (and KV head) "
+                   "or per tile, kept to compare on a device",
 }
 #: the ops ``attn_decode`` selects the kernel of
-DECODE_OPS = ("attn.paged", "attn.sparse_topk")
+DECODE_OPS = ("attn.paged", "attn.sparse_topk", "indexer.scores")
 
 
 def check_options(options) -> dict:
@@ -103,8 +104,10 @@ BATCH_INVARIANCE: dict = {
     "mhc.post": _bi("one program per (token, D-tile), elementwise mixing: no reduction over tokens"),
     "spec.verify": _bi("one program per request, the same Philox keys as sample"),
     "attn.compress": _bi("one program per compressed entry of its own sequence, fixed BLOCK_C channel tiles"),
-    "indexer.scores": _bi("one program per (token, BLOCK_N entries of its own sequence); output columns past "
-                          "the row's own entries are -inf padding to the batch's widest row"),
+    "indexer.scores": _bi("split (default): one program per (token, run of BLOCK_N-entry tiles of its own "
+                          "sequence), the run's length chosen from the launch's work but each tile the same dot "
+                          "(no score sums across tiles); single: one program per tile; output columns past the "
+                          "row's own entries are -inf padding to the batch's widest row"),
     "attn.sparse_topk": _bi("split (default): a program per (token, head group, split): the window cut at "
                             "lengths from the token's own key count, its top-k row every SPLIT entries, merged "
                             "in split order (empty splits add exact zeros); single: one program per token over "

@@ -173,6 +173,40 @@ def test_one_token_alone_and_beside_much_longer_ones_is_bitwise_the_same():
     torch.testing.assert_close(both, close_to, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8", "fp4"])
+def test_indexer_runs_of_tiles_change_no_bit(kv_dtype, monkeypatch):
+    """indexer.scores split: a program walks a run of tiles whose length follows the launch's work; 1 or 4
+    tiles a program (and the single kernel's masking) give the same -inf entries, and the same scores bit for
+    bit (bf16 keys and FP8 / FP4 records; the interpreter's tiles are 16 entries)."""
+    from inferhal.backends.reference.ops import kv_write
+    from inferhal.core.ops.params import IndexerParams, KVWriteParams
+    from inferhal.core.paging import formats
+    from inferhal.kernels import indexer, tuning
+
+    g = torch.Generator().manual_seed(4)
+    pos, qsl, attn, nb = v4_batch([300, 200, 9], [12, 20, 1], RATIO, g, nb=160)
+    keys = comp_cache(nb, RATIO, 32, g, torch.bfloat16)
+    fmt = None if kv_dtype == "auto" else formats.record(kv_dtype, 32, role="index")
+    if fmt is not None:
+        cache = torch.zeros(nb, keys.shape[1], fmt.nbytes, dtype=torch.uint8)
+        kv_write(keys.float().reshape(-1, 32), cache, torch.arange(cache.shape[0] * cache.shape[1]),
+                 KVWriteParams(record=fmt))
+        keys = cache
+    q, w = torch.randn(len(pos), 8, 32, generator=g).to(torch.bfloat16), torch.randn(len(pos), 8, generator=g)
+    p = IndexerParams(32 ** -0.5, 8 ** -0.5, fmt)
+    runs = []
+    for programs in (10 ** 6, 1):  # 1 tile a program, then MAX_TILES (4)
+        table = {**tuning.TUNING["interpreter"], "indexer_split": {**tuning.config("indexer_split"),
+                                                                  "PROGRAMS": programs}}
+        monkeypatch.setitem(tuning.TUNING, "interpreter", table)
+        assert indexer.split_tiles(len(pos), 5, tuning.config("indexer_split")) == (1 if programs > 1 else 4)
+        runs.append(indexer.indexer_scores(q, keys, attn["comp"], w, p))
+    assert torch.equal(runs[0], runs[1])
+    single = indexer.indexer_scores(q, keys, attn["comp"], w, p, decode="single")
+    assert torch.equal(torch.isinf(single), torch.isinf(runs[0]))
+    torch.testing.assert_close(single, runs[0], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("target", ["cuda_sm90", "cuda_sm100"])
 def test_v4_decode_plans_fill_132_sms_at_16_sequences(target):
     """V4-Flash decode: 64 heads on the 512-dim latent; CSA = a 128-token window + top-512 (attn.sparse_topk),
@@ -190,3 +224,11 @@ def test_v4_decode_plans_fill_132_sms_at_16_sequences(target):
     long = attn_split.plan(16, 64, 512, config("attn_paged_split", target), window=0, reach=1 << 20)
     assert long.ws == config("attn_paged_split", target)["MAX_SPLITS"]
     assert attn_split.plan(1, 8, 64, config("attn_paged_split", target), window=100, reach=1 << 20).ws == 1
+    # the indexer at 64K context (16,384 CSA entries, 128 tiles of 128): runs of 7 tiles at B=16 (304 programs),
+    # 8 at B=64 (1,024); at 4K (8 tiles) one tile a program: 128 programs at B=16, what 128-entry tiles allow
+    from inferhal.kernels.indexer import split_tiles
+
+    cfg = config("indexer_split", target)
+    for b, ctx, tiles, programs in ((16, 65536, 7, 304), (64, 65536, 8, 1024), (16, 4096, 1, 128)):
+        n = ctx // 4 // cfg["BLOCK_N"]
+        assert split_tiles(b, n, cfg) == tiles and b * -(-n // tiles) == programs

@@ -55,7 +55,8 @@ BATCHES = [([9], [1]), ([23, 40, 6], [1, 5, 6]), ([33, 17], [33, 2])]
 
 @pytest.mark.parametrize("ctx,new", BATCHES)
 @pytest.mark.parametrize("dtype,hi,di", [(torch.float32, 3, 24), (torch.bfloat16, 16, 32)])
-def test_indexer_scores_matches_reference(ctx, new, dtype, hi, di, close):
+@pytest.mark.parametrize("decode", ["split", "single"])
+def test_indexer_scores_matches_reference(ctx, new, dtype, hi, di, decode, close):
     g = torch.Generator().manual_seed(sum(ctx) + hi)
     m = 4
     pos, qsl, attn, nb = v4_batch(ctx, new, m, g)
@@ -63,7 +64,7 @@ def test_indexer_scores_matches_reference(ctx, new, dtype, hi, di, close):
     q = torch.randn(len(pos), hi, di, generator=g).to(dtype)
     w = torch.randn(len(pos), hi, generator=g)
     p = IndexerParams(scale=di ** -0.5, weight_scale=hi ** -0.5)
-    out, ref = indexer_scores(q, keys, attn["comp"], w, p), ref_indexer(q, keys, attn["comp"], w, p)
+    out, ref = indexer_scores(q, keys, attn["comp"], w, p, decode=decode), ref_indexer(q, keys, attn["comp"], w, p)
     assert torch.equal(torch.isinf(out), torch.isinf(ref))
     fin = ~torch.isinf(ref)
     # the scale of the summed terms: the same score with |w|, |q|, |k| (the oracle on absolute values)

@@ -91,10 +91,12 @@ def test_sparse_attention_and_indexer_kernels_read_records_as_the_reference_does
               name=f"attn.sparse_topk {main.name} {decode}")
     iq, w = torch.randn(len(pos), hi, di, generator=g).to(dtype), torch.randn(len(pos), hi, generator=g)
     ip = IndexerParams(di ** -0.5, hi ** -0.5, index)
-    got, want = indexer_scores(iq, keys, attn["comp"], w, ip), ref_indexer(iq, keys, attn["comp"], w, ip)
-    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    want = ref_indexer(iq, keys, attn["comp"], w, ip)
     fin = ~torch.isinf(want)
     mag = float(ref_indexer(iq.abs(), ref.decode(keys, index).abs(), attn["comp"], w.abs(),
                             IndexerParams(di ** -0.5, hi ** -0.5))[fin].max())
-    close(got[fin], want[fin], scale=mag, name=f"indexer.scores {index.name}")
+    for decode in ("split", "single"):
+        got = indexer_scores(iq, keys, attn["comp"], w, ip, decode=decode)
+        assert torch.equal(torch.isinf(got), torch.isinf(want))
+        close(got[fin], want[fin], scale=mag, name=f"indexer.scores {index.name} {decode}")
 

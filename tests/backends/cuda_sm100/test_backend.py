@@ -61,7 +61,7 @@ def test_attn_decode_option_selects_the_decode_kernels_and_is_checked():
     for value in (None, "split", "single"):
         opts = {} if value is None else {"attn_decode": value}
         ops = reg.select(BackendConfig(name="cuda_sm100", interpret=True, options=opts)).ops
-        for op_id in ("attn.paged", "attn.sparse_topk"):
+        for op_id in ("attn.paged", "attn.sparse_topk", "indexer.scores"):
             entry = ops.entry(op_id)
             assert entry.fn.fn.keywords["decode"] == (value or "split") and f"decode: {value or 'split'}" in entry.note
         assert "decode" not in ops.entry("norm.rms").fn.fn.keywords
