@@ -7,6 +7,11 @@ via the bundled ``cuobjdump -res-usage``), shared and tensor memory (from Triton
 MMA instructions in the PTX (``tcgen05.mma`` kinds on SM100, ``wgmma`` on SM90). Nothing here runs a
 kernel: every result's execution level is ``compiled``.
 
+A spec with ``values`` (its integer arguments at production shapes) is compiled as Triton's JIT specialises
+a launch (unit integers as constexprs, multiples of 16 and pointers marked divisible by 16: unit strides and
+aligned rows let loads vectorise, which changes registers and spills); the others see every integer as an
+unknown i32 (``specialized`` in the row says which).
+
 Must run in a process whose kernels are *not* interpreted (TRITON_INTERPRET unset): ASTSource needs
 JIT functions. :func:`compile_all` switches the mode and raises if kernel modules were already
 imported in interpreter mode.
@@ -66,12 +71,13 @@ def compile_one(spec, arch: str) -> dict[str, Any]:
     cap, tuning_target, mma_instr = ARCHS[arch]
     cfg = config(spec.tuning, tuning_target)
     row: dict[str, Any] = {"kernel": spec.name, "op": spec.op_id, "arch": arch, "tuning": tuning_target,
-                           "execution_level": "compiled", "mma_required": spec.mma, "config": dict(cfg)}
+                           "execution_level": "compiled", "mma_required": spec.mma, "config": dict(cfg),
+                           "specialized": spec.values is not None}
     t0 = time.perf_counter()
     try:
         fn = spec.load()
-        cx = dict(spec.constexprs(cfg))
-        src = ASTSource(fn=fn, signature=spec.signature(fn, cx), constexprs=cx)
+        cx, attrs = spec.specialization(fn, spec.constexprs(cfg))
+        src = ASTSource(fn=fn, signature=spec.signature(fn, cx), constexprs=cx, attrs=attrs)
         k = triton.compile(src, target=GPUTarget("cuda", cap, 32), options=launch_options(cfg))
     except Exception as exc:  # a kernel that does not compile is a result, not a crash of the report
         msg = " ".join(str(exc).split())

@@ -35,7 +35,7 @@ from inferhal.core.ops.quant import QuantWeight
 from inferhal.kernels.common import dot_operand, interp, launch, round_to, tl_dtype
 from inferhal.kernels.moe_experts import FP4_DEQUANT, FP4_SCALED, FP8_BLOCK, PLAIN, _load_fp4_scaled, _load_w
 from inferhal.kernels.runtime import next_pow2
-from inferhal.kernels.tuning import config
+from inferhal.kernels.tuning import FP8_PATHS, config
 
 INT_BLOCK = 4
 LINEAR, LOGITS, ARGMAX = 0, 1, 2
@@ -186,8 +186,18 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
-def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, *, target: str | None = None) -> torch.Tensor:
-    """``linear``: x[..., K] @ w[N, K]^T (+ bias) -> [..., N] in x's dtype."""
+def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, *, target: str | None = None,
+           fp8: str = "widen") -> torch.Tensor:
+    """``linear``: x[..., K] @ w[N, K]^T (+ bias) -> [..., N] in x's dtype. ``fp8``: how an fp8_block weight
+    multiplies: ``widen`` (to x's dtype in registers) or ``w8a8`` (FP8 x FP8, :func:`.linear_lowp.linear_w8a8`,
+    where the weight's K blocks are 128 wide and there is no bias; otherwise widened)."""
+    if fp8 not in FP8_PATHS:
+        raise ValueError(f"linear: fp8={fp8!r}; known: {', '.join(FP8_PATHS)}")
+    if (fp8 == "w8a8" and bias is None and isinstance(w, QuantWeight) and w.format == "fp8_block"
+            and len(w.shape) == 2 and w.block[1] == 128):
+        from inferhal.kernels.linear_lowp import linear_w8a8
+
+        return linear_w8a8(x, w, target=target)
     x2 = _rows(x)
     b = None if bias is None else bias.contiguous()
     if b is not None and b.numel() != w.shape[0]:

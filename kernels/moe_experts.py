@@ -29,7 +29,7 @@ import triton.language as tl
 from inferhal.core.ops.params import ExpertsParams
 from inferhal.core.ops.quant import QuantWeight
 from inferhal.kernels.common import dot_operand, interp, launch, round_to, tl_dtype
-from inferhal.kernels.tuning import config
+from inferhal.kernels.tuning import FP8_PATHS, config
 
 PLAIN, FP8_BLOCK, FP4_DEQUANT, FP4_SCALED = 0, 1, 2, 3
 
@@ -86,17 +86,23 @@ def _load_fp4_scaled(w_ptr, s_ptr, e, rn, k0, N, K, s_we, s_wn, s_wk, s_se, s_sn
 
 
 @triton.jit
-def moe_gate_up_kernel(x_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, h_ptr, D, I, TOPK, stride_x,
-                       s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, blk_k, limit,
-                       W_FMT: tl.constexpr, DTYPE: tl.constexpr, PREC: tl.constexpr, LHS_FMT: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr,
-                       SCALE_ROW: tl.constexpr = False):
+def tile_pairs(pair_ptr, tile_e_ptr, TOPK, BLOCK_M: tl.constexpr):
+    """M-tile ``program_id(0)``'s rows, their pairs (-1: padding), validity, tokens (0 for padding) and expert."""
     tile = tl.program_id(0)
     rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     pair = tl.load(pair_ptr + rows)
     rvalid = pair >= 0
     tok = tl.where(rvalid, pair // TOPK, 0).to(tl.int64)
-    e = tl.load(tile_e_ptr + tile).to(tl.int64)
+    return rows, pair, rvalid, tok, tl.load(tile_e_ptr + tile).to(tl.int64)
+
+
+@triton.jit
+def moe_gate_up_kernel(x_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, h_ptr, D, I, TOPK, stride_x,
+                       s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, blk_k, limit,
+                       W_FMT: tl.constexpr, DTYPE: tl.constexpr, PREC: tl.constexpr, LHS_FMT: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr,
+                       SCALE_ROW: tl.constexpr = False):
+    rows, pair, rvalid, tok, e = tile_pairs(pair_ptr, tile_e_ptr, TOPK, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # columns of h (rows of W_gate; W_up at +I)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -133,11 +139,7 @@ def moe_down_kernel(h_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, rw_ptr, y_ptr, D
                     W_FMT: tl.constexpr, DTYPE: tl.constexpr, PREC: tl.constexpr, LHS_FMT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr,
                     SCALE_ROW: tl.constexpr = False):
-    tile = tl.program_id(0)
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(pair_ptr + rows)
-    rvalid = pair >= 0
-    e = tl.load(tile_e_ptr + tile).to(tl.int64)
+    rows, pair, rvalid, _, e = tile_pairs(pair_ptr, tile_e_ptr, 1, BLOCK_M)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns (rows of W_down)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
@@ -220,8 +222,12 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
 
 
 def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gate_up, w_down, p: ExpertsParams,
-                *, target: str | None = None) -> torch.Tensor:
-    """``moe.experts``: x[T, D], routing weights/ids [T, K], w_gate_up [E, 2I, D], w_down [E, D, I] -> y[T, D]."""
+                *, target: str | None = None, fp8: str = "widen") -> torch.Tensor:
+    """``moe.experts``: x[T, D], routing weights/ids [T, K], w_gate_up [E, 2I, D], w_down [E, D, I] -> y[T, D].
+    ``fp8``: how fp8_block weights multiply: ``widen`` (to the activation dtype, here) or ``w8a8`` (FP8 x FP8,
+    :mod:`.moe_fp8`; both weights fp8_block with 128-wide K blocks, else refused)."""
+    if fp8 not in FP8_PATHS:
+        raise ValueError(f"moe.experts: fp8={fp8!r}; known: {', '.join(FP8_PATHS)}")
     t, d = x.shape
     num_experts = w_gate_up.shape[0]
     two_i = w_gate_up.shape[1]
@@ -233,6 +239,14 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gat
     wgu = _weight(w_gate_up, two_i, d, "w_gate_up", x.dtype)
     wdn = _weight(w_down, d, inter, "w_down", x.dtype)
     topk = ids.shape[1]
+    if fp8 == "w8a8" and FP8_BLOCK in (wgu.fmt, wdn.fmt):
+        from inferhal.kernels.moe_fp8 import moe_experts_w8a8, w8a8_blocks_ok
+
+        why = w8a8_blocks_ok(w_gate_up, w_down)
+        if why:
+            raise ValueError(f"moe.experts fp8=w8a8: {why}")
+        y_pairs = moe_experts_w8a8(x.contiguous(), weights, ids, w_gate_up, w_down, p.swiglu_limit, target)
+        return ordered_sum(y_pairs.view(t, topk, d)).to(x.dtype)
     quant = max(wgu.fmt, wdn.fmt)
     cfg = config("moe_gemm_fp4" if quant == FP4_SCALED else "moe_gemm", target)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]

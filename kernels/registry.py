@@ -22,10 +22,24 @@ class KernelSpec:
     floats: tuple[str, ...] = ()  # scalar fp32 arguments; all other scalars are i32
     constexprs: Callable[[Mapping[str, Any]], Mapping[str, Any]] = field(default=lambda cfg: {})
     mma: bool = False  # must use the tensor cores (tcgen05 on SM100, wgmma on SM90)
+    # integer arguments at the spec's production shapes: given, the compile specialises as Triton's JIT does at
+    # a launch (a 1 becomes a constexpr, a multiple of 16 is marked divisible by 16, pointers 16-byte aligned);
+    # without, every integer is an unknown i32 and no pointer alignment is known (fewer vectorised loads)
+    values: Mapping[str, int] | None = None
 
     def load(self):
         mod, fn = self.fn.split(":")
         return getattr(importlib.import_module(mod), fn)
+
+    def specialization(self, jit_fn, constexprs: Mapping[str, Any]) -> tuple[dict[str, Any], dict]:
+        """(constexprs with the unit integers of ``values``, ASTSource attrs marking divisibility by 16)."""
+        if self.values is None:
+            return dict(constexprs), {}
+        cx = {**constexprs, **{k: 1 for k, v in self.values.items() if v == 1}}
+        sig = self.signature(jit_fn, cx)
+        attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(jit_fn.arg_names)
+                 if sig[a].startswith("*") or (a in self.values and sig[a] == "i32" and self.values[a] % 16 == 0)}
+        return cx, attrs
 
     def signature(self, jit_fn, constexprs: Mapping[str, Any]) -> dict[str, str]:
         sig = {}
@@ -73,6 +87,21 @@ def _moe(fmt: int, wtype: str, stype: str, down: bool):
     return ptrs, cx
 
 
+def _moe_fp8_values(down: bool, w8a8: bool) -> dict[str, int]:
+    """FP8-block expert GEMMs at V4-Flash's shapes (hidden 4096, expert intermediate 2048, top-6; 128 x 128
+    blocks, fp32 block scales), as a launch passes them: contiguous weights, codes and activations."""
+    d, i = 4096, 2048
+    rows, cols = (d, i) if down else (2 * i, d)
+    vals = {"D": d, "I": i, "s_we": rows * cols, "s_wn": cols, "s_wk": 1, "s_se": (rows // 128) * (cols // 128),
+            "s_sn": cols // 128, "s_sk": 1, "blk_n": 128}
+    if w8a8:  # h's codes and scales (written by gate/up, read by down); x's codes and scales
+        vals.update({"stride_hq": i, "stride_hs": i // 128})
+        if not down:
+            vals.update({"TOPK": 6, "stride_xq": d, "stride_xs": d // 128})
+        return vals
+    return {**vals, "blk_k": 128, **({} if down else {"TOPK": 6, "stride_x": d})}
+
+
 def _specs() -> list[KernelSpec]:
     out = [
         KernelSpec("rms_norm", "norm.rms", "inferhal.kernels.norm:rms_norm_kernel", "norm_rms",
@@ -95,7 +124,9 @@ def _specs() -> list[KernelSpec]:
             ptrs, cx = _moe(fmt, wt, st, down)
             kern = "moe_down_kernel" if down else "moe_gate_up_kernel"
             out.append(KernelSpec(f"moe_{'down' if down else 'gate_up_swiglu'}_{label}", "moe.experts",
-                                  f"inferhal.kernels.moe_experts:{kern}", tun, ptrs, ("limit",), cx, mma=True))
+                                  f"inferhal.kernels.moe_experts:{kern}", tun, ptrs, ("limit",), cx, mma=True,
+                                  values=_moe_fp8_values(down, False) if fmt == 1 else None))
+    out.extend(_moe_fp8_specs())
     out.extend(_later_specs())
     out.extend(_gemm_specs())
     out.extend(_dense_specs())
@@ -105,6 +136,21 @@ def _specs() -> list[KernelSpec]:
                           {"l_ptr": "*fp32", "m_ptr": "*i32", "row_ptr": "*i64"}, (),
                           lambda cfg: {"BLOCK_V": cfg["BLOCK_V"]}))
     return out
+
+
+def _moe_fp8_specs() -> list[KernelSpec]:
+    """FP8 x FP8 expert GEMMs (kernels/moe_fp8.py): e4m3 activations and weights, 128 x 128 block scales."""
+    cx = lambda cfg: {"DTYPE": _tl().bfloat16, "INTERP": False, **_blocks(cfg)}  # noqa: E731
+    fn = "inferhal.kernels.moe_fp8:"
+    common = {"w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "pair_ptr": "*i32", "tile_e_ptr": "*i32"}
+    return [
+        KernelSpec("moe_gate_up_swiglu_fp8_w8a8", "moe.experts", fn + "moe_gate_up_w8a8_kernel", "moe_gemm_fp8",
+                   {**common, "xq_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "hq_ptr": "*fp8e4nv", "hs_ptr": "*fp32"},
+                   ("limit",), cx, mma=True, values=_moe_fp8_values(False, True)),
+        KernelSpec("moe_down_fp8_w8a8", "moe.experts", fn + "moe_down_w8a8_kernel", "moe_gemm_fp8",
+                   {**common, "hq_ptr": "*fp8e4nv", "hs_ptr": "*fp32", "rw_ptr": "*fp32", "y_ptr": "*fp32"}, (), cx,
+                   mma=True, values=_moe_fp8_values(True, True)),
+    ]
 
 
 def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:

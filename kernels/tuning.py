@@ -25,6 +25,10 @@ from typing import Any, Mapping
 #: (``backend.options.attn_decode`` on cuda_sm100): split-KV with a combine (kernels/attn_split.py), or the
 #: one program per token (and KV head) they replace
 DECODES = ("split", "single")
+#: how moe.experts and linear multiply FP8 block-scaled weights, selected with ``fp8=``
+#: (``backend.options.fp8_matmul`` on cuda_sm100): widened to the activation dtype in registers (the
+#: numerically closest), or FP8 x FP8 with activations quantised per token and 128 channels
+FP8_PATHS = ("widen", "w8a8")
 
 # split-KV decode (kernels/attn_split.py), the same on Hopper and Blackwell (listed in both tables below):
 # BLOCK_H heads per program (the N side of the swap-AB dots), SPLIT keys per split, a key range cut into at most
@@ -57,6 +61,10 @@ _DEFAULT: dict[str, dict[str, Any]] = {
     "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
     "gemm_fp4": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
     "gemm_fp8": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3},
+    # FP8 x FP8 expert GEMMs (kernels/moe_fp8.py): N and K tiles are the 128-wide quantisation blocks; 64-row
+    # tiles (an expert at decode holds a few rows); 8 warps: unspilled where 4 spilled 128-224 B (compiled
+    # with the JIT's specialisation at V4 shapes: sm_90a 171 / 128 registers, sm_100a 196 / 138)
+    "moe_gemm_fp8": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
     "gemm_int": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
     "mhc_pre": {"BLOCK_K": 256, "num_warps": 4},
     "mhc_post": {"BLOCK_D": 256, "num_warps": 4},
@@ -82,6 +90,7 @@ _DEFAULT: dict[str, dict[str, Any]] = {
 TUNING: dict[str, dict[str, dict[str, Any]]] = {
     "default": _DEFAULT,
     "cuda_sm100": {
+        "moe_gemm_fp8": _DEFAULT["moe_gemm_fp8"],
         # tcgen05 wants 128-row tiles; 64-wide K keeps a 3-stage bf16 pipeline within ~100 KB of smem
         "moe_gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
         "moe_gemm_fp4": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
@@ -101,6 +110,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         **_SPLIT_KV,
     },
     "cuda_sm90": {
+        "moe_gemm_fp8": _DEFAULT["moe_gemm_fp8"],
         "moe_gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
         "moe_gemm_fp4": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2},
         # wgmma accumulates in registers: 32-wide K tiles (4 stages) keep the bf16 GEMM unspilled (64 B at 64)
@@ -118,6 +128,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "gemm": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1},
         "gemm_fp4": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
         "gemm_fp8": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1},
+        "moe_gemm_fp8": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1},
         "gemm_int": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1},
         "attn_paged": {"BLOCK_N": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 1},
         "moe_route": {"BLOCK_T": 16, "num_warps": 4},

@@ -44,15 +44,21 @@ OPTIONS = {
                    "16-head group, split of the token's own keys) and a log-sum-exp combine (kernels/attn_split.py), "
                    "indexer.scores a run of tiles per program; single: the earlier program per token (and KV head) "
                    "or per tile, kept to compare on a device",
+    "fp8_matmul": "widen (default): moe.experts and linear widen FP8 block-scaled weights to the activation dtype "
+                  "in registers (the numerically closest); w8a8: FP8 x FP8 on the FP8 tensor cores, activations "
+                  "quantised per token and 128 channels, the 128 x 128 block scales applied per K block "
+                  "(kernels/moe_fp8.py; linear where the weight's K blocks are 128 wide and there is no bias)",
 }
 #: the ops ``attn_decode`` selects the kernel of
 DECODE_OPS = ("attn.paged", "attn.sparse_topk", "indexer.scores")
+#: the ops ``fp8_matmul`` selects the FP8 path of
+FP8_OPS = ("moe.experts", "linear")
 
 
 def check_options(options) -> dict:
     """``backend.options`` as cuda_sm100 reads them: an unknown key or value is a UserError naming it."""
     from inferhal.core.errors import UserError
-    from inferhal.kernels.tuning import DECODES  # data: importing it defines no kernel
+    from inferhal.kernels.tuning import DECODES, FP8_PATHS  # data: importing it defines no kernel
 
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
@@ -61,7 +67,10 @@ def check_options(options) -> dict:
     decode = str(options.get("attn_decode", "split"))
     if decode not in DECODES:
         raise UserError(f"backend.options.attn_decode={decode!r} is not one of {', '.join(DECODES)}")
-    return {"attn_decode": decode}
+    fp8 = str(options.get("fp8_matmul", "widen"))
+    if fp8 not in FP8_PATHS:
+        raise UserError(f"backend.options.fp8_matmul={fp8!r} is not one of {', '.join(FP8_PATHS)}")
+    return {"attn_decode": decode, "fp8_matmul": fp8}
 
 
 def _bi(why: str):
@@ -97,7 +106,8 @@ BATCH_INVARIANCE: dict = {
                       "BLOCK_N blocks aligned to absolute positions; nothing from other sequences"),
     "moe.route": _bi("fixed BLOCK_T rows per program, per-row scoring and top-k (ties by lower id)"),
     "moe.experts": _bi(_GEMM + "; a pair's row never mixes with the other rows of its expert tile; the K "
-                       "choices of a token added in order k = 0..K-1 (elementwise adds)"),
+                       "choices of a token added in order k = 0..K-1 (elementwise adds); fp8_matmul=w8a8 "
+                       "quantises each token's activations per 128 channels from its own row"),
     "mhc.head": _bi("one program per token, one pass over the flattened streams (no split-K from the token count)"),
     "mhc.pre": _bi("one program per token, one pass over the flattened streams (no split-K from the token "
                    "count: the mHC trap), Sinkhorn in registers"),
@@ -128,13 +138,15 @@ def provide(level, target: str, options=None) -> dict:
 
     from inferhal.core.ops.table import OpImpl
 
-    decode = check_options(options or {})["attn_decode"]
+    opts = check_options(options or {})
     out = {}
     for op_id, path in KERNEL_OPS.items():
         mod, fn = path.split(":")
-        kw = {"decode": decode} if op_id in DECODE_OPS else {}
+        kw = {"decode": opts["attn_decode"]} if op_id in DECODE_OPS else {}
+        if op_id in FP8_OPS:
+            kw["fp8"] = opts["fp8_matmul"]
         impl = functools.partial(getattr(importlib.import_module(mod), fn), target=target, **kw)
-        note = f"triton kernel {path} (tuning: {target}" + (f"; decode: {decode})" if kw else ")")
+        note = f"triton kernel {path} (tuning: {target}" + "".join(f"; {k}: {v}" for k, v in kw.items()) + ")"
         if op_id in DEGRADED.get(target, {}):
             note += f"; degraded: {DEGRADED[target][op_id]}"
         out[op_id] = OpImpl(impl, level, note)

@@ -50,3 +50,27 @@ def test_gemm_kernels_carry_the_right_tcgen05_kind(tmp_path):
                 "linear_nvfp4_w4a4": ["mxf4nvf4"]}.get(name, ["f16"])
         assert r["tcgen05_kinds"] == want, (name, r["tcgen05_kinds"])
         assert r["shared_bytes"] <= 228 * 1024, (name, r["shared_bytes"])
+
+
+def test_values_specialise_as_the_jit_does():
+    """A spec's ``values`` compile as a launch with those integers would: Triton's own specialisation (1 ->
+    constexpr, multiple of 16 -> divisible by 16) decides each, and every pointer counts as 16-byte aligned."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    from inferhal.kernels.registry import by_name
+    from inferhal.kernels.tuning import config
+
+    for name in ("moe_down_fp8_w8a8", "moe_gate_up_swiglu_fp8_w8a8", "moe_gate_up_swiglu_fp8_block",
+                 "moe_down_fp8_block"):
+        spec = by_name(name)
+        fn = spec.load()
+        cx, attrs = spec.specialization(fn, spec.constexprs(config(spec.tuning, "cuda_sm90")))
+        marked = {fn.arg_names[i[0]] for i in attrs}
+        assert set(spec.values) <= set(fn.arg_names), name
+        for arg, v in spec.values.items():
+            kind, key = native_specialize_impl(BaseBackend, v, False, True, True)
+            assert (kind == "constexpr") == (cx.get(arg) == 1 and v == 1), (name, arg)
+            assert (key == "D") == (arg in marked), (name, arg)
+        assert {a for a in spec.ptrs} <= marked
+    assert by_name("moe_down_bf16").specialization(by_name("moe_down_bf16").load(), {})[1] == {}

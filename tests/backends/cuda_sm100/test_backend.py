@@ -52,9 +52,10 @@ def test_capability_tables():
     assert device.identify("NVIDIA H100 80GB HBM3", 9, 0, 80 * 2**30) is None  # no table: no roofline claimed
 
 
-def test_attn_decode_option_selects_the_decode_kernels_and_is_checked():
-    """backend.options.attn_decode: split (default) or single binds the attention wrappers' kernel; an unknown
-    value or option is refused naming it (the backend read no option before: any was silently dropped)."""
+def test_options_select_the_kernels_and_are_checked():
+    """backend.options.attn_decode (split, the default, or single) binds the attention wrappers' kernel,
+    fp8_matmul (widen, the default, or w8a8) the FP8 path of moe.experts and linear; an unknown value or option
+    is refused naming it (the backend read no option before: any was silently dropped)."""
     from inferhal.core.errors import UserError
 
     reg = BackendRegistry.discover()
@@ -65,6 +66,12 @@ def test_attn_decode_option_selects_the_decode_kernels_and_is_checked():
             entry = ops.entry(op_id)
             assert entry.fn.fn.keywords["decode"] == (value or "split") and f"decode: {value or 'split'}" in entry.note
         assert "decode" not in ops.entry("norm.rms").fn.fn.keywords
+    ops = reg.select(BackendConfig(name="cuda_sm100", interpret=True, options={"fp8_matmul": "w8a8"})).ops
+    for op_id in ("moe.experts", "linear"):
+        assert ops.entry(op_id).fn.fn.keywords["fp8"] == "w8a8" and "fp8: w8a8" in ops.entry(op_id).note
+    assert "fp8" not in ops.entry("lm_head").fn.fn.keywords
+    with pytest.raises(UserError, match=r"fp8_matmul='fp4' is not one of widen, w8a8"):
+        reg.select(BackendConfig(name="cuda_sm100", interpret=True, options={"fp8_matmul": "fp4"}))
     with pytest.raises(UserError, match=r"attn_decode='fast' is not one of split, single"):
         reg.select(BackendConfig(name="cuda_sm100", interpret=True, options={"attn_decode": "fast"}))
     with pytest.raises(UserError, match=r"unknown option\(s\) \['torch_device'\] for the cuda_sm100 backend"):
