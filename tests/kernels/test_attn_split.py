@@ -184,7 +184,7 @@ def test_indexer_runs_of_tiles_change_no_bit(kv_dtype, monkeypatch):
     from inferhal.kernels import indexer, tuning
 
     g = torch.Generator().manual_seed(4)
-    pos, qsl, attn, nb = v4_batch([300, 200, 9], [12, 20, 1], RATIO, g, nb=160)
+    pos, qsl, attn, nb = v4_batch([300, 200, 9], [4, 6, 1], RATIO, g, nb=160)
     keys = comp_cache(nb, RATIO, 32, g, torch.bfloat16)
     fmt = None if kv_dtype == "auto" else formats.record(kv_dtype, 32, role="index")
     if fmt is not None:
