@@ -151,3 +151,25 @@ def provide(level, target: str, options=None) -> dict:
             note += f"; degraded: {DEGRADED[target][op_id]}"
         out[op_id] = OpImpl(impl, level, note)
     return out
+
+
+def variants(target: str) -> dict:
+    """The ``op_variants`` extra: each op the options switch, under every value of its option (``attn_decode``
+    for the decode attention and indexer, ``fp8_matmul`` for the FP8 products), for the device run to check
+    and time side by side on the same inputs (old and new kernels). op ID -> {"option=value": callable}."""
+    import importlib
+
+    from inferhal.kernels.tuning import DECODES, FP8_PATHS
+
+    out: dict = {}
+    for op_id, path in KERNEL_OPS.items():
+        mod, fn = path.split(":")
+        if op_id in DECODE_OPS:
+            choices = {f"attn_decode={v}": {"decode": v} for v in DECODES}
+        elif op_id in FP8_OPS:
+            choices = {f"fp8_matmul={v}": {"fp8": v} for v in FP8_PATHS}
+        else:
+            continue
+        wrapper = getattr(importlib.import_module(mod), fn)
+        out[op_id] = {name: functools.partial(wrapper, target=target, **kw) for name, kw in choices.items()}
+    return out

@@ -108,4 +108,8 @@ def inferhal_backend_extra(name, profile):
         from inferhal.backends.cuda_sm100.device import catalog
 
         return catalog()
+    if name == "op_variants":  # old and new kernels of the ops backend.options switches (the device run times both)
+        from inferhal.backends.cuda_sm100 import ops
+
+        return ops.variants(profile.extra.get("kernel_target", "cuda_sm100"))
     return None

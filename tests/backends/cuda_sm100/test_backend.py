@@ -76,3 +76,20 @@ def test_options_select_the_kernels_and_are_checked():
         reg.select(BackendConfig(name="cuda_sm100", interpret=True, options={"attn_decode": "fast"}))
     with pytest.raises(UserError, match=r"unknown option\(s\) \['torch_device'\] for the cuda_sm100 backend"):
         reg.select(BackendConfig(name="cuda_sm100", interpret=True, options={"torch_device": "cuda:1"}))
+
+
+def test_op_variants_offer_every_kernel_the_options_switch(active):
+    """The device run times old and new kernels side by side through the ``op_variants`` extra
+    (core/qualify/device_run/common.py: variants): each switched op under every value of its option, bound to
+    this target's tuning; the variant named by the default options is the op table's own kernel."""
+    from inferhal.core.qualify.device_run.common import variants
+
+    offered = active.extra("op_variants")
+    assert set(offered) == {"attn.paged", "attn.sparse_topk", "indexer.scores", "moe.experts", "linear"}
+    for op_id in ("attn.paged", "attn.sparse_topk", "indexer.scores"):
+        got = variants(active, op_id)
+        assert set(got) == {"default", "attn_decode=split", "attn_decode=single"}
+        assert got["attn_decode=single"].keywords == {"target": "interpreter", "decode": "single"}
+        table = active.ops.entry(op_id).fn.fn
+        assert got["attn_decode=split"].func is table.func and got["attn_decode=split"].keywords == table.keywords
+    assert set(offered["moe.experts"]) == {"fp8_matmul=widen", "fp8_matmul=w8a8"}
