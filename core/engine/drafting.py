@@ -45,11 +45,17 @@ class Drafting:
         thread before its next step."""
         if self.on_step_thread:
             self._free.extend(request_ids)
+            self._submitted.difference_update(request_ids)  # a later request with one of these ids sends its tokens
             if not in_flight:
                 self.release()
         else:
             for rid in request_ids:
                 self.proposer.free(rid)
+
+    def caught_up(self) -> None:
+        """Every step was folded in (none in flight): the next one is scheduled from every step's tokens."""
+        if self.on_step_thread:
+            self.runner.caught_up()
 
     def release(self) -> None:
         """No step in flight: free on this thread what the step thread would have freed."""
@@ -60,7 +66,9 @@ class Drafting:
     def after_update(self, out: Any, hidden: Any, changed: Sequence[Any], requests: dict, num_running: int) -> None:
         """A step folded in: drive the drafter (synchronous), or queue the finished for the step thread."""
         if self.on_step_thread:
-            self._free.extend(r.request_id for r in changed if r.is_finished)
+            ended = [r.request_id for r in changed if r.is_finished]
+            self._free.extend(ended)
+            self._submitted.difference_update(ended)
             return
         prop = self.proposer
         seqs, row = [], 0

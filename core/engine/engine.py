@@ -124,6 +124,7 @@ class Engine:
         self.stats = new_stats()
         self.last_step: dict = {}
         self.transfer = transfer
+        self._early: list[RequestOutput] = []  # outputs of steps folded in outside step() (add: a reused id)
         if transfer is not None:
             transfer.bind(self)
 
@@ -175,6 +176,8 @@ class Engine:
         return self.add(self.make_request(prompt, params, request_id, extra_keys))
 
     def add(self, req: Request) -> str:
+        if self.executor.asynchronous and req.request_id in self.executor.pending_ids():
+            self._fold_in_flight()  # an id reused at once: its last life's steps must not land in this one
         self.scheduler.add_request(req)
         if req.params.temperature > 0:
             seed = req.params.seed if req.params.seed is not None else (
@@ -203,6 +206,7 @@ class Engine:
         ``scheduler.async_scheduling`` it schedules and submits step N+1, then folds in step N (one step
         late), so the device runs N+1 while the host updates N and schedules N+2."""
         t0 = time.perf_counter()
+        early, self._early = self._early, []
         if self.transfer is not None:
             self.transfer.before_step()
         ex = self.executor
@@ -213,12 +217,26 @@ class Engine:
             t1 = time.perf_counter()
             if not ex.in_flight:
                 ex.idle()
-                return []
+                return early
             out, res = ex.result()
         else:
             out = self.scheduler.schedule()
             t1 = time.perf_counter()
             res = ex.run(out, self.scheduler.requests)
+        return early + self._fold(out, res, t0, t1)
+
+    def _fold_in_flight(self) -> None:
+        """Fold in every step in flight now (asynchronous scheduling); their outputs come with the next step()."""
+        while self.executor.in_flight:
+            t0 = time.perf_counter()
+            out, res = self.executor.result()
+            self._early += self._fold(out, res, t0, t0)
+        if self.drafting is not None:
+            self.drafting.caught_up()
+
+    def _fold(self, out, res, t0: float, t1: float) -> list[RequestOutput]:
+        """Apply an executed step (scheduled ``t0..t1``): tokens, logprobs, drafts, hand-offs → the outputs."""
+        ex = self.executor
         t2 = time.perf_counter()
         changed = self.scheduler.update(out, res.tokens, res.drafts, res.grammar_dead_ends)
         self.outputs.record(res.logprobs)

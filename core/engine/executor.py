@@ -60,6 +60,10 @@ class StepExecutor:
     def in_flight(self) -> int:
         return len(self._queue)
 
+    def pending_ids(self) -> set[str]:
+        """The request ids of the steps in flight."""
+        return {s.request_id for out, _ in self._queue for s in out.seqs}
+
     def result(self) -> tuple[SchedulerOutput, Any]:
         """Wait for the oldest step in flight: ``(its SchedulerOutput, its StepResult)``."""
         out, fut = self._queue.popleft()

@@ -165,11 +165,17 @@ class ModelRunner:
         res.hidden = None
         return res
 
+    def caught_up(self) -> None:
+        """No step in flight and the host folded in every one (the engine's ``_fold_in_flight``): the next step
+        was scheduled knowing which drafts stood, so it moves no request back."""
+        self._behind = {}
+
     def release(self, request_ids: Sequence[str]) -> None:
         """Free the drafter's state of ended requests (on the step thread, or while no step is in flight)."""
         for rid in request_ids:
             self.proposer.free(rid)
-            self._tokens.pop(rid, None)
+            for known in (self._tokens, self._behind, self._last):  # (a later request may reuse the id)
+                known.pop(rid, None)
 
     def _resolve(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> tuple[SchedulerOutput, dict[str, int]]:
         """The step as it runs: each request moved back by the drafts its previous step rejected, and its draft
