@@ -158,7 +158,9 @@ class PrefillSide:
             e.scheduler.finish([r.request_id], "transferred")
 
     def abort(self, request_ids: Sequence[str]) -> None:
-        pass
+        """Requests exported but not yet taken are dropped: nothing of them reaches a decode instance."""
+        gone = set(request_ids)
+        self._handoffs = [p for p in self._handoffs if str(p.state["request_id"]) not in gone]
 
     def pending(self) -> Sequence[str]:
         return ()

@@ -199,7 +199,7 @@ def pair(toy, backend, decode_seqs=8):
     return pre, dec, send, recv
 
 
-@pytest.mark.parametrize("where", ["prefill_chunk", "sent_waiting_for_room", "decoding"])
+@pytest.mark.parametrize("where", ["prefill_chunk", "exported_not_sent", "sent_waiting_for_room", "decoding"])
 def test_abort_at_each_point_of_a_hand_off(toy, backend, where):
     """A prefill and a decode engine (PrefillSide / DecodeSide over the loopback connector, as core/disagg/local.py
     drives them): the request is aborted mid-prefill, after its export but before its payload is sent (the
