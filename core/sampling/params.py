@@ -19,12 +19,20 @@ class SamplingParamsError(UserError, ValueError):
     """A sampling field is unknown or out of range; the message names it."""
 
 
+#: the lowest temperature sampled at: a lower positive one is raised to it (vLLM's ``_MAX_TEMP``, which it
+#: raises such temperatures to as well); below it the logits' quotient can overflow to infinity
+MIN_TEMPERATURE = 1e-2
+#: the seeds a torch generator takes (``manual_seed``: a signed or unsigned 64-bit integer)
+SEED_MIN, SEED_MAX = -(2 ** 63), 2 ** 64 - 1
+
+
 @dataclass
 class SamplingParams:
     """``temperature == 0`` is greedy. ``top_k`` 0 or -1 and ``top_p`` 1.0 are off. ``seed`` gives the
     request its own generator (output independent of the batch); without one a seeded request still
     gets its own generator, seeded from the engine seed and the request's arrival order.
     ``logprobs = k`` returns the top-k log-probabilities of every generated position.
+    A temperature in (0, :data:`MIN_TEMPERATURE`) samples at :data:`MIN_TEMPERATURE`.
     ``priority``: lower runs first under ``scheduler.policy=priority``. ``structured``: a constraint on the
     output (:class:`~inferhal.core.structured.params.StructuredOutputs`, or a mapping such as
     ``{"json": schema}``, ``{"regex": ...}``, ``{"choice": [...]}``, ``{"grammar": ebnf}``,
@@ -58,8 +66,12 @@ class SamplingParams:
         self.stop_token_ids = ids or []
         _check(self.seed is None or (isinstance(self.seed, int) and not isinstance(self.seed, bool)), "seed",
                f"must be an integer or None, got {self.seed!r}")
+        _check(self.seed is None or SEED_MIN <= self.seed <= SEED_MAX, "seed",  # what a torch generator takes
+               f"must be in [{SEED_MIN}, {SEED_MAX}], got {self.seed!r}")
         _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
         _check(_real(self.temperature) and self.temperature >= 0.0, "temperature", f"must be a number >= 0, got {self.temperature!r}")
+        if 0.0 < self.temperature < MIN_TEMPERATURE:  # logits / 1e-300 overflow to inf and the softmax gives NaN
+            self.temperature = MIN_TEMPERATURE
         _check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", f"must be -1, 0 (off) or a positive integer, got {self.top_k!r}")
         _check(_real(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", f"must be a number in (0, 1], got {self.top_p!r}")
         _check(_real(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p", f"must be a number in [0, 1], got {self.min_p!r}")
