@@ -146,8 +146,8 @@ class AsyncEngine:
         self._cmds.put(("add", (rid, list(prompt), params, q, fut, deadline)))
         try:
             await asyncio.wrap_future(fut)
-        except BaseException:
-            self._forget(rid)
+        except BaseException:  # refused, or the caller was cancelled (its request may be added all the same)
+            self.abort(rid)
             raise
         return rid, q
 
@@ -204,10 +204,20 @@ class AsyncEngine:
         eng = self.engine
         if kind == "add":
             rid, prompt, params, q, fut, deadline = arg
+            if not fut.set_running_or_notify_cancel():  # its submitter is gone already: never added
+                return
             try:
                 req = eng.make_request(prompt, params, request_id=rid)
                 eng.add(req)
             except (UserError, ValueError, EngineDead) as exc:  # (EngineDead: a router with no live instance)
+                fut.set_exception(exc)
+                return
+            except Exception as exc:  # a bug in checking one request: that request fails, the loop goes on
+                log.exception("request %s could not be added", rid)
+                try:
+                    eng.abort([rid])  # whatever of it got in
+                except Exception:  # noqa: BLE001 - already logged above
+                    pass
                 fut.set_exception(exc)
                 return
             self._tracks[rid] = _Track(q, time.monotonic(), len(prompt), deadline=deadline)

@@ -24,6 +24,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from inferhal.core.sampling.params import SEED_MAX, SEED_MIN
 from inferhal.core.server.chat_messages import openai_messages
 from inferhal.core.server.errors import APIError
 from inferhal.core.server.tools.spec import openai_tools
@@ -82,7 +83,7 @@ def _num(body: dict, key: str, lo: float, hi: float, lo_open: bool = False) -> O
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise _bad(f"'{key}' must be a number, got {v!r}", key)
-    if v < lo or v > hi or (lo_open and v == lo):
+    if not lo <= v <= hi or (lo_open and v == lo):  # (NaN too: JSON bodies may carry it, Python reads it)
         raise _bad(f"'{key}' must be in {'(' if lo_open else '['}{lo}, {hi}], got {v}", key)
     return float(v)
 
@@ -146,7 +147,7 @@ def sampling_fields(body: dict, s: dict, keys: tuple[str, ...], temperature_max:
     check = {"temperature": lambda: _num(body, "temperature", 0.0, temperature_max),
              "top_p": lambda: _num(body, "top_p", 0.0, 1.0, lo_open=True),
              "min_p": lambda: _num(body, "min_p", 0.0, 1.0),
-             "top_k": lambda: _int(body, "top_k", -1), "seed": lambda: _int(body, "seed", -(2 ** 63))}
+             "top_k": lambda: _int(body, "top_k", -1), "seed": lambda: _int(body, "seed", SEED_MIN, SEED_MAX)}
     for key in keys:
         val = check[key]()
         if val is not None:

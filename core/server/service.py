@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Optional
 
 from fastapi import Request
 
-from inferhal.core.errors import UserError
+from inferhal.core.errors import EngineDead, UserError
 from inferhal.core.server.async_engine import AsyncEngine, Draining, QueueFull
 from inferhal.core.server.protocol import APIError, Job
 from inferhal.core.server.tools import prompt, reasoning
@@ -77,7 +78,7 @@ class Service:
             chunks.append(chunk)
         try:
             return json.loads(b"".join(chunks))
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # (RecursionError: nested deeper than json can read)
             raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
 
     # -- prompt and params ------------------------------------------------------------------------
@@ -133,7 +134,16 @@ class Service:
         try:
             return SamplingParams(**kw)
         except UserError as exc:
-            raise APIError(400, str(exc)) from None
+            raise APIError(400, str(exc), self.param_of(exc, job)) from None
+
+    @staticmethod
+    def param_of(exc: Exception, job: Job) -> str:
+        """The body field an engine-side refusal is about: the sampling field its message names
+        (``SamplingParams.seed ...``), else the prompt (its length against the KV pool or the queue bound)."""
+        named = re.match(r"SamplingParams\.(\w+)", str(exc))
+        if named:
+            return named.group(1)
+        return "messages" if job.chat else "prompt"
 
     # -- admission and outputs --------------------------------------------------------------------
     async def start(self, job: Job) -> tuple[list[int], list[tuple[str, asyncio.Queue]]]:
@@ -160,7 +170,7 @@ class Service:
             if isinstance(exc, GrammarError):
                 raise APIError(400, str(exc), job.structured_field) from None
             if isinstance(exc, UserError):
-                raise APIError(400, str(exc)) from None
+                raise APIError(400, str(exc), self.param_of(exc, job)) from None
             raise
         return ids, subs
 
