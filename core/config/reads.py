@@ -77,6 +77,10 @@ READS: dict[str, tuple[str, ...]] = {
                           *BENCH_OUT),  # its own models and contexts
     "bench kv_fidelity": ("backend.name", *_bench("max_tokens", "repeats")),  # its own tiny V4 variants
     "bench ops": (*ENGINE, *_bench("concurrency", "num_prompts", "max_tokens", "warmup", "repeats")),
+    "bench agent": (*ENGINE, "deterministic", "server.served_model_name", "server.max_body_bytes",
+                    "server.max_queued_requests", "server.max_queued_tokens", "server.request_timeout_s",
+                    "server.shutdown_timeout_s", "server.reasoning_parser",  # each inferhal serve child's
+                    *_bench("concurrency", "warmup", "repeats", "url", "peers", "agent")),  # core/bench/agent.py
     "bench serve": (*ENGINE, "deterministic", "server.served_model_name", "server.max_body_bytes",
                     "server.max_queued_requests", "server.max_queued_tokens", "server.request_timeout_s",
                     "server.shutdown_timeout_s", "server.reasoning_parser",  # its server child's (serve(cfg))
