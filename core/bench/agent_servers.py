@@ -127,7 +127,8 @@ def llama_cpp_ready() -> str:
 
 
 def start_llama_cpp(gguf: str, threads: int, n_ctx: int, label: str = "llama_cpp") -> tuple[Optional[Server], str]:
-    """llama-cpp-python's OpenAI server on ``gguf`` (its chat template from the file) → (server, '') or (None, why)."""
+    """llama-cpp-python's OpenAI server on ``gguf`` (its chat template from the file), one request at a time, the
+    others queued → (server, '') or (None, why)."""
     why = llama_cpp_ready()
     if why:
         return None, why
@@ -135,7 +136,10 @@ def start_llama_cpp(gguf: str, threads: int, n_ctx: int, label: str = "llama_cpp
     log = open(os.devnull, "w")
     proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1",
                              "--port", str(port), "--n_threads", str(threads), "--n_threads_batch", str(threads),
-                             "--n_ctx", str(n_ctx), "--model_alias", Path(gguf).stem],
+                             "--n_ctx", str(n_ctx), "--model_alias", Path(gguf).stem,
+                             # its default lets a new request cut the one streaming off: at c > 1 they would
+                             # end each other's turns; queued, they are served one at a time
+                             "--interrupt_requests", "False"],
                             stdout=log, stderr=subprocess.STDOUT)
     srv = Server(label, f"http://127.0.0.1:{port}", "llama_cpp", proc, Path(gguf).stem)
     why = _wait(srv, "/v1/models", lambda: proc.poll() is None)
