@@ -58,6 +58,7 @@ from typing import Callable, Sequence
 from inferhal.core.bench import host
 from inferhal.core.bench.bounds import add_compute_bounds, add_weight_bounds, bound_lines
 from inferhal.core.bench.clients import PEERS, peer_loaders, prompt_ids, run_inferhal, run_llama_cpp, run_transformers
+from inferhal.core.bench.stamp import stamp
 
 def _pct(xs: Sequence[float], q: float) -> float:
     if not xs:
@@ -281,7 +282,7 @@ def run(cfg) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     result = {"model": str(cfg.model.name), "max_tokens": max_tokens, "levels": levels, "rows": rows,
               "ratios": ratios, "notes": notes, "repeats": repeats, "torch_threads": torch.get_num_threads(),
-              "cpu_count": os.cpu_count(), "load_seconds": info.get("load_seconds")}
+              "cpu_count": os.cpu_count(), "load_seconds": info.get("load_seconds"), "stamp": stamp()}
     with open(out, "w") as f:
         json.dump(result, f, indent=2, default=str)
     png = os.path.splitext(out)[0] + ".png"

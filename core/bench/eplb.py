@@ -38,6 +38,7 @@ from typing import Callable
 import torch
 
 from inferhal.core.bench._eplb_peer import Peer, load_deepseek
+from inferhal.core.bench.stamp import stamp
 from inferhal.core.eplb.baseline import rebalance_greedy, rebalance_per_layer
 from inferhal.core.eplb.metrics import balancedness, lower_bound
 from inferhal.core.eplb.placement import build_log2phy
@@ -346,7 +347,7 @@ def run(cfg) -> int:
                    min_loop_ratio=min(d["ratio"] for d in speeds), total_seconds=time.perf_counter() - t0,
                    load_average=os.getloadavg()[0], host=f"CPU, {os.cpu_count()} cores; every policy at one thread")
     with open(path, "w") as f:
-        json.dump(dict(summary=summary, rows=[asdict(r) for r in rows], speed=speeds), f, indent=1)
+        json.dump(dict(summary=summary, rows=[asdict(r) for r in rows], speed=speeds, stamp=stamp()), f, indent=1)
     png = os.path.splitext(path)[0] + ".png"
     _plot(rows, png)
     print(json.dumps(summary, indent=1))

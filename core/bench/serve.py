@@ -35,6 +35,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from inferhal.core.bench.stamp import stamp
+
 DISCONNECT_EVERY = 10
 _SUBJECTS = ["a lighthouse keeper", "a robot", "the river", "an old map", "a small cat", "the north wind",
              "a baker", "the last train", "a violin", "the moon"]
@@ -230,6 +232,6 @@ def run(cfg) -> int:
     out.write_text(json.dumps({"model": model, "backend": str(cfg.backend.name), "num_prompts": n,
                                "max_tokens": max_tokens, "rows": rows, "end_state": end,
                                "server_exit": proc.exitcode, "failures": failures,
-                               "note": "clients, server and engine on one shared host"}, indent=1))
+                               "note": "clients, server and engine on one shared host", "stamp": stamp()}, indent=1))
     con.print(f"wrote {out}", highlight=False)
     return 1 if failures else 0
