@@ -23,20 +23,18 @@ The servers, measured one after another (never two at once: they would share the
 
 With ``bench.agent.drafter_cost`` the recorded turns of the first server are replayed through the suffix
 and n-gram drafters without a model (:mod:`.agent_drafter`): their host time per request and decode step,
-against the step time the servers measured. ``output=`` (default ``<bench.output_dir>/agent.json``) gets the
-JSON and, beside it, ``agent.png`` with the curves (stamped with commit, host and date). Clients and servers
-share the host: on a shared machine the numbers hold as ratios within one run.
+against the step time the servers measured, and the tokens a greedy step would give (suffix also from the
+request's own tokens only, n-gram also with suffix's draft length). ``output=`` (default
+``<bench.output_dir>/agent.json``) gets the JSON (with its :func:`~inferhal.core.bench.stamp.stamp`) and,
+beside it, ``agent.png`` with the curves (commit, host and date in a corner). Clients and servers share the
+host: on a shared machine the numbers hold as ratios within one run.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime
 import os
-import platform
 import signal
-import socket
-import subprocess
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -47,6 +45,7 @@ from inferhal.core.bench.agent_report import COUNTERS, plot, summarize, table
 from inferhal.core.bench.agent_servers import gguf_path, running, start_inferhal, start_llama_cpp, stop, variant_config
 from inferhal.core.bench.agent_sessions import generate, load_trace
 from inferhal.core.bench.serve import _get, _metric
+from inferhal.core.bench.stamp import stamp
 from inferhal.core.errors import UserError
 
 PEERS = ("llama_cpp",)
@@ -78,16 +77,15 @@ def _counters(url: str) -> dict[str, float]:
     return {k: _metric(text, name) for k, name in COUNTERS.items()}
 
 
+def _caption(st: dict) -> str:
+    """The plot's corner: the commit, host and date of the result's stamp (core/bench/stamp.py)."""
+    h = st["host"]
+    return f"commit {st['commit'][:12]}, {h['cpu']} ({h['logical_cpus']} CPUs), {st['date'][:16]} UTC"
+
+
 def _stamp() -> str:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(__file__)).stdout.strip() or "?"
-    except OSError:
-        commit = "?"
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    return (f"commit {commit}, {socket.gethostname()} ({cpu}, {os.cpu_count()} CPUs), "
-            f"{datetime.date.today().isoformat()}")
+    """The corner text for a result made now (bench soak's JSON keeps it as its stamp)."""
+    return _caption(stamp())
 
 
 def _point(srv, sessions, c: int, rep: int, offset: int, a, con) -> dict:
@@ -172,19 +170,26 @@ def _count_inputs(rows: list[dict], tok: Any, a: Any) -> None:
 
 
 def _drafter_cost(cfg, rows: list[dict], tok: Any, con) -> dict:
-    """The suffix and n-gram drafters replayed over the first server's turns at its lowest concurrency."""
+    """The drafters replayed over the first server's turns (its row at each level, in the order they ran): suffix
+    as measured, suffix from the request's own tokens only, n-gram as measured and n-gram with suffix's ``k``
+    (drafts as long as suffix's may be: the stores compared, not the draft lengths)."""
     from inferhal.core.bench.agent_drafter import replay, tokenized
     from inferhal.core.config.schema import SpecConfig
     from inferhal.core.spec.ngram import NgramProposer
     from inferhal.core.spec.suffix import SuffixProposer
 
-    first = rows[0]
-    res = sorted((r for r in first["_results"] if r.ok and r.text), key=lambda r: r.start)
+    first = rows[0]["server"]
+    res = sorted((r for row in rows if row["server"] == first for r in row["_results"] if r.ok and r.text),
+                 key=lambda r: r.start)
     turns = tokenized(tok, [(r.messages, r.text) for r in res])
-    out = {"turns": len(turns), "server": first["server"], "concurrency": first["concurrency"]}
-    for name, cls in (("suffix", SuffixProposer), ("ngram", NgramProposer)):  # as conf/spec/NAME.yaml sets them
-        prop = cls.from_config(SpecConfig(**OmegaConf.to_container(variant_config(cfg, [f"spec={name}"]).spec)))
-        out[name] = replay(prop, turns)
+    out = {"turns": len(turns), "server": first}
+    k = int(variant_config(cfg, ["spec=suffix"]).spec.num_speculative_tokens)
+    for name, cls, ov in (("suffix", SuffixProposer, ["spec=suffix"]),
+                          ("suffix_own", SuffixProposer, ["spec=suffix", "spec.suffix_max_cached_requests=0"]),
+                          ("ngram", NgramProposer, ["spec=ngram"]),
+                          (f"ngram_k{k}", NgramProposer, ["spec=ngram", f"spec.num_speculative_tokens={k}"])):
+        spec = SpecConfig(**OmegaConf.to_container(variant_config(cfg, ov).spec))  # as conf/spec/*.yaml set them
+        out[name] = {"overrides": ov, **replay(cls.from_config(spec), turns)}
         con.print(f"  drafter {name}: {out[name]['host_us_p50']:.0f} us per request-step (median), "
                   f"{out[name]['tokens_per_step'] or 0:.2f} tokens per step replayed", highlight=False)
     return out
@@ -259,8 +264,8 @@ def run(cfg) -> int:
                   f"TTFT p50 x{r['ttft_p50'] or float('nan'):.2f}", highlight=False)
     for label, note in notes.items():
         con.print(f"{label}: {note}", highlight=False)
-    stamp = _stamp()
-    payload = {"model": str(cfg.model.name), "stamp": stamp, "levels": levels, "sessions": len(sessions),
+    st = stamp()
+    payload = {"model": str(cfg.model.name), "stamp": st, "levels": levels, "sessions": len(sessions),
                "turns_per_point": int(a.turns_per_point), "variants": {k: list(v) for k, v in variants.items()},
                "rows": [{**{k: v for k, v in r.items() if not k.startswith("_")}, "turn_records": _turns(r)}
                         for r in rows],
@@ -269,7 +274,7 @@ def run(cfg) -> int:
     out = write_json(cfg, "agent.json", payload)
     png = os.path.splitext(out)[0] + ".png"
     if rows:
-        plot(rows, png, f"bench agent: {cfg.model.name} (tok/s per device vs tok/s per user)", stamp)
+        plot(rows, png, f"bench agent: {cfg.model.name} (tok/s per device vs tok/s per user)", _caption(st))
     con.print(f"wrote {out}" + (f" and {png}" if rows else ""), highlight=False)
     # the exit status: 1 when a server could not be measured or a turn failed
     return 0 if rows and not notes and not any(r["failed"] for r in rows) else 1

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from inferhal.core.bench import agent_sessions as sessions_mod
-from inferhal.core.bench.agent import _medians, check
+from inferhal.core.bench.agent import _drafter_cost, _medians, check
 from inferhal.core.bench.agent_client import TurnResult
 from inferhal.core.bench.agent_drafter import replay
 from inferhal.core.bench.agent_report import pct, summarize
@@ -113,6 +113,45 @@ def test_the_drafter_replay_times_each_request_step_and_verifies_greedily():
         assert got["decode_steps"] < 2 * (len(out) - 1)  # drafts stood: fewer steps than tokens
         assert got["accepted"] <= got["drafted"] and got["host_us_p50"] > 0
         assert got["tokens_per_step"] == pytest.approx(2 * (len(out) - 1) / got["decode_steps"])
+
+
+class _WordTokenizer:
+    """A word per token (ids by first appearance): enough for the drafter replay."""
+
+    def __init__(self):
+        self.ids = {}
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        return " ".join(f"<{m['role']}> {m['content']}" for m in messages) + " <assistant>"
+
+    def encode(self, text, add_bos=False):
+        return [self.ids.setdefault(w, len(self.ids)) for w in text.split()]
+
+
+def test_the_drafter_cost_replays_the_first_servers_turns_at_every_level_through_four_drafters():
+    cfg = compose(["model=smollm2_135m_instruct"], command="bench agent")
+    answer = "call read_file with path src/a.py then run the tests again and read the output of the tests"
+
+    def row(server, c, n):
+        res = []
+        for i in range(n):
+            r = _turn(float(10 * c + i), 0.1, [0.1], 2)
+            r.messages, r.text = [{"role": "user", "content": f"task {i} for user {c}: read src/a.py"}], answer
+            res.append(r)
+        return {"server": server, "concurrency": c, "_results": res}
+
+    rows = [row("off", 1, 2), row("off", 2, 3), row("suffix", 1, 4)]
+    got = _drafter_cost(cfg, rows, _WordTokenizer(), type("Con", (), {"print": lambda *a, **k: None})())
+    assert (got["server"], got["turns"]) == ("off", 5)  # the first server's turns at both levels, not suffix's
+    assert set(got) == {"server", "turns", "suffix", "suffix_own", "ngram", "ngram_k8"}
+    assert got["ngram_k8"]["overrides"][-1] == "spec.num_speculative_tokens=8"  # suffix's k (conf/spec/suffix.yaml)
+    for name in ("suffix", "suffix_own", "ngram", "ngram_k8"):
+        assert got[name]["decode_steps"] > 0 and got[name]["host_us_p50"] > 0
+    # the answer repeats from the second turn on: the recent store drafts it (drafts as long as the match), own
+    # tokens hold only the prompt's words, and n-gram drafts at most 2 tokens (conf/spec/ngram.yaml)
+    assert got["suffix"]["tokens_per_step"] > got["suffix_own"]["tokens_per_step"]
+    assert got["suffix"]["tokens_per_step"] > got["ngram"]["tokens_per_step"]
+    assert got["ngram"]["tokens_per_step"] <= 3 and got["ngram"]["drafted"] <= 2 * got["ngram"]["decode_steps"]
 
 
 @pytest.mark.parametrize("override, words", [
