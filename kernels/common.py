@@ -132,3 +132,19 @@ def launch(kernel, grid, *args, **kwargs):
         if stages != want:
             _FITTED_STAGES[key()] = stages
         return out
+
+
+@triton.jit
+def e2m1(nib):
+    """4-bit e2m1 codes (int32, sign in bit 3) -> fp32 values 0, .5, 1, 1.5, 2, 3, 4, 6."""
+    code = nib & 7
+    ex = code >> 1
+    man = (code & 1).to(tl.float32)
+    mag = tl.where(ex == 0, 0.5 * man, (1.0 + 0.5 * man) * tl.where(ex == 3, 4.0, tl.where(ex == 2, 2.0, 1.0)))
+    return tl.where(nib >= 8, -mag, mag)
+
+
+def rows(x):
+    """``x [..., K]`` as a 2-D ``[M, K]`` tensor whose last dimension is contiguous (a copy only where it is not)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()

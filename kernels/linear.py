@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from inferhal.core.ops.quant import QuantWeight
-from inferhal.kernels.common import dot_operand, interp, launch, round_to, tl_dtype
+from inferhal.kernels.common import dot_operand, interp, launch, round_to, rows, tl_dtype
 from inferhal.kernels.moe_experts import FP4_DEQUANT, FP4_SCALED, FP8_BLOCK, PLAIN, _load_fp4_scaled, _load_w
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import FP8_PATHS, config
@@ -181,11 +181,6 @@ def _gemm(x2: torch.Tensor, w, bias, mode: int, out: torch.Tensor | None, target
     return out
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    x2 = x.reshape(-1, x.shape[-1])
-    return x2 if x2.stride(-1) == 1 else x2.contiguous()
-
-
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, *, target: str | None = None,
            fp8: str = "widen") -> torch.Tensor:
     """``linear``: x[..., K] @ w[N, K]^T (+ bias) -> [..., N] in x's dtype. ``fp8``: how an fp8_block weight
@@ -198,7 +193,7 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, *, target: str 
         from inferhal.kernels.linear_lowp import linear_w8a8
 
         return linear_w8a8(x, w, target=target)
-    x2 = _rows(x)
+    x2 = rows(x)
     b = None if bias is None else bias.contiguous()
     if b is not None and b.numel() != w.shape[0]:
         raise ValueError(f"linear: bias has {b.numel()} elements, weight has N={w.shape[0]}")
@@ -214,10 +209,10 @@ def lm_head(x: torch.Tensor, w, out: torch.Tensor | None = None, *, target: str 
     elif tuple(out.shape) != (x.shape[0], v) or out.dtype != torch.float32 or (v and out.stride(1) != 1):
         raise ValueError(f"lm_head: logits buffer is {out.dtype} {tuple(out.shape)}, needs float32 {(x.shape[0], v)} "
                          "with contiguous rows")
-    _gemm(_rows(x), w, None, LOGITS, out, target, "lm_head")
+    _gemm(rows(x), w, None, LOGITS, out, target, "lm_head")
     return out
 
 
 def lm_head_argmax(x: torch.Tensor, w, *, target: str | None = None) -> torch.Tensor:
     """``lm_head.argmax``: each row's first argmax (NaN the largest) of lm_head(x, w), without the logits."""
-    return _gemm(_rows(x), w, None, ARGMAX, None, target, "lm_head.argmax")
+    return _gemm(rows(x), w, None, ARGMAX, None, target, "lm_head.argmax")

@@ -20,9 +20,7 @@ import triton
 import triton.language as tl
 
 from inferhal.core.ops.quant import QuantWeight
-from inferhal.kernels.common import interp, launch, round_to, tl_dtype
-from inferhal.kernels.linear import _rows
-from inferhal.kernels.moe_experts import _e2m1
+from inferhal.kernels.common import e2m1, interp, launch, round_to, rows, tl_dtype
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
 
@@ -102,8 +100,8 @@ def act_quant_fp4_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s, G
 def _fp4_values(q, s, R: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
     """Packed e2m1 codes q [R, BK/2] and their scales s [R, BK/GROUP] -> fp32 values [R, BK] (the
     interpreter's way: its dot_scaled misreads e4m3 scales)."""
-    lo = _e2m1((q & 0xF).to(tl.int32))
-    hi = _e2m1((q >> 4).to(tl.int32))
+    lo = e2m1((q & 0xF).to(tl.int32))
+    hi = e2m1((q >> 4).to(tl.int32))
     v = tl.reshape(tl.join(lo, hi), (R, BK))
     sc = tl.reshape(tl.broadcast_to(s.to(tl.float32)[:, :, None], (R, BK // GROUP, GROUP)), (R, BK))
     return v * sc
@@ -140,7 +138,7 @@ def linear_fp4_w4a4_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, stride
 
 def act_quant(x: torch.Tensor, block: int = 128, *, target: str | None = None):
     """x[M, K] -> (e4m3 codes [M, K], fp32 scales [M, ceil(K/block)]): per token and ``block`` columns, s = amax/448."""
-    x2 = _rows(x)
+    x2 = rows(x)
     m, k = x2.shape
     q = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty((m, triton.cdiv(k, block)), dtype=torch.float32, device=x.device)
@@ -159,7 +157,7 @@ def linear_w8a8(x: torch.Tensor, w: QuantWeight, *, target: str | None = None) -
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     if w.block[1] != bk:
         raise ValueError(f"linear_w8a8: weight K blocks are {w.block[1]} wide, the kernel's K tile is {bk}")
-    x2 = _rows(x)
+    x2 = rows(x)
     m, k = x2.shape
     n = w.shape[0]
     xq, xs = act_quant(x2, bk, target=target)
@@ -187,7 +185,7 @@ def act_quant_fp4(x: torch.Tensor, group: int = 32, *, target: str | None = None
     ue8m0 scales as uint8) or NVFP4 (group 16, float8_e4m3fn scales)."""
     if group not in (16, 32):
         raise ValueError(f"act_quant_fp4: group must be 32 (MXFP4) or 16 (NVFP4), got {group}")
-    x2 = _rows(x)
+    x2 = rows(x)
     m, k = x2.shape
     if k % group:
         raise ValueError(f"act_quant_fp4: K must be a multiple of {group}, got {k}")
@@ -211,7 +209,7 @@ def linear_w4a4(x: torch.Tensor, w: QuantWeight, *, target: str | None = None) -
         raise ValueError("linear_w4a4: takes a 2-D fp4_group weight, MXFP4 (ue8m0 scales per 32) or NVFP4 (e4m3 per 16)")
     cfg = config("gemm_fp4", target)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    x2 = _rows(x)
+    x2 = rows(x)
     m, k = x2.shape
     n = w.shape[0]
     xq, xs = act_quant_fp4(x2, group, target=target)

@@ -28,20 +28,11 @@ import triton.language as tl
 
 from inferhal.core.ops.params import ExpertsParams
 from inferhal.core.ops.quant import QuantWeight
-from inferhal.kernels.common import dot_operand, interp, launch, round_to, tl_dtype
+from inferhal.kernels.common import dot_operand, e2m1, interp, launch, round_to, tl_dtype
+from inferhal.kernels.moe_pairs import align_pairs, tile_pairs
 from inferhal.kernels.tuning import FP8_PATHS, config
 
 PLAIN, FP8_BLOCK, FP4_DEQUANT, FP4_SCALED = 0, 1, 2, 3
-
-
-@triton.jit
-def _e2m1(nib):
-    """4-bit e2m1 codes (int32, sign in bit 3) -> fp32 values 0, .5, 1, 1.5, 2, 3, 4, 6."""
-    code = nib & 7
-    ex = code >> 1
-    man = (code & 1).to(tl.float32)
-    mag = tl.where(ex == 0, 0.5 * man, (1.0 + 0.5 * man) * tl.where(ex == 3, 4.0, tl.where(ex == 2, 2.0, 1.0)))
-    return tl.where(nib >= 8, -mag, mag)
 
 
 @triton.jit
@@ -68,7 +59,7 @@ def _load_w(w_ptr, s_ptr, e, rn, k0, rk, N, K, s_we, s_wn, s_wk, s_se, s_sn, s_s
         byte = tl.load(base + (rk // 2)[None, :] * s_wk, mask=m, other=0).to(tl.int32)
         nib = (byte >> ((rk % 2) * 4)[None, :]) & 0xF
         s = tl.load(s_ptr + e * s_se + rn[:, None] * s_sn + (rk // blk_k)[None, :] * s_sk, mask=m, other=0.0)
-        return round_to(_e2m1(nib) * s, DTYPE, INTERP)
+        return round_to(e2m1(nib) * s, DTYPE, INTERP)
 
 
 @triton.jit
@@ -83,17 +74,6 @@ def _load_fp4_scaled(w_ptr, s_ptr, e, rn, k0, N, K, s_we, s_wn, s_wk, s_se, s_sn
     s = tl.load(s_ptr + e * s_se + rn[:, None] * s_sn + ks[None, :] * s_sk,
                 mask=nm[:, None] & (ks < K // 32)[None, :], other=127)
     return q, s
-
-
-@triton.jit
-def tile_pairs(pair_ptr, tile_e_ptr, TOPK, BLOCK_M: tl.constexpr):
-    """M-tile ``program_id(0)``'s rows, their pairs (-1: padding), validity, tokens (0 for padding) and expert."""
-    tile = tl.program_id(0)
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(pair_ptr + rows)
-    rvalid = pair >= 0
-    tok = tl.where(rvalid, pair // TOPK, 0).to(tl.int64)
-    return rows, pair, rvalid, tok, tl.load(tile_e_ptr + tile).to(tl.int64)
 
 
 @triton.jit
@@ -194,31 +174,6 @@ def _weight(w, num_rows: int, k: int, name: str, act: torch.dtype) -> _Weight:
     if e8m0 and group == 32 and act in (torch.bfloat16, torch.float16):
         return _Weight(w.data, w.scale.view(torch.uint8), FP4_SCALED, w.block)
     return _Weight(w.data, w.scale.float(), FP4_DEQUANT, w.block)
-
-
-def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int):
-    """Group the (token, choice) pairs by expert, each group padded to ``block_m`` rows.
-
-    -> (pairs[Mpad] int32: flat pair index t*K+k or -1 for padding, tile_expert[Mpad/block_m] int32).
-    Pairs with an id outside [0, E) (EP-remote experts) are dropped.
-    """
-    flat = ids.reshape(-1).long()
-    valid = (flat >= 0) & (flat < num_experts)
-    key = torch.where(valid, flat, num_experts)
-    order = torch.argsort(key, stable=True)
-    counts = torch.bincount(key, minlength=num_experts + 1)[:num_experts]
-    tiles = (counts + block_m - 1) // block_m
-    nvalid = int(counts.sum())
-    start = torch.cumsum(counts, 0) - counts
-    start_pad = (torch.cumsum(tiles, 0) - tiles) * block_m
-    total = int(tiles.sum()) * block_m
-    pairs = torch.full((total,), -1, dtype=torch.int32, device=ids.device)
-    srt = order[:nvalid]
-    ex = key[srt]
-    dest = start_pad[ex] + torch.arange(nvalid, device=ids.device) - start[ex]
-    pairs[dest] = srt.to(torch.int32)
-    tile_expert = torch.repeat_interleave(torch.arange(num_experts, device=ids.device, dtype=torch.int32), tiles)
-    return pairs, tile_expert
 
 
 def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gate_up, w_down, p: ExpertsParams,

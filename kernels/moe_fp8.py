@@ -8,7 +8,7 @@ fresh fp32 partial that is multiplied by both scales and added to the fp32 accum
 cores' limited FP8 accumulation never spans more than one block).
 
 1. host: ``act_quant`` (:mod:`.linear_lowp`) quantises x; the pairs are grouped by expert as for the
-   widening path (:func:`~inferhal.kernels.moe_experts.align_pairs`);
+   widening path (:func:`~inferhal.kernels.moe_pairs.align_pairs`);
 2. ``moe_gate_up_w8a8_kernel``: per (M-tile, 128 columns of I) both GEMMs share the loads of x's codes;
    the epilogue rounds gate and up to the activation dtype, clamps, applies SiLU(gate) * up, rounds h to
    the activation dtype and quantises it to e4m3 with one scale per row of the tile (the tile's 128
@@ -29,7 +29,7 @@ import triton.language as tl
 
 from inferhal.kernels.common import interp, launch, round_to, tl_dtype
 from inferhal.kernels.kv_records import _div
-from inferhal.kernels.moe_experts import tile_pairs
+from inferhal.kernels.moe_pairs import align_pairs, tile_pairs
 from inferhal.kernels.tuning import config
 
 
@@ -119,7 +119,6 @@ def moe_experts_w8a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, 
                      target: str | None) -> torch.Tensor:
     """The fp32 pair rows ``[T * K, D]`` of ``moe.experts`` on FP8 x FP8 (shapes checked by the caller)."""
     from inferhal.kernels.linear_lowp import act_quant
-    from inferhal.kernels.moe_experts import align_pairs
 
     t, d = x.shape
     num_experts, two_i = w_gate_up.shape[0], w_gate_up.shape[1]

@@ -15,7 +15,8 @@ from inferhal.backends.reference.moe import moe_experts as ref_experts
 from inferhal.core.ops.quantize import quantize_fp4_group, quantize_fp8_block
 from inferhal.core.ops.params import ExpertsParams
 from inferhal.core.ops.quant import QuantWeight
-from inferhal.kernels.moe_experts import align_pairs, moe_experts
+from inferhal.kernels.moe_experts import moe_experts
+from inferhal.kernels.moe_pairs import align_pairs
 
 
 def setup(t, d, inter, e, k, seed, dtype):
