@@ -30,9 +30,10 @@ def _round(llm, prompts, sp) -> tuple[float, list]:
 def run(cfg) -> int:
     from rich.table import Table
 
+    from omegaconf import OmegaConf
+
     from inferhal import LLM, SamplingParams
     from inferhal.core.console import console as make_console
-    from inferhal.core.engine.llm import compose_config
 
     console = make_console(min_width=110)
     model, backend = str(cfg.model.name), str(cfg.backend.name)
@@ -41,8 +42,9 @@ def run(cfg) -> int:
     engines = {}
     for mode in ("off", "on"):
         console.print(f"[deterministic] loading {model} on {backend}, mode {mode}", highlight=False)
-        engines[mode] = LLM.from_config(compose_config(model, backend, overrides=[
-            f"deterministic={'true' if mode == 'on' else 'false'}", f"model.dtype={cfg.model.dtype}"]))
+        each = cfg.copy()  # the model as configured (model=NAME and its fields), the mode set here
+        OmegaConf.update(each, "deterministic", mode == "on", merge=False)
+        engines[mode] = LLM.from_config(each)
     sp = SamplingParams(max_tokens=mt, temperature=0.0, logprobs=1, ignore_eos=True)
     text = engines["off"].tokenizer is not None
     vocab = int(engines["off"].engine.model.vocab_size)

@@ -73,6 +73,7 @@ def run(cfg) -> int:
     from rich.table import Table
 
     from inferhal.core.disagg import local
+    from inferhal.core.disagg.handoff import side
     from inferhal.core.engine.engine import Engine
     from inferhal.core.engine.llm import LLM
 
@@ -84,7 +85,8 @@ def run(cfg) -> int:
     con.print(f"[bold]bench disagg[/bold]: model {cfg.model.name}, backend {e.backend.name}, {len(prompts)} requests "
               f"({len(prompts[0])}-token prompts x {params[0].max_tokens} tokens, 16-token prompts x "
               f"{params[-1].max_tokens if len(params) > 1 else '-'} tokens); load average {os.getloadavg()[0]:.1f}")
-    make = lambda role: Engine(e.loaded, e.backend, e.scheduler.cfg, cfg.cache, e.max_model_len, role=role)
+    make = lambda role: Engine(e.loaded, e.backend, e.scheduler.cfg, cfg.cache, e.max_model_len,
+                               transfer=None if role == "any" else side(role))
     rows = {}
     with Progress("bench disagg", 2 * int(b.repeats), every=0.0) as prog:
         runs = {"colocated": [], "disaggregated": []}

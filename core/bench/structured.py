@@ -71,7 +71,7 @@ def run(cfg) -> int:
     n = len(schemas)
     ps = [prompts[i % len(prompts)] for i in range(n)]
     mt = int(cfg.bench.max_tokens) if int(cfg.bench.max_tokens) != 32 else 96
-    llm = LLM(model, str(cfg.backend.name))
+    llm = LLM.from_config(cfg)  # the model as configured (model=NAME and its fields) on backend.name
     # grammars compile once per schema (then cached): timed apart, so the per-step numbers are the steady state
     from inferhal.core.structured.params import StructuredOutputs
 

@@ -61,7 +61,7 @@ READS: dict[str, tuple[str, ...]] = {
     "plan calibrate": ("output",),  # core/plan/anchors.yaml holds each anchor's own config
     # core/bench/<kind>.py run(cfg)
     "bench cpu_linear": ("backend.name", *_bench("concurrency", "repeats")),
-    "bench deterministic": ("model.name", "model.dtype", "backend.name",  # composes its own two engines by name
+    "bench deterministic": ("model", "backend.name",  # its two engines from this model config, the mode set by it
                             *_bench("concurrency", "max_tokens", "warmup", "repeats")),
     "bench disagg": ("model", "backend", "scheduler", "cache", *_bench("num_prompts", "max_tokens", "repeats")),
     "bench e2e": (*ENGINE, "deterministic", *_bench("concurrency", "num_prompts", "max_tokens", "warmup", "repeats",
@@ -86,7 +86,7 @@ READS: dict[str, tuple[str, ...]] = {
                     "server.shutdown_timeout_s", "server.reasoning_parser",  # its server child's (serve(cfg))
                     *_bench("concurrency", "num_prompts", "max_tokens", "warmup")),
     "bench spec": ("backend", *_bench("num_prompts", "max_tokens", "warmup", "repeats")),  # deepseek_v4_tiny_mtp
-    "bench structured": ("model.name", "backend.name", *_bench("max_tokens")),  # LLM(name, backend name)
+    "bench structured": ("model", "backend.name", *_bench("max_tokens")),  # LLM.from_config(cfg)
     # the Python API: LLM(...) composes as this command (core/engine/llm.py); one process, no prompts of its own
     "LLM": (*ENGINE, "deterministic"),
 }
