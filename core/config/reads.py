@@ -85,6 +85,10 @@ READS: dict[str, tuple[str, ...]] = {
                     "server.max_queued_requests", "server.max_queued_tokens", "server.request_timeout_s",
                     "server.shutdown_timeout_s", "server.reasoning_parser",  # its server child's (serve(cfg))
                     *_bench("concurrency", "num_prompts", "max_tokens", "warmup")),
+    "bench soak": (*ENGINE, "deterministic", "server.served_model_name", "server.max_body_bytes",
+                   "server.max_queued_requests", "server.max_queued_tokens", "server.request_timeout_s",
+                   "server.shutdown_timeout_s", "server.reasoning_parser",  # its server child's, as bench serve's
+                   *_bench("soak", "max_tokens", "url")),  # core/bench/soak.py
     "bench spec": ("backend", *_bench("num_prompts", "max_tokens", "warmup", "repeats")),  # deepseek_v4_tiny_mtp
     "bench structured": ("model", "backend.name", *_bench("max_tokens")),  # LLM.from_config(cfg)
     # the Python API: LLM(...) composes as this command (core/engine/llm.py); one process, no prompts of its own

@@ -191,6 +191,21 @@ class AgentBenchConfig:
 
 
 @dataclass
+class SoakBenchConfig:
+    """``inferhal bench soak`` (core/bench/soak.py): a bounded mixed load against one server, then its end state."""
+
+    requests: int = 10000  # requests sent in all (resends included)
+    concurrency: int = 16  # clients at once
+    seed: int = 0  # the request mix, prompts and hang-up points
+    disconnect: float = 0.1  # share of requests whose client hangs up (before the first token, mid-stream, in a prefill)
+    resend: float = 0.5  # share of those sent again at once with the same body, read to the end
+    sample_s: float = 0.5  # RSS and open file descriptors of the server process, sampled this often
+    warmup: float = 0.2  # share of the run's time before RSS and fds must stay flat
+    max_growth: float = 0.05  # RSS and fds may grow at most this share over the run after the warm-up
+    timeout_s: float = 300.0  # a request without its whole answer by then failed (timeout)
+
+
+@dataclass
 class BenchConfig:
     concurrency: List[int] = field(default_factory=lambda: [1, 8, 32])
     num_prompts: int = 32
@@ -201,6 +216,7 @@ class BenchConfig:
     peers: List[str] = field(default_factory=list)  # e.g. [transformers, llama_cpp]
     url: Optional[str] = None  # a running OpenAI-compatible server (bench agent measures it: http://host:port)
     agent: AgentBenchConfig = field(default_factory=AgentBenchConfig)
+    soak: SoakBenchConfig = field(default_factory=SoakBenchConfig)
 
 
 @dataclass
