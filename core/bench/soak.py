@@ -164,6 +164,14 @@ def end_state(base: str, timeout_s: float = 60.0) -> dict:
     return got
 
 
+def counters(base: str) -> dict:
+    """What the server's counters say the run exercised (informative, not checked)."""
+    text = _get(base + "/metrics")[1]
+    return {k: _metric(text, f"inferhal_{k}_total") for k in (
+        "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens", "num_preemptions",
+        "prefix_cache_queries", "prefix_cache_hits", "generation_tokens")}
+
+
 def run(cfg) -> int:
     from inferhal.core.bench.soak_report import plot, report
     from inferhal.core.console import console
@@ -215,6 +223,7 @@ def run(cfg) -> int:
         results, ran_out = asyncio.run(load(host, int(port), jobs, conc, float(s.timeout_s), progress))
         wall = time.perf_counter() - t0
         end = end_state(base)
+        exercised = counters(base)
         if sampler is not None:
             sampler.halt.set()
             sampler.join(5)
@@ -228,7 +237,7 @@ def run(cfg) -> int:
     grew = {**growth(samples, float(s.warmup), load_end), "load_end_s": load_end}
     payload = {"model": model, "backend": str(cfg.backend.name), "spec": str(cfg.spec.method), "stamp": _stamp(),
                "requests": len(results), "concurrency": conc, "wall_s": wall, "requests_per_s": len(results) / wall,
-               "settings": OmegaConf.to_container(s), "max_tokens": int(b.max_tokens), **verdict, "end_state": end,
+               "settings": OmegaConf.to_container(s), "max_tokens": int(b.max_tokens), **verdict, "end_state": end, "counters": exercised,
                "growth": grew, "server_exit": proc.exitcode if proc is not None else None,
                "samples": [[round(t, 2), rss, fds] for t, rss, fds in samples[:: max(1, len(samples) // 2000)]],
                "note": "clients and server on one shared host"}

@@ -50,6 +50,12 @@ def report(p: dict, max_growth: float, con) -> list[str]:
             ("requests/s", f"{p['requests_per_s']:.1f}"),
             ("E2E p50 / p99 s", f"{p['e2e_s']['p50']:.2f} / {p['e2e_s']['p99']:.2f}"),
             ("TTFT p50 / p99 s", f"{p['ttft_s']['p50']:.2f} / {p['ttft_s']['p99']:.2f}")]
+    c = p.get("counters", {})
+    q, d = c.get("prefix_cache_queries") or 0, c.get("spec_decode_num_draft_tokens") or 0
+    rows += [("drafts verified / accepted", f"{d:.0f} / {c.get('spec_decode_num_accepted_tokens', 0):.0f}"),
+             ("prefix-cache hit rate", f"{c.get('prefix_cache_hits', 0) / q:.0%}" if q else "-"),
+             ("preemptions", f"{c.get('num_preemptions', 0):.0f}"),
+             ("tokens generated", f"{c.get('generation_tokens', 0):.0f}")]
     rows += [(f"after: {k}", f"{v:g}") for k, v in p["end_state"].items()]
     g = p["growth"]
     rows += [("RSS growth after warm-up", _pct(g.get("rss"))), ("fds growth after warm-up", _pct(g.get("fds"))),

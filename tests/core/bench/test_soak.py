@@ -177,7 +177,7 @@ def test_a_short_soak_against_a_served_model_ends_clean(tmp_path):
         pytest.skip(f"SmolLM2 GGUF package unavailable: {exc}")
     out = tmp_path / "soak.json"
     cfg = compose(["model=smollm2_135m_instruct", "model.max_model_len=1024", "spec=ngram",
-                   "spec.num_speculative_tokens=3", "bench.max_tokens=4", "bench.soak.requests=120",
+                   "spec.num_speculative_tokens=3", "spec.disable_by_batch_size=0", "bench.max_tokens=4", "bench.soak.requests=120",
                    "bench.soak.concurrency=8", "bench.soak.disconnect=0.2", "bench.soak.max_growth=1.0",
                    "bench.soak.sample_s=0.2", f"output={out}"], command="bench soak")
     assert soak.run(cfg) == 0
@@ -190,4 +190,5 @@ def test_a_short_soak_against_a_served_model_ends_clean(tmp_path):
     assert set(got["by_kind"]) == set(soak_traffic.KINDS)
     assert all(got["end_state"][k] == 0 for k in soak.END_GAUGES) and got["server_exit"] == 0
     assert len(got["samples"]) > 10 and got["growth"]["rss"] is not None
+    assert got["counters"]["spec_decode_num_draft_tokens"] > 0 and got["counters"]["prefix_cache_hits"] > 0
     assert (tmp_path / "soak.png").stat().st_size > 10_000
