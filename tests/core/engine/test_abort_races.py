@@ -172,6 +172,18 @@ def test_an_id_aborted_and_sent_again_runs_afresh(toy, backend, asynchronous, dr
     clean_then_probe(toy, backend, eng)
 
 
+def test_an_id_finished_and_sent_again_while_its_last_step_is_in_flight(toy, backend):
+    """Asynchronous scheduling schedules a request's next step before its end is known: when it ends, that step is
+    still in flight, and a new request with its id must not get its tokens."""
+    eng = engine(toy, backend, asynchronous=True)
+    eng.add_request(D[0], GREEDY, request_id="r")
+    step_until(eng, lambda: "r" not in eng.scheduler.requests)
+    assert "r" in eng.executor.pending_ids()  # its last (scheduled) step is in flight
+    eng.add_request(D[0], GREEDY, request_id="r")
+    assert drain(eng) == {"r": solo(toy, backend, D[0])}
+    clean_then_probe(toy, backend, eng)
+
+
 # -- everything at once ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
 def test_every_request_aborted_at_once(toy, backend, asynchronous):
