@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover - names for the docstrings and type checke
     from inferhal.core.ops.table import OpImpl
     from inferhal.core.profile import DeviceProfile, Probe
     from inferhal.core.backend import KVStorageRequest, ParallelLayout
+    from inferhal.core.paging.offload import KVBlockCopier
 
 PROJECT = "inferhal"
 #: The entry-point group a backend package registers its plugin module under (``pyproject.toml``:
@@ -167,6 +168,21 @@ def inferhal_kv_storage(request: "KVStorageRequest", profile: "DeviceProfile") -
         dtype, layers). All groups share one pool of ``num_blocks`` blocks.
     :returns: a :class:`~inferhal.core.backend.KVStorage` whose ``layer_cache(group, layer)`` returns
         a tensor of shape ``[num_blocks, slots_per_block, *slot_shape]`` on the device. firstresult.
+    """
+
+
+@hookspec(firstresult=True)
+def inferhal_kv_block_copier(storage: "KVStorage", profile: "DeviceProfile") -> "KVBlockCopier | None":
+    """*Optional.* Copy whole KV blocks between ``storage`` (this backend's :func:`inferhal_kv_storage`) and host
+    memory, for the tiers behind the prefix cache (``cache.host_tier_bytes``, ``cache.disk_tier_dir``).
+
+    :returns: a :class:`~inferhal.core.paging.offload.KVBlockCopier`: ``gather(group, layers, block_ids)`` gives
+        one host tensor per block, ``[len(layers), slots_per_block, *slot_shape]`` in the storage dtype (quantised
+        records stay ``uint8`` records), owned by the caller once it returns; ``scatter(group, layers, block_ids,
+        blocks)`` writes such tensors back, before any later step reads those blocks. Both are called on the
+        thread that runs steps, between steps. A device backend copies with its own engine (pinned buffers, a
+        side stream ordered before the next step). ``None``: the engine copies with plain torch
+        (:class:`~inferhal.core.paging.offload.TorchBlockCopier`, any torch device). firstresult.
     """
 
 

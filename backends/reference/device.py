@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+from typing import Sequence
 
 import torch
 
-from inferhal.core.backend import KVStorageRequest
+from inferhal.core.backend import KVGroupLayout, KVStorageRequest
 from inferhal.core.paging import planning
 from inferhal.core.profile import DeviceProfile, ExecLevel
 
@@ -117,11 +118,13 @@ class TorchKVStorage:
     def __init__(self, request: KVStorageRequest, device: str = "cpu") -> None:
         self.request = request
         self._buffers = []
+        self.groups: dict[str, tuple[torch.Tensor, KVGroupLayout]] = {}  # name -> (its byte buffer, its layout)
         self._caches: dict[tuple[str, int], torch.Tensor] = {}
         for g in request.groups:
             n, page = request.blocks_of(g), planning.page_bytes(g)
             buf = zeroed((len(g.layers) * n, page), device).view(len(g.layers), n, page)
             self._buffers.append(buf)
+            self.groups[g.name] = (buf, g)
             nbytes = g.slots_per_block * g.slot_bytes
             for i, layer in enumerate(g.layers):
                 self._caches[(g.name, layer)] = buf[i, :, :nbytes].view(g.dtype).view(n, g.slots_per_block, *g.slot_shape)
@@ -134,3 +137,31 @@ class TorchKVStorage:
 
     def nbytes(self) -> int:
         return sum(b.numel() for b in self._buffers)
+
+
+class TorchKVCopier:
+    """Whole blocks between a :class:`TorchKVStorage` and host memory (the prefix cache's tiers): one gather or
+    scatter per group on its byte buffer, every layer of a block at once (``inferhal_kv_block_copier``)."""
+
+    def __init__(self, storage: TorchKVStorage) -> None:
+        self.storage = storage
+
+    def _group(self, group: str, layers: Sequence[int]) -> tuple[torch.Tensor, KVGroupLayout, int]:
+        buf, g = self.storage.groups[group]
+        if tuple(layers) != tuple(g.layers):
+            raise ValueError(f"KV group {group!r} has layers {g.layers}, not {tuple(layers)}")
+        return buf, g, g.slots_per_block * g.slot_bytes
+
+    def gather(self, group: str, layers: Sequence[int], block_ids: Sequence[int]) -> list[torch.Tensor]:
+        buf, g, nbytes = self._group(group, layers)
+        idx = torch.tensor(list(block_ids), dtype=torch.long, device=buf.device)
+        raw = buf.index_select(1, idx)[:, :, :nbytes].transpose(0, 1).cpu()  # [n, L, nbytes]
+        shape = (len(g.layers), g.slots_per_block, *g.slot_shape)
+        return [r.contiguous().view(g.dtype).view(shape) for r in raw]
+
+    def scatter(self, group: str, layers: Sequence[int], block_ids: Sequence[int],
+                blocks: Sequence[torch.Tensor]) -> None:
+        buf, g, nbytes = self._group(group, layers)
+        idx = torch.tensor(list(block_ids), dtype=torch.long, device=buf.device)
+        raw = torch.stack([b.reshape(len(g.layers), -1).view(torch.uint8) for b in blocks], dim=1)  # [L, n, nbytes]
+        buf[:, idx, :nbytes] = raw.to(buf.device)

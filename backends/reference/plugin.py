@@ -64,6 +64,13 @@ def inferhal_kv_storage(request, profile):
 
 
 @hookimpl
+def inferhal_kv_block_copier(storage):
+    from inferhal.backends.reference.device import TorchKVCopier, TorchKVStorage
+
+    return TorchKVCopier(storage) if isinstance(storage, TorchKVStorage) else None
+
+
+@hookimpl
 def inferhal_communicator(layout):
     from inferhal.backends.reference.comm import make_communicator
 

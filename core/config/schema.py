@@ -85,6 +85,17 @@ class CacheConfig:
     kv_dtype: str = "auto"  # auto (= model dtype) | fp8 | fp4: quantised KV records (core/paging/formats.py)
     num_blocks: int = 0  # > 0: use exactly this many blocks (overrides kv_cache_bytes)
     auto_kv_cap_bytes: int = 1073741824  # cap on a budget derived from free memory (0 = no cap)
+    # tiers behind the prefix cache (core/paging/tiers.py, offload.py): blocks written through to host memory
+    # and/or files, restored on a prefix hit instead of recomputed; need enable_prefix_caching
+    host_tier_bytes: int = 0  # > 0: a host-memory tier of this many bytes
+    disk_tier_dir: str = ""  # a folder: a disk tier there (its blocks survive a restart)
+    disk_tier_bytes: int = 0  # the disk tier's cap (0: only the disk bounds it)
+    retain_windows: int = 0  # sliding-window blocks of this many finished requests outlive other free blocks
+    # KV events (core/paging/events.py, vLLM's kv_events wire format): off while the endpoint is empty
+    kv_events_endpoint: str = ""  # ZMQ PUB address: tcp://*:5557 binds, tcp://host:5557 connects
+    kv_events_replay_endpoint: str = ""  # ZMQ ROUTER address answering replay requests ("" = none)
+    kv_events_topic: str = ""  # the first frame of every message
+    kv_events_buffer_steps: int = 10000  # batches kept for replay
 
 
 @dataclass

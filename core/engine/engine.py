@@ -27,6 +27,7 @@ from typing import Any, Hashable, Iterable, Optional
 import torch
 
 from inferhal.core.config.schema import CacheConfig, SchedulerConfig, SpecConfig
+from inferhal.core.engine import kv_tiers
 from inferhal.core.engine.drafting import Drafting
 from inferhal.core.engine.executor import StepExecutor
 from inferhal.core.engine.intake import Intake, Prompt
@@ -62,7 +63,7 @@ def plan_num_blocks(specs, block_size: int, cache: CacheConfig, device: Any, sch
         if cache.auto_kv_cap_bytes > 0:
             budget = min(budget, cache.auto_kv_cap_bytes)
     return planning.blocks_for_budget(specs, block_size, budget, scheduler.max_num_seqs,
-                                      scheduler.max_num_batched_tokens, max_model_len)
+                                      scheduler.max_num_batched_tokens, max_model_len, cache.retain_windows)
 
 
 class Engine:
@@ -93,8 +94,12 @@ class Engine:
                             f"use cache.block_size={need}")
         num_blocks = plan_num_blocks(self.specs, bs, cache, backend.device, scheduler, self.max_model_len)
         planning.check_budget(self.specs, bs, num_blocks)
-        self.kv_manager = KVCacheManager(self.specs, bs, num_blocks, cache.enable_prefix_caching)
+        keep = kv_tiers.keep_blocks(self.specs, bs, cache)
+        self.kv_manager = KVCacheManager(self.specs, bs, num_blocks, cache.enable_prefix_caching, keep)
         self.kv_storage = backend.kv_storage(planning.storage_request(self.specs, bs, num_blocks))
+        # tiers behind the prefix cache and KV events (cache.host_tier_bytes, disk_tier_*, kv_events_*)
+        self.kv_offload, self.kv_events = kv_tiers.attach(self.kv_manager, loaded, backend, self.kv_storage, cache,
+                                                       eager=not scheduler.async_scheduling)
         # asynchronous scheduling with a drafter: the drafter runs on the step thread (it needs the step in
         # flight's tokens), and the host schedules placeholders for its drafts (see core/engine/runner.py)
         on_step_thread = scheduler.async_scheduling and prop is not None
@@ -110,7 +115,8 @@ class Engine:
                                   eos_token_ids=self.eos_token_ids, graphs=self._decode_graphs(backend),
                                   keep_hidden=prop.needs_hidden if prop else False,
                                   proposer=prop if on_step_thread else None, max_model_len=self.max_model_len)
-        self.executor = StepExecutor(self.runner, scheduler.async_scheduling)
+        self.executor = StepExecutor(kv_tiers.StepCopies(self.runner, self.kv_offload) if self.kv_offload else self.runner,
+                                     scheduler.async_scheduling)
         self.drafting = None if prop is None else Drafting(prop, self.kv_manager, self.kv_storage, self.max_model_len,
                                                            off_at, on_step_thread, self.runner)
         self.intake = Intake(self.model, self.tokenizer, self.scheduler, self.eos_token_ids)
@@ -126,6 +132,7 @@ class Engine:
         self.transfer = transfer
         self._early: list[RequestOutput] = []  # outputs of steps folded in outside step() (add: a reused id)
         if transfer is not None:
+            kv_tiers.check_transfer(transfer, self.kv_offload, scheduler.async_scheduling)
             transfer.bind(self)
 
     def _decode_graphs(self, backend: Any) -> Any:
@@ -248,6 +255,8 @@ class Engine:
         self.last_step = record_step(self.stats, out, res, self.scheduler, ex, t0, t1, t2, time.perf_counter())
         if not self.scheduler.has_unfinished() and not ex.in_flight:
             ex.idle()
+            if self.kv_offload is not None:  # nothing in flight: the queued tier copies run now
+                self.kv_offload.idle()
             if self.drafting is not None:  # no step to carry the frees: the step thread is idle, free them here
                 self.drafting.release()
         for hook in self.step_hooks:
@@ -259,4 +268,6 @@ class Engine:
             return
         reqs = {s.request_id: self.scheduler.requests[s.request_id] for s in out.seqs}
         extra = self.drafting.submit_extra(out, reqs) if self.drafting is not None else {}
+        if self.kv_offload is not None:  # the tier copies queued since the last step, run before this one
+            extra["kv_copies"] = self.kv_offload.take()
         self.executor.submit(out, reqs, **extra)

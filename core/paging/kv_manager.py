@@ -12,17 +12,26 @@ Block-table rules per group kind (``bs`` = block size in tokens; a block always 
 
 Prefix caching: block ``j`` of every group is cached under the request's chained hash ``j`` once all
 its tokens are computed. A hit of ``n`` blocks (``C = n*bs`` tokens) needs blocks ``0..n-1`` of every
-full/compressed group and, for a sliding group, only the blocks holding keys ``C-w+1 .. C-1``.
+full/compressed group and, for a sliding group, only the blocks holding keys ``C-w+1 .. C-1``. With lower tiers
+(:meth:`KVCacheManager.attach`, :mod:`.offload`) a needed block the pool no longer holds may come from a tier.
+
+``keep_blocks`` (``cache.retain_windows``): a finished request's sliding-window blocks are freed into their
+pool's kept queue (:mod:`.block_pool`), evicted only after every other free block, so a session's next turn
+finds its windows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable, Mapping, Optional, Sequence
+from typing import Any, Hashable, Mapping, Optional, Sequence
 
 from inferhal.core.paging.block_pool import Block, BlockHash, BlockPool
 from inferhal.core.paging.hashing import extend_block_hashes
+from inferhal.core.paging.offload import TierBlock
 from inferhal.core.paging.spec import KVGroupSpec
+
+
+_BELOW = object()  # a block only a lower tier holds (until _fetch brings it up)
 
 
 def blocks_needed(spec: KVGroupSpec, block_size: int, num_tokens: int) -> int:
@@ -46,11 +55,19 @@ class PrefixHit:
 
     ``num_tokens`` (``C``) tokens are covered; ``replay_from`` < ``C`` when the sliding groups' window blocks
     were not cached: the request recomputes from there, writing only its sliding groups below ``C``
-    (:mod:`.replay`)."""
+    (:mod:`.replay`). A :class:`~inferhal.core.paging.offload.TierBlock` stands for a block a lower tier
+    holds: allocation restores it into a fresh pool block."""
 
     num_tokens: int = 0
-    blocks: dict[str, list[Optional[Block]]] = field(default_factory=dict)
+    blocks: dict[str, list[Optional[Block | TierBlock]]] = field(default_factory=dict)
     replay_from: Optional[int] = None
+    hashes: Sequence[BlockHash] = ()
+    token_ids: Sequence[int] = ()
+
+    @property
+    def num_restored(self) -> int:
+        """Blocks of the hit that come from a lower tier (every group)."""
+        return sum(isinstance(b, TierBlock) for bl in self.blocks.values() for b in bl)
 
     @property
     def start(self) -> int:
@@ -71,8 +88,9 @@ class KVCacheManager:
     """Allocates, releases and caches the blocks of each request, for all groups at once."""
 
     def __init__(self, specs: Sequence[KVGroupSpec], block_size: int, num_blocks: int | Mapping[str, int],
-                 enable_caching: bool = True) -> None:
-        """``num_blocks``: blocks of each group's pool (one count for all, or a count per group name)."""
+                 enable_caching: bool = True, keep_blocks: Optional[Mapping[str, int]] = None) -> None:
+        """``num_blocks``: blocks of each group's pool (one count for all, or a count per group name);
+        ``keep_blocks``: group → most blocks its kept queue holds (window retention)."""
         if not specs:
             raise ValueError("KVCacheManager needs at least one KV group")
         for s in specs:
@@ -83,7 +101,13 @@ class KVCacheManager:
         missing = [s.name for s in specs if s.name not in counts]
         if missing:
             raise ValueError(f"KVCacheManager: no block count for group(s) {missing}")
-        self.pools = {s.name: BlockPool(int(counts[s.name]), enable_caching) for s in specs}
+        keep = dict(keep_blocks or {})
+        self.pools = {s.name: BlockPool(int(counts[s.name]), enable_caching, int(keep.get(s.name, 0))) for s in specs}
+        for p in self.pools.values():
+            p.listener = self
+        self.offload: Any = None  # a KVOffload: lower tiers (attach)
+        self.events: Any = None  # a KVEventLog
+        self._resetting = False
         self.reqs: dict[str, _ReqBlocks] = {}
         self._has_sliding = any(s.kind == "sliding" for s in specs)
         self._all_sliding = all(s.kind == "sliding" for s in specs)
@@ -107,8 +131,31 @@ class KVCacheManager:
         return sum(p.num_evictions for p in self.pools.values())
 
     def reset_prefix_cache(self) -> None:
-        for p in self.pools.values():
-            p.reset_prefix_cache()
+        self._resetting = True
+        try:
+            for p in self.pools.values():
+                p.reset_prefix_cache()
+        finally:
+            self._resetting = False
+        if self.events is not None:
+            self.events.cleared()
+
+    def attach(self, offload: Any = None, events: Any = None) -> None:
+        """Lower tiers (a :class:`~inferhal.core.paging.offload.KVOffload`) and a
+        :class:`~inferhal.core.paging.events.KVEventLog`, either may be None."""
+        self.offload, self.events = offload, events
+
+    # the pools' listener (block_pool.py)
+    def evicted(self, group: str, h: BlockHash, block_id: int) -> None:
+        if self.events is not None:
+            self.events.removed(group, [h])
+        if self.offload is not None:
+            self.offload.evicting(group, block_id)
+
+    def cleared(self, keys: Sequence[tuple[str, BlockHash]]) -> None:
+        if self.events is not None and not self._resetting:
+            for g in dict.fromkeys(g for g, _ in keys):
+                self.events.removed(g, [h for k, h in keys if k == g])
 
     # ------------------------------------------------------------------ sizing
 
@@ -149,16 +196,28 @@ class KVCacheManager:
 
         With ``replay_span`` (a hybrid model's bounded replay, :mod:`.replay`), a prefix whose full and
         compressed blocks are cached but whose window blocks are not is still a hit: the sliding groups are
-        rebuilt from ``C - replay_span`` (when that saves recompute over the hit the windows allow)."""
+        rebuilt from ``C - replay_span`` (when that saves recompute over the hit the windows allow). Blocks the
+        pool lacks are taken from the lower tiers where they hold them; one that fails to come back (a tier file
+        that fails its checks) ends the hit before it."""
         if not self.enable_caching:
             return PrefixHit()
         hashes = self.block_hashes(req_id, token_ids, extra_keys)
-        pools, bs = self.pools, self.block_size
+        while True:
+            hit = self._longest_hit(hashes, len(token_ids), replay_span)
+            if self._fetch(hit, hashes):
+                hit.hashes, hit.token_ids = hashes, token_ids
+                return hit
 
-        def cached(s: KVGroupSpec, j: int) -> Optional[Block]:
-            return pools[s.name].get_cached_block(s.name, hashes[j])
+    def _longest_hit(self, hashes: Sequence[BlockHash], num_tokens: int, replay_span: Optional[int]) -> PrefixHit:
+        pools, bs, below = self.pools, self.block_size, self.offload
 
-        full = min(len(hashes), (len(token_ids) - 1) // bs)
+        def cached(s: KVGroupSpec, j: int) -> Any:
+            b = pools[s.name].get_cached_block(s.name, hashes[j])
+            if b is None and below is not None and below.holds(s.name, hashes[j]):
+                return _BELOW
+            return b
+
+        full = min(len(hashes), (num_tokens - 1) // bs)
         for s in self.specs:  # full/compressed groups: every leading block
             if s.kind != "sliding":
                 k = 0
@@ -184,6 +243,19 @@ class KVCacheManager:
             lo = first_live_block(s, bs, n * bs)
             hit.blocks[s.name] = [None] * lo + [cached(s, j) for j in range(lo, n)]
         return hit
+
+    def _fetch(self, hit: PrefixHit, hashes: Sequence[BlockHash]) -> bool:
+        """Bring the hit's lower-tier blocks up (as TierBlocks); False when one failed (it is gone from its tier)."""
+        if self.offload is None:
+            return True
+        for name, bl in hit.blocks.items():
+            for j, b in enumerate(bl):
+                if b is _BELOW:
+                    tb = self.offload.fetch(name, hashes[j])
+                    if tb is None:
+                        return False
+                    bl[j] = tb
+        return True
 
     # ------------------------------------------------------------------ allocation
 
@@ -228,11 +300,12 @@ class KVCacheManager:
             return False
         end = num_computed + num_new
         if hit is not None and hit.num_tokens:
+            for s in self.specs:  # every pool block of the hit leaves the free queue before a restore takes one
+                self.pools[s.name].touch(b for b in hit.blocks[s.name] if isinstance(b, Block))
             for s in self.specs:
-                hb = hit.blocks[s.name]
-                live = [b for b in hb if b is not None]
-                self.pools[s.name].touch(live)
-                st.blocks[s.name] = list(hb)
+                hb = [self._restore(s.name, j, b, hit) if isinstance(b, TierBlock) else b
+                      for j, b in enumerate(hit.blocks[s.name])]
+                st.blocks[s.name] = hb
                 st.ids[s.name] = [-1 if b is None else b.block_id for b in hb]
             st.num_cached = hit.num_tokens // self.block_size
         for s in self.specs:
@@ -249,8 +322,18 @@ class KVCacheManager:
                 ids.extend(b.block_id for b in new)
         return True
 
+    def _restore(self, group: str, j: int, tb: TierBlock, hit: PrefixHit) -> Block:
+        """A fresh pool block for the hit's block ``j`` of ``group``, registered under its hash, its load queued."""
+        (b,) = self.pools[group].get_new_blocks(1)
+        self.pools[group].cache_block(group, b, tb.key[1])
+        self.offload.restoring(group, b.block_id, tb)
+        if self.events is not None:
+            self.events.stored_runs(group, [j], hit.hashes, hit.token_ids)
+        return b
+
     def cache_blocks(self, req_id: str, token_ids: Sequence[int], num_computed: int) -> None:
-        """Register every full, computed block of the request in the prefix cache."""
+        """Register every full, computed block of the request in the prefix cache (and queue its save to the
+        lower tiers, its KV event)."""
         if not self.enable_caching:
             return
         st = self.reqs[req_id]
@@ -259,10 +342,14 @@ class KVCacheManager:
             return
         hashes = extend_block_hashes(st.hashes, token_ids, self.block_size, st.extra_keys)
         for s in self.specs:
-            bl = st.blocks[s.name]
+            pool, bl, new = self.pools[s.name], st.blocks[s.name], []
             for j in range(st.num_cached, min(n_full, len(bl))):
-                if bl[j] is not None:
-                    self.pools[s.name].cache_block(s.name, bl[j], hashes[j])
+                if bl[j] is not None and pool.cache_block(s.name, bl[j], hashes[j]):
+                    new.append(j)
+                    if self.offload is not None:
+                        self.offload.saving(s.name, bl[j].block_id, hashes[j])
+            if new and self.events is not None:
+                self.events.stored_runs(s.name, new, hashes, token_ids)
         st.num_cached = n_full
 
     def skip_caching_below(self, req_id: str, num_blocks: int) -> None:
@@ -275,8 +362,9 @@ class KVCacheManager:
         st = self.reqs.pop(req_id, None)
         if st is None:
             return
-        for s in self.specs:
-            self.pools[s.name].free_blocks(b for b in reversed(st.blocks[s.name]) if b is not None)
+        for s in self.specs:  # a sliding group's blocks here are its last window: kept (retention), if any
+            self.pools[s.name].free_blocks((b for b in reversed(st.blocks[s.name]) if b is not None),
+                                           keep=s.kind == "sliding")
 
     def reset_blocks(self, req_id: str) -> None:
         """Free the request's blocks but keep its hashes (preemption: it will be recomputed)."""

@@ -61,13 +61,15 @@ def live_blocks(spec: KVGroupSpec, block_size: int, step_tokens: int = 1) -> int
 
 
 def blocks_for_budget(specs: Sequence[KVGroupSpec], block_size: int, budget_bytes: int, max_num_seqs: int,
-                      max_step_tokens: int, max_model_len: int | None = None) -> dict[str, int]:
+                      max_step_tokens: int, max_model_len: int | None = None, retained: int = 0) -> dict[str, int]:
     """Blocks per group for a budget of ``budget_bytes`` (see the module docstring). ``max_model_len``
-    caps each group at what ``max_num_seqs`` requests of that length could use."""
+    caps each group at what ``max_num_seqs`` requests of that length could use; ``retained`` finished requests'
+    windows (``cache.retain_windows``) join the sliding groups' reservation."""
     lay = dict(zip((s.name for s in specs), layouts(specs, block_size)))
     sliding = [s for s in specs if s.kind == "sliding"]
     growth = [s for s in specs if s.kind != "sliding"]
-    want = {s.name: max_num_seqs * live_blocks(s, block_size) + -(-max_step_tokens // block_size) for s in sliding}
+    want = {s.name: (max_num_seqs + retained) * live_blocks(s, block_size) + -(-max_step_tokens // block_size)
+            for s in sliding}
     reserve = sum(want[s.name] * group_block_bytes(lay[s.name]) for s in sliding)
     cap = SLIDING_SHARE * budget_bytes if growth else budget_bytes
     out = {}

@@ -1,0 +1,261 @@
+"""Moving blocks between the pool and its lower tiers (:mod:`.tiers`), in step order.
+
+**Down (write-through).** When the prefix cache registers a block (full and computed:
+:meth:`~inferhal.core.paging.kv_manager.KVCacheManager.cache_blocks`), a *save* is queued unless every tier holds
+its hash already; it copies the block to the host tier and hands that copy to the disk tier's writer. So a block
+the pool evicts later is already below, and a restarted server finds on disk every block it cached.
+
+**Up (restore).** A prefix hit (:meth:`~inferhal.core.paging.kv_manager.KVCacheManager.find_prefix_hit`) takes,
+past the blocks the pool holds, those a tier holds (:class:`TierBlock`: the host tier first, then the disk tier,
+whose entry is read and checked then, and kept in the host tier). :meth:`allocate` puts each in a fresh pool
+block, registered in the prefix cache at once, and queues a *load*. A tier entry that fails its checks ends the
+hit there: the rest is computed.
+
+**When copies run.** Between steps, on the thread that runs steps, before the next step: the engine hands each
+step the copies queued since the one before (:meth:`KVOffload.take` when it is scheduled, :meth:`KVOffload.run`
+before its forward). Every write of a block happens in a step (or right after it, a drafter's, on the same
+thread), so a save runs after the last write of what it saves, and a load before the first read of what it
+loads, under asynchronous scheduling too (where ``cache_blocks`` counts a step still in flight). Under
+synchronous scheduling (``eager``) nothing is in flight between steps, so a block the pool hands out again while
+its save waits is saved at once (before a disaggregated import can write it), and queued copies also run when
+the engine goes idle (:meth:`KVOffload.idle`).
+
+**Who copies.** A :class:`KVBlockCopier` from the backend's ``inferhal_kv_block_copier`` hook (a GPU backend
+copies with its own engine, into pinned memory), else :class:`TorchBlockCopier`: plain torch, any torch device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import Any, Optional, Protocol, Sequence
+
+import torch
+
+from inferhal.core.errors import UserError
+from inferhal.core.paging.block_pool import BlockHash
+from inferhal.core.paging.spec import KVGroupSpec
+from inferhal.core.paging.tiers import DiskTier, HostTier, Key, entry_bytes, fingerprint
+
+
+class KVBlockCopier(Protocol):
+    """Copies whole blocks of one KV group between the pool's storage and host memory."""
+
+    def gather(self, group: str, layers: Sequence[int], block_ids: Sequence[int]) -> list[torch.Tensor]:
+        """One host tensor per block, ``[len(layers), slots_per_block, *slot_shape]`` in the storage dtype, holding
+        the block's bytes when this returns and owned by the caller (later writes to the block do not reach it)."""
+
+    def scatter(self, group: str, layers: Sequence[int], block_ids: Sequence[int],
+                blocks: Sequence[torch.Tensor]) -> None:
+        """Write each tensor (as :meth:`gather` gives) into its block, before any later step reads the block."""
+
+
+class TorchBlockCopier:
+    """:class:`KVBlockCopier` in plain torch over a :class:`~inferhal.core.backend.KVStorage`."""
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = storage
+
+    def gather(self, group: str, layers: Sequence[int], block_ids: Sequence[int]) -> list[torch.Tensor]:
+        caches = [self.storage.layer_cache(group, layer) for layer in layers]
+        idx = torch.tensor(list(block_ids), dtype=torch.long, device=caches[0].device)
+        stacked = torch.stack([c.index_select(0, idx) for c in caches], dim=1).cpu()  # [n, L, slots, *slot]
+        return [t.clone() for t in stacked.unbind(0)]
+
+    def scatter(self, group: str, layers: Sequence[int], block_ids: Sequence[int],
+                blocks: Sequence[torch.Tensor]) -> None:
+        stacked = torch.stack(list(blocks))  # [n, L, slots, *slot]
+        for i, layer in enumerate(layers):
+            c = self.storage.layer_cache(group, layer)
+            idx = torch.tensor(list(block_ids), dtype=torch.long, device=c.device)
+            c.index_copy_(0, idx, stacked[:, i].to(c.device, c.dtype))
+
+
+class TierBlock:
+    """A block a prefix hit takes from a lower tier (in :attr:`PrefixHit.blocks` beside pool blocks): no pool
+    block yet (``ref_cnt`` 0: allocation counts it as a new block), ``data`` is what the load writes."""
+
+    __slots__ = ("key", "data", "tier")
+    ref_cnt = 0
+    block_id = -1
+
+    def __init__(self, key: Key, data: torch.Tensor, tier: str) -> None:
+        self.key, self.data, self.tier = key, data, tier
+
+
+class KVOffload:
+    """The tiers behind one engine's prefix cache and the copies between them and the pool (module docstring)."""
+
+    def __init__(self, specs: Sequence[KVGroupSpec], copier: KVBlockCopier, host: Optional[HostTier] = None,
+                 disk: Optional[DiskTier] = None, eager: bool = True) -> None:
+        if host is None and disk is None:
+            raise ValueError("KVOffload needs a host or a disk tier")
+        self.layers = {s.name: tuple(s.layers) for s in specs}
+        self.copier, self.host, self.disk, self.eager = copier, host, disk, eager
+        self.tiers = [t for t in (host, disk) if t is not None]
+        self._ops: list[tuple] = []  # ("save", group, block id, hash) | ("load", group, block id, data), in order
+        self._saving: set[tuple[str, int]] = set()  # (group, block id) with a save queued
+        self.restored = {t.name: 0 for t in self.tiers}  # blocks brought back from each tier
+        self.restored_bytes = {t.name: 0 for t in self.tiers}
+        self.saved = self.saved_bytes = 0
+        self.save_s = self.load_s = 0.0  # time in copies (saves: gather + handing over; loads: scatter)
+
+    # ------------------------------------------------------------------ lookups (the scheduler's thread)
+
+    def holds(self, group: str, h: BlockHash) -> bool:
+        key = (group, h)
+        return any(key in t for t in self.tiers)
+
+    def fetch(self, group: str, h: BlockHash) -> Optional[TierBlock]:
+        """The block from the highest tier holding it, or None (not there, or its file failed a check)."""
+        key = (group, h)
+        if self.host is not None:
+            t = self.host.get(key)
+            if t is not None:
+                return TierBlock(key, t, self.host.name)
+        if self.disk is not None:
+            t = self.disk.get(key)
+            if t is not None:
+                if self.host is not None:
+                    self.host.put(key, t)
+                return TierBlock(key, t, self.disk.name)
+        return None
+
+    # ------------------------------------------------------------------ the KV manager's events
+
+    def saving(self, group: str, block_id: int, h: BlockHash) -> None:
+        """The pool registered ``block_id`` under ``h``: queue its save unless every tier holds ``h``."""
+        key = (group, h)
+        missing = [t for t in self.tiers if key not in t]
+        for t in self.tiers:
+            t.touch(key)
+        if not missing:
+            return
+        if self.disk is not None and missing == [self.disk] and self.host is not None:
+            data = self.host.peek(key)  # the host copy goes down as it is
+            if data is not None:
+                self.disk.put(key, data)
+                return
+        self._ops.append(("save", group, block_id, h))
+        self._saving.add((group, block_id))
+
+    def restoring(self, group: str, block_id: int, tb: TierBlock) -> None:
+        """``tb`` goes into the fresh pool block ``block_id`` before the next step."""
+        self._ops.append(("load", group, block_id, tb.data))
+        self.restored[tb.tier] += 1
+        self.restored_bytes[tb.tier] += entry_bytes(tb.data)
+
+    def evicting(self, group: str, block_id: int) -> None:
+        """The pool hands ``block_id`` out again; with nothing in flight, a save still queued for it runs now."""
+        if self.eager and (group, block_id) in self._saving:
+            self.run(self.take())
+
+    # ------------------------------------------------------------------ the copies (the step thread)
+
+    def take(self) -> list[tuple]:
+        """The copies queued since the last call, for the next step to run first."""
+        ops, self._ops = self._ops, []
+        self._saving.clear()
+        return ops
+
+    def run(self, ops: Sequence[tuple]) -> None:
+        """Run ``ops`` (from :meth:`take`): saves first (a block saved and reloaded within one batch of copies was
+        saved before it was handed out again), then loads, each batched per group."""
+        if not ops:
+            return
+        t0 = time.perf_counter()
+        for group, items in _by_group(op for op in ops if op[0] == "save").items():
+            blocks = self.copier.gather(group, self.layers[group], [b for b, _ in items])
+            for (_, h), data in zip(items, blocks):
+                key = (group, h)
+                if self.host is not None:
+                    self.host.put(key, data)
+                if self.disk is not None:
+                    self.disk.put(key, data)
+                self.saved += 1
+                self.saved_bytes += entry_bytes(data)
+        t1 = time.perf_counter()
+        for group, items in _by_group(op for op in ops if op[0] == "load").items():
+            self.copier.scatter(group, self.layers[group], [b for b, _ in items], [d for _, d in items])
+        self.save_s += t1 - t0
+        self.load_s += time.perf_counter() - t1
+
+    def idle(self) -> None:
+        """No step in flight: run what is queued now."""
+        self.run(self.take())
+
+    def flush(self) -> None:
+        """Everything queued reaches its tier (the disk tier's files written)."""
+        self.idle()
+        if self.disk is not None:
+            self.disk.flush()
+
+    def close(self) -> None:
+        self.flush()
+        if self.disk is not None:
+            self.disk.close()
+
+    def stats(self) -> dict[str, Any]:
+        """Per tier: blocks and bytes held, blocks and bytes restored from it, and its failures."""
+        out = {}
+        for t in self.tiers:
+            out[t.name] = {"blocks": len(t), "bytes": t.nbytes, "restored": self.restored[t.name],
+                           "restored_bytes": self.restored_bytes[t.name], "evictions": t.evictions,
+                           "failures": t.failures}
+        return {"tiers": out, "saved": self.saved, "saved_bytes": self.saved_bytes, "save_s": self.save_s,
+                "load_s": self.load_s}
+
+
+def build(specs: Sequence[KVGroupSpec], block_size: int, copier: KVBlockCopier, host_bytes: int = 0,
+          disk_dir: str = "", disk_bytes: int = 0, layout: Optional[dict] = None, eager: bool = True,
+          listener: Any = None) -> Optional[KVOffload]:
+    """The tiers ``cache.host_tier_bytes`` / ``cache.disk_tier_dir`` / ``cache.disk_tier_bytes`` ask for (None: no
+    tier); ``layout`` describes the model and KV layout for the disk tier's folder (:func:`describe`)."""
+    for name, v in (("host_tier_bytes", host_bytes), ("disk_tier_bytes", disk_bytes)):
+        if v < 0:
+            raise UserError(f"cache.{name} must be >= 0, got {v}")
+    if disk_bytes and not disk_dir:
+        raise UserError(f"cache.disk_tier_bytes={disk_bytes} needs cache.disk_tier_dir (the disk tier's folder)")
+    if not host_bytes and not disk_dir:
+        return None
+    host = HostTier(host_bytes, listener) if host_bytes else None
+    disk = None
+    if disk_dir:
+        expect = {s.name: (s.dtype, (len(s.layers), s.slots_per_block(block_size), *s.slot_shape)) for s in specs}
+        disk = DiskTier(disk_dir, fingerprint({**(layout or {}), "block_size": block_size}), disk_bytes, expect,
+                        listener)
+    return KVOffload(specs, copier, host, disk, eager)
+
+
+def describe(loaded: Any, specs: Sequence[KVGroupSpec]) -> dict[str, Any]:
+    """What must match for a disk tier's blocks to be this model's: its name, family and file (size and
+    modification time), every KV group, and a sample of its weights where the model keeps a ``weights`` mapping
+    (a randomly initialised test model has no file)."""
+    info = dict(getattr(loaded, "info", None) or {})
+    path = info.get("path")
+    out: dict[str, Any] = {"model": getattr(loaded, "name", "?"), "family": getattr(loaded, "family", "?"),
+                           "path": path, "dtype": info.get("dtype"),
+                           "groups": [[s.name, s.kind, list(s.layers), list(s.slot_shape), str(s.dtype),
+                                       s.tokens_per_slot, s.window, s.record] for s in specs]}
+    if path and os.path.exists(str(path)):
+        st = os.stat(str(path))
+        out["file"] = [st.st_size, st.st_mtime_ns]
+    weights = getattr(getattr(loaded, "model", None), "weights", None)
+    if isinstance(weights, dict):
+        h = hashlib.blake2b(digest_size=16)
+        for name in sorted(weights):
+            w = weights[name]
+            h.update(name.encode())
+            if isinstance(w, torch.Tensor):
+                h.update(repr((tuple(w.shape), str(w.dtype))).encode())
+                h.update(w.detach().reshape(-1)[:16].float().cpu().numpy().tobytes())
+        out["weights"] = h.hexdigest()
+    return out
+
+
+def _by_group(ops: Any) -> dict[str, list[tuple[int, Any]]]:
+    out: dict[str, list[tuple[int, Any]]] = {}
+    for _, group, block_id, x in ops:
+        out.setdefault(group, []).append((block_id, x))
+    return out
