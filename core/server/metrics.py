@@ -14,6 +14,11 @@ Counters: ``inferhal_prompt_tokens_total``, ``inferhal_generation_tokens_total``
 ``inferhal_num_preemptions_total``, ``inferhal_spec_decode_num_draft_tokens_total`` /
 ``inferhal_spec_decode_num_accepted_tokens_total``, ``inferhal_request_success_total{finished_reason}``
 (stop | length | abort | timeout: the request's deadline).
+KV tiers (``cache.host_tier_bytes``, ``cache.disk_tier_dir``; label ``tier``: host | disk): gauges
+``inferhal_kv_tier_blocks`` / ``inferhal_kv_tier_bytes`` (held now), counters ``inferhal_kv_tier_hits_total`` /
+``inferhal_kv_tier_hit_bytes_total`` (blocks restored into the pool from the tier, every KV group),
+``inferhal_kv_tier_failures_total`` (tier files that failed a check or could not be written) and
+``inferhal_kv_tier_saved_bytes_total`` (bytes copied down from the pool).
 
 Everything but the request counters is written by the engine thread; prometheus_client is thread-safe.
 """
@@ -64,6 +69,13 @@ class ServerMetrics:
         for reason in ("stop", "length", "abort", "timeout"):
             self._success.labels(model_name, reason)
         self._seen = {"pre": 0, "draft": 0, "acc": 0}
+        tl = ["model_name", "tier"]
+        self.tier_blocks = Gauge("inferhal_kv_tier_blocks", "KV blocks held by a tier", tl, registry=r)
+        self.tier_bytes = Gauge("inferhal_kv_tier_bytes", "Bytes held by a KV tier", tl, registry=r)
+        self.tier_hits = Counter("inferhal_kv_tier_hits", "KV blocks restored from a tier", tl, registry=r)
+        self.tier_hit_bytes = Counter("inferhal_kv_tier_hit_bytes", "Bytes restored from a KV tier", tl, registry=r)
+        self.tier_failures = Counter("inferhal_kv_tier_failures", "KV tier files unusable or unwritten", tl, registry=r)
+        self.tier_saved = c("inferhal_kv_tier_saved_bytes", "Bytes copied from the KV pool to its tiers")
         self._queried = self._hits = 0
 
     def finished(self, out, track, now: float, reason: Optional[str] = None) -> None:
@@ -97,6 +109,24 @@ class ServerMetrics:
             if now > self._seen[key]:
                 counter.inc(now - self._seen[key])
             self._seen[key] = now
+        tiers = getattr(engine, "kv_offload", None)
+        if tiers is not None:
+            self._tiers(tiers.stats())
+
+    def _tiers(self, st: dict) -> None:
+        """The KV tiers' state (core/paging/offload.py: KVOffload.stats) into the tier series."""
+        for name, t in st["tiers"].items():
+            self.tier_blocks.labels(self._model, name).set(t["blocks"])
+            self.tier_bytes.labels(self._model, name).set(t["bytes"])
+            for key, counter in (("restored", self.tier_hits), ("restored_bytes", self.tier_hit_bytes),
+                                 ("failures", self.tier_failures)):
+                seen, child = self._seen.get((name, key), 0), counter.labels(self._model, name)  # shown from 0
+                if t[key] > seen:
+                    child.inc(t[key] - seen)
+                self._seen[(name, key)] = t[key]
+        if st["saved_bytes"] > self._seen.get("saved", 0):
+            self.tier_saved.inc(st["saved_bytes"] - self._seen.get("saved", 0))
+        self._seen["saved"] = st["saved_bytes"]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

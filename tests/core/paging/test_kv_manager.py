@@ -111,3 +111,25 @@ def test_replay_rule():
     assert replay_span([s1, FULL]) == 12  # hybrid: the full group reads cached KV and adds nothing
     assert replay_span([FULL]) is None and replay_span([s1], "off") is None
     assert replay_start(30, 12) == 18 and replay_start(7, 12) == 0 and replay_start(30, None) == 0
+
+
+def test_retained_windows_outlive_other_free_window_blocks():
+    """cache.retain_windows: a finished request's last window survives the window blocks released by a request
+    still running, so its next turn hits without replay; without retention the pool's LRU loses it first."""
+    toks, other = list(range(100, 140)), list(range(300, 340))  # 10 blocks of 4 each
+
+    def run(kv, rid, ids):  # 4 tokens a step: the window slides, releasing blocks as it goes
+        for pos in range(0, 40, 4):
+            assert kv.allocate(rid, pos, 4)
+            kv.cache_blocks(rid, ids, pos + 4)
+
+    hits = {}
+    one = planning.live_blocks(SLIDE, 4)  # one request's window at most: what cache.retain_windows=1 keeps
+    for keep in (0, one):
+        kv = KVCacheManager([FULL, SLIDE], 4, {"full": 64, "swa": 8}, keep_blocks={"swa": keep})
+        run(kv, "a", toks)
+        kv.free("a")  # its last window (blocks 7, 8, 9) is kept with retention
+        run(kv, "b", other)  # another request slides its window through the small swa pool
+        kv.check()
+        hits[keep] = kv.find_prefix_hit("c", toks + [1, 2]).num_tokens
+    assert hits == {0: 0, one: 40}
