@@ -126,6 +126,17 @@ def settled(server, timeout: float = 30.0) -> None:
     assert not eng.kv_manager.reqs and eng.kv_manager.usage() == 0.0
 
 
+def gauges(url: str) -> dict:
+    """The server's KV and running gauges, from /metrics."""
+    c = conn_of(url)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    names = ("kv_requests", "kv_blocks_in_use", "num_requests_running")
+    return {n: float(next(line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith(f"inferhal_{n}{{")))
+            for n in names}
+
+
 def same_as_offline(server, offline) -> None:
     url, _ = server
     p = OFFLINE_PROMPTS[0]
@@ -181,9 +192,15 @@ def test_every_stream_dropped_at_once_then_aborted_by_the_server(server, offline
             "stream": True, "n": 2}
     conns = [open_stream(url, "/v1/completions", body, read=6) for _ in range(3)]  # 6 requests running
     assert len(engine.engine.scheduler.requests) == 6
+    time.sleep(0.3)  # a loop turn or two: the gauges follow the engine
+    assert gauges(url)["kv_requests"] == 6 and gauges(url)["kv_blocks_in_use"] > 0
     for c, _ in conns:
         drop(c)
     settled(server)
+    deadline = time.monotonic() + 10
+    while any(gauges(url).values()) and time.monotonic() < deadline:  # (written after the loop's next turn)
+        time.sleep(0.05)
+    assert gauges(url) == {"kv_requests": 0.0, "kv_blocks_in_use": 0.0, "num_requests_running": 0.0}
     # the server's own abort_all (what a drain past server.shutdown_timeout_s calls), with streams open
     conns = [open_stream(url, "/v1/completions", body, read=6) for _ in range(2)]
     engine._loop.call_soon_threadsafe(engine.abort_all)

@@ -8,7 +8,7 @@ route's reply shape. Then the server holds no request and no KV block.
 
 Schemathesis is not used: the app serves no OpenAPI schema (``openapi_url=None``) and its routes read the body
 themselves (``Request``), so FastAPI's schema would describe no field. ``INFERHAL_FUZZ_EXAMPLES`` scales the
-examples per route (the default, 150, keeps this module to seconds past the model load; the campaign behind the
+examples per route (the default, 150, keeps this module to seconds past the model load; a campaign after the
 fixes in core/server ran 4,000 a route, clean, in 7.8 min)."""
 
 from __future__ import annotations
