@@ -63,11 +63,17 @@ class ParallelConfig:
     # two-batch overlap: each DP rank's step runs as two micro-batches, one's MoE all-to-all in flight while
     # the other computes (core/parallel/tbo.py); only with DP attention (parallel.dp = parallel.ep > 1)
     tbo: bool = False
+    # `inferhal serve` with parallel.dp > 1 (core/server/dp_serve.py): how new requests are placed on the DP ranks
+    # (core/parallel/dp_balance.py): tokens_cache (the rank holding the longest cached prefix, unless its load in
+    # tokens exceeds the least loaded rank's by dp_balance_margin) | vllm (waiting * 4 + running) | round_robin
+    dp_balance: str = "tokens_cache"
+    dp_balance_margin: int = 2048  # tokens (prompt tokens to prefill + KV tokens in use)
+    restarts: int = 3  # `inferhal serve`, parallel.dp > 1: times the DP group is spawned again after a rank dies
 
 
 @dataclass
 class SchedulerConfig:
-    max_num_seqs: int = 64
+    max_num_seqs: int = 64  # per engine: with parallel.dp > 1, per DP rank (each rank has its own scheduler)
     max_num_batched_tokens: int = 2048
     chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0 = no per-request cap inside a step

@@ -84,12 +84,11 @@ def _spawned_rank(layout: ParallelLayout, cfg_node: dict, body: Callable[[Any, A
         sys.exit(rc)
 
 
-def check_before_spawn(cfg: Any) -> int:
-    """Every refusal a rank would meet that can be known from the config alone, before any process starts
-    or any weight loads: the layout (:func:`~.launch.check_layout`), the spec config, the backend's
-    availability (probe only), whether the model has routed experts that divide among the EP ranks and,
-    with DP attention, whether the job gives every DP rank a prompt and runs synchronous scheduling.
-    Returns the world size."""
+def check_ranks(cfg: Any) -> int:
+    """Every refusal a rank of any command would meet that can be known from the config alone, before any
+    process starts or any weight loads: the layout (:func:`~.launch.check_layout`), the spec config, the
+    backend's availability (probe only), whether the model has routed experts that divide among the EP ranks
+    and, with DP attention, synchronous scheduling. Returns the world size."""
     from inferhal.core.config.schema import BackendConfig, SpecConfig
     from inferhal.core.models.registry import routed_experts
     from inferhal.core.registry import BackendRegistry
@@ -105,10 +104,18 @@ def check_before_spawn(cfg: Any) -> int:
     if experts is not None:
         check_expert_slots(experts, cfg.eplb, world)
     dp = int(cfg.parallel.dp)
+    if dp > 1 and bool(cfg.scheduler.async_scheduling):
+        raise UserError("scheduler.async_scheduling=true does not run with data-parallel attention "
+                        f"(parallel.dp={dp}) yet; use scheduler.async_scheduling=false")
+    return world
+
+
+def check_before_spawn(cfg: Any) -> int:
+    """:func:`check_ranks`, and with DP attention whether the job gives every DP rank a prompt. Returns the
+    world size."""
+    world = check_ranks(cfg)
+    dp = int(cfg.parallel.dp)
     if dp > 1:
-        if bool(cfg.scheduler.async_scheduling):
-            raise UserError("scheduler.async_scheduling=true does not run with data-parallel attention "
-                            f"(parallel.dp={dp}) yet; use scheduler.async_scheduling=false")
         n = count_prompts(cfg)
         if n < dp:
             raise UserError(f"parallel.dp={dp} but the job has {n} prompt{'s' if n != 1 else ''}: {dp - n} DP "

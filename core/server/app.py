@@ -4,7 +4,8 @@
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (:mod:`.openai_api`), ``POST /v1/messages``,
 ``POST /v1/messages/count_tokens`` (:mod:`.anthropic_api`), ``GET /v1/models``,
 ``GET /health`` (503 once the engine loop has died, or ``draining`` while SIGTERM drains it; under
-``parallel.role=pd`` each process's state, ``degraded`` when one is dead), ``GET /version``, ``GET /metrics``
+``parallel.role=pd`` each process's state, ``degraded`` when one is dead; under ``parallel.dp > 1`` each DP
+rank's, 503 ``down`` while the group restarts), ``GET /version``, ``GET /metrics``
 (Prometheus text).
 
 Every handler is a module-level function reading the app's :class:`~.service.Service` from
@@ -84,9 +85,12 @@ async def health(request: Request):
     if engine.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     eng = svc.eng
-    roles = eng.health() if callable(getattr(type(eng), "health", None)) else None  # parallel.role=pd
+    roles = eng.health() if callable(getattr(type(eng), "health", None)) else None  # parallel.role=pd, parallel.dp > 1
     if roles is None:
         return {"status": "ok"}
+    down = getattr(eng, "down", None)  # parallel.dp > 1: why the DP group is out of service (it restarts)
+    if down:
+        return JSONResponse({"status": "down", "reason": down, "roles": roles}, status_code=503)
     return {"status": "ok" if all(v == "ok" for v in roles.values()) else "degraded", "roles": roles}
 
 

@@ -5,6 +5,8 @@ Settings come from the ``server`` group (:class:`~inferhal.core.config.schema.Se
 address (``127.0.0.1`` unless ``server.host`` says otherwise), the served model name, the API key (or the
 environment variable ``INFERHAL_API_KEY``), the body-size and admission limits (``max_queued_requests``,
 ``max_queued_tokens``), the default per-request deadline (``request_timeout_s``) and the reasoning parser.
+``parallel.dp = parallel.ep > 1`` (``parallel=dep2``): the same server in front of DP attention x EP MoE rank
+processes (:mod:`.dp_serve`).
 On SIGTERM the server drains (:mod:`.drain`): new requests get 503 while admitted ones finish for up to
 ``server.shutdown_timeout_s`` (0: aborted at once), then the rest are aborted (their streams end), the
 engine loop stops and the process exits 0.
@@ -79,6 +81,65 @@ def make_router_app(cfg, router=None):
         raise UserError("inferhal serve needs a model with a tokenizer (text in, text out)")
     model = next(i.hello["describe"]["model"] for i in router.insts.values() if i.hello is not None)
     return _app(router, cfg, str(model))
+
+
+def make_dp_app(cfg, group=None):
+    """``parallel.dp > 1`` (``parallel=dep2``): (FastAPI app, AsyncEngine) over a
+    :class:`~inferhal.core.server.dp_serve.DPGroup` of DP rank processes (spawned here unless given; this
+    process loads no weights). ``cfg`` as :func:`check_dp` passed it."""
+    from inferhal.core.server.dp_serve import DPGroup
+
+    if group is None:
+        group = DPGroup(cfg)
+    if group.tokenizer is None:
+        group.close()
+        raise UserError("inferhal serve needs a model with a tokenizer (text in, text out)")
+    from inferhal.core.server.dp_metrics import DPMetrics
+
+    app, engine = _app(group, cfg, str(group.loaded.name))
+    group.metrics = DPMetrics(engine.metrics.registry, app.state.model_name, group.dp)
+    return app, engine
+
+
+#: the parallel fields `inferhal serve` reads only with data-parallel attention (parallel.dp > 1)
+DP_FIELDS = ("parallel.launcher", "parallel.master_addr", "parallel.master_port", "parallel.tbo",
+             "parallel.dp_balance", "parallel.dp_balance_margin", "parallel.restarts")
+
+
+def check_dp(cfg) -> int:
+    """Refuse, before anything loads or spawns, a parallel layout `serve` cannot run; → ``parallel.dp``.
+    ``parallel.dp = parallel.ep > 1`` (DP attention x EP MoE) runs; the DP fields are refused otherwise."""
+    from omegaconf import OmegaConf
+
+    from inferhal.core.config.refusals import default_of
+    from inferhal.core.parallel.dp_balance import POLICIES
+
+    p = cfg.parallel
+    dp, ep = int(p.dp), int(p.ep)
+    if dp <= 1:
+        if ep > 1:
+            raise UserError(f"parallel.ep={ep} with parallel.dp={dp}: `inferhal serve` runs expert parallelism with "
+                            f"data-parallel attention (parallel.dp = parallel.ep, e.g. parallel=dep2); attention "
+                            f"replicated on the EP ranks (parallel=ep2) runs in `inferhal generate` only")
+        for name in DP_FIELDS:
+            value = OmegaConf.select(cfg, name)
+            if value != default_of(name):
+                raise UserError(f"{name}={value!r} is read by `inferhal serve` only with data-parallel attention "
+                                f"(parallel.dp > 1, e.g. parallel=dep2); got parallel.dp={dp}")
+        return max(dp, 1)
+    if str(p.launcher) != "local":
+        raise UserError(f"parallel.launcher={p.launcher}: `inferhal serve` spawns its DP ranks on this host itself "
+                        f"(parallel.launcher=local); serving DP ranks on several hosts is not supported yet")
+    if str(p.dp_balance) not in POLICIES:
+        raise UserError(f"parallel.dp_balance must be one of {', '.join(POLICIES)}, got {p.dp_balance!r}")
+    if int(p.dp_balance_margin) < 0:
+        raise UserError(f"parallel.dp_balance_margin must be >= 0 (tokens), got {p.dp_balance_margin}")
+    if int(p.restarts) < 0:
+        raise UserError(f"parallel.restarts must be >= 0, got {p.restarts}")
+    from inferhal.core.parallel.ep_generate import check_ranks
+
+    check_ranks(cfg)  # the layout, the spec config, the backend, experts that divide, synchronous scheduling
+    return dp
 
 
 def _app(inner, cfg, model_name: str):
@@ -201,8 +262,11 @@ def serve(cfg, llm=None) -> int:
     if role in ("prefill", "decode"):
         return serve_instance(cfg)
     settings_of(cfg, str(cfg.model.name))  # bad server settings fail before the model loads
+    dp = check_dp(cfg)
     if role in ("pd", "router"):
         app, engine = make_router_app(cfg)
+    elif dp > 1:
+        app, engine = make_dp_app(cfg)
     else:
         if llm is None:
             llm = LLM.from_config(cfg)

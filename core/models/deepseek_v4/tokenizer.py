@@ -19,14 +19,19 @@ class HFTokenizer:
         self.bos_token_id, self.eos_token_ids = bos_token_id, eos_token_ids
         self.chat_template, self.bos_token, self.eos_token = chat_template, bos_token, eos_token
 
+    @property
+    def backend(self) -> Any:
+        """The ``tokenizers`` tokenizer (structured outputs read its vocabulary: core/structured/grammar.py)."""
+        return self._tok
+
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids
         if add_bos and self.bos_token_id is not None and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id] + ids
         return ids
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=True)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:

@@ -105,7 +105,7 @@ def test_every_command_refuses_each_field_it_does_not_read_by_name(command, defa
 def test_a_group_choice_that_changes_an_unread_group_is_refused(command):
     """``server=NAME`` or ``parallel=NAME`` counts by the fields it changes; the YAML defaults never count."""
     cli.compose(["server=default", "eplb=disabled", "parallel=single", "model=gemma3_270m"], command)
-    unread = {"generate": "qualify=full", "serve": "parallel=dep2", "plan kv": "parallel=dep2",
+    unread = {"generate": "qualify=full", "serve": "qualify=full", "plan kv": "parallel=dep2",
               "bench e2e": "parallel=dep2", "bench eplb": "model=deepseek_v4_tiny", "LLM": "qualify=full"}[command]
     with pytest.raises(ConfigError, match=rf"refused by {re.escape(who(command))}"):
         cli.compose([unread], command)

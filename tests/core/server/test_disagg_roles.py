@@ -24,7 +24,7 @@ def test_parallel_role_is_refused_outside_serve():
 @pytest.mark.parametrize("over, words", [
     (["parallel.role=both"], r"parallel.role='both': `inferhal serve` runs any, pd, prefill, decode, router"),
     (["parallel.role=pd", "scheduler.async_scheduling=true"], "async_scheduling=false"),
-    (["parallel.role=decode", "parallel=ep2", "disagg.authkey=k"], "parallel.ep=2 is refused by `inferhal serve`"),
+    (["parallel.role=decode", "parallel=ep2", "disagg.authkey=k"], "each prefill or decode instance is one engine process"),
     (["parallel.role=pd", "parallel.timeout_s=0"], "parallel.timeout_s=0 must be > 0"),
     (["parallel.role=pd", "disagg.restarts=-1"], "disagg.restarts must be >= 0"),
     (["parallel.role=router", "disagg.authkey=k"], "needs its instances"),

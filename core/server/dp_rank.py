@@ -1,0 +1,107 @@
+"""One DP rank process of ``inferhal serve`` with data-parallel attention (``parallel=dep2``; the front is
+:mod:`.dp_serve`).
+
+The rank builds the configured engine, joins the ranks' gloo group through the backend's communicator and
+becomes a DP attention × EP MoE rank (:func:`~inferhal.core.parallel.dp_engine.attach_dp`) behind a
+:class:`~inferhal.core.parallel.dp_serve_engine.ServeDPEngine`. It then says hello on its pipe (rank 0 adds
+what the front needs to validate and tokenize without weights: :func:`~inferhal.core.disagg.instance.hello`)
+and serves the front, one message at a time:
+
+- ``("step", (adds, aborts))``, sent to every rank alike: add the new requests ``(id, prompt ids, params)``
+  (each rank checks and queues them all; they are placed at the step), abort ``aborts`` (freed on the rank
+  holding them), then run one step of the group when any rank has work (a rank without requests joins the
+  step's MoE exchanges empty). Answer ``("stepped", (outputs, gauges, busy, failed))``: rank 0 every rank's
+  outputs of the step, every rank its own gauges; ``busy``: some rank still has work; ``failed``: ``(id,
+  why)`` of requests the checks refused.
+- ``("probe", None)``: answer ``("probe", accounting)`` (this rank's KV accounting, no collective).
+- ``("stop", None)``: leave the group together and exit.
+
+Anything a step raises (a peer that died fails the next collective) is sent as ``("error", why)`` and the
+process exits: the front restarts the whole group. The process also ends when its parent does.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from inferhal.core.backend import ParallelLayout
+from inferhal.core.errors import UserError
+
+
+def build(layout: ParallelLayout, cfg: Any) -> Any:
+    """This rank's :class:`~inferhal.core.parallel.dp_serve_engine.ServeDPEngine` from the composed ``cfg``."""
+    from inferhal.core.engine.llm import LLM
+    from inferhal.core.parallel.dp_engine import attach_dp
+    from inferhal.core.parallel.dp_serve_engine import ServeDPEngine
+
+    llm = LLM.from_config(cfg)
+    eng = llm.engine
+    hook = attach_dp(eng, eng.backend.communicator(layout), cfg.eplb, tbo=bool(cfg.parallel.tbo))
+    return ServeDPEngine(eng, hook, str(cfg.parallel.dp_balance), int(cfg.parallel.dp_balance_margin))
+
+
+def serve_front(dpe: Any, conn: Any) -> None:
+    """Answer the front's messages (module docstring) until ``stop``."""
+    from inferhal.core.disagg.workers import accounting
+
+    eng, me = dpe.engine, dpe.comm.layout.rank
+    while True:
+        kind, arg = conn.recv()
+        if kind == "stop":
+            return
+        if kind == "probe":
+            conn.send(("probe", accounting(eng)))
+            continue
+        adds, aborts = arg
+        failed = []
+        for rid, prompt, params in adds:
+            try:
+                dpe.add(eng.make_request(prompt, params, request_id=rid))
+            except (UserError, ValueError) as exc:  # the same on every rank: no rank queues it
+                failed.append((rid, str(exc)))
+        if aborts:
+            dpe.abort(aborts)
+        outs = dpe.step() if dpe.has_unfinished() else []
+        conn.send(("stepped", (outs if me == 0 else [], dpe.gauges(), dpe.has_unfinished(), failed)))
+
+
+def rank_main(layout: ParallelLayout, cfg_node: dict, conn: Any) -> None:
+    """The body of a spawned rank (see the module docstring); ends with ``os._exit`` (gloo's threads can
+    abort an interpreter's finalization after the work succeeded)."""
+    import torch
+    from omegaconf import OmegaConf
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="inferhal-parent-watch", daemon=True).start()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // layout.world_size))  # the ranks share this host's cores
+    code = 0
+    try:
+        cfg = OmegaConf.create(cfg_node)
+        dpe = build(layout, cfg)
+        hello: dict = {"pid": os.getpid()}
+        if layout.rank == 0:
+            from inferhal.core.disagg.instance import hello as instance_hello
+
+            hello = dict(instance_hello("any", dpe.engine, None), family=dpe.engine.loaded.family)
+        conn.send(("hello", hello))
+        serve_front(dpe, conn)
+        from inferhal.core.parallel.launch import teardown
+
+        teardown()
+    except BaseException as exc:  # noqa: BLE001 - said to the front, which restarts the group
+        code = 1
+        try:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        except (OSError, ValueError):
+            pass
+    finally:
+        os._exit(code)

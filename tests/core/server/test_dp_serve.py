@@ -1,0 +1,242 @@
+"""``inferhal serve parallel=dep2``: the OpenAI server in front of two DP attention x EP MoE rank processes
+(gloo on 127.0.0.1), against the single-process server, on the tiny random DeepSeek-V4 made servable
+(tiny_text.py: its HF checkpoint with a character-level tokenizer and a chat template), n-gram drafts on.
+
+The official ``openai`` client gets the single process's greedy text from every route, streamed and not,
+under a JSON schema too, with requests running on both ranks at once; ``/health`` lists the ranks, ``/metrics``
+carries each rank's series and the balance figure; a second turn of a conversation lands on the rank holding
+its first turn's KV. A rank killed mid-stream (SIGKILL): ``/health`` answers 503 while the group restarts,
+every stream ends with the single process's text (its requests placed again from their prompt and the tokens
+sent), the new group holds no KV afterwards and serves again; with no restart left, ``/health`` and new
+requests get 503. ``deterministic=true`` with MTP drafts: the tokens and logprobs of the single process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from server_fixtures import run_server
+from tiny_text import overrides, write_tiny_text_model
+
+pytestmark = pytest.mark.slow
+
+MODEL = "deepseek_v4_tiny"
+PROMPTS = ["The quick brown fox jumps over the lazy dog", "abcabcabcabcabcabcabc", "Hello, world! " * 6,
+           "def f(x):\n    return x * 2\n" * 3, "0123456789" * 8, "Once upon a time"]
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    pytest.importorskip("openai")
+    return write_tiny_text_model(str(tmp_path_factory.mktemp("tiny_text")))
+
+
+@contextlib.contextmanager
+def serving(model_dir, *over, dp: bool):
+    """(base URL, AsyncEngine) of a server on this model: the DP group (``parallel=dep2``) or one engine."""
+    from inferhal.core.cli.main import compose
+    from inferhal.core.server.serve import check_dp, make_app, make_dp_app
+
+    if dp:
+        cfg = compose([*overrides(model_dir), "parallel=dep2", "parallel.master_port=0", *over], command="serve")
+        check_dp(cfg)
+        app, engine = make_dp_app(cfg)
+    else:
+        from inferhal.core.engine.llm import LLM
+
+        cfg = compose([*overrides(model_dir), *over], command="serve")
+        app, engine = make_app(LLM.from_config(cfg), cfg)
+    with run_server(app) as url:
+        yield url, engine
+
+
+@pytest.fixture(scope="module")
+def single(model_dir):
+    with serving(model_dir, "spec=ngram", dp=False) as got:
+        yield got
+
+
+@pytest.fixture(scope="module")
+def dep2(model_dir):
+    with serving(model_dir, "spec=ngram", dp=True) as got:
+        yield got
+
+
+def client(url):
+    import openai
+
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def complete(url, prompt, stream=False, max_tokens=MAX_TOKENS, **kw):
+    c = client(url)
+    if not stream:
+        r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, **kw)
+        return r.choices[0].text, r.choices[0].finish_reason
+    text, reason = "", None
+    for chunk in c.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+                                      **kw):
+        if chunk.choices:
+            text += chunk.choices[0].text
+            reason = chunk.choices[0].finish_reason or reason
+    return text, reason
+
+
+def chat(url, content, stream=False, **kw):
+    c = client(url)
+    msgs = [{"role": "user", "content": content}]
+    if not stream:
+        return c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=MAX_TOKENS, temperature=0,
+                                         **kw).choices[0].message.content
+    return "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+        model=MODEL, messages=msgs, max_tokens=MAX_TOKENS, temperature=0, stream=True, **kw) if ch.choices)
+
+
+def get(url, path):
+    try:
+        with urllib.request.urlopen(url + path, timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def series(text, name):
+    """{labels: value} of one metric in Prometheus text."""
+    out = {}
+    for line in text.splitlines():
+        m = re.match(rf"{name}(\{{[^}}]*\}})? (\S+)$", line)
+        if m:
+            out[m.group(1) or ""] = float(m.group(2))
+    return out
+
+
+def per_rank(text, name):
+    return {int(re.search(r'dp_rank="(\d+)"', k).group(1)): v for k, v in series(text, name).items()}
+
+
+def test_greedy_completions_equal_the_single_process_streamed_and_not(single, dep2):
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:  # at once: both ranks run requests in the same steps
+        want = list(pool.map(lambda p: complete(single[0], p), PROMPTS))
+        got = list(pool.map(lambda p: complete(dep2[0], p), PROMPTS))
+        streamed = list(pool.map(lambda p: complete(dep2[0], p, stream=True), PROMPTS))
+    assert got == want
+    assert streamed == want
+    assert all(len(t) > 0 for t, _ in want)
+    _, text = get(dep2[0], "/metrics")
+    attn = per_rank(text, "inferhal_dp_attention_tokens_total")
+    assert set(attn) == {0, 1} and all(v > 0 for v in attn.values()), attn  # both ranks ran requests
+    assert sum(per_rank(text, "inferhal_dp_prompt_tokens_total").values()) > 0
+    assert sum(series(text, "inferhal_spec_decode_num_draft_tokens_total").values()) > 0  # n-gram drafts ran
+
+
+def test_chat_and_json_schema_equal_the_single_process(single, dep2):
+    for stream in (False, True):
+        assert chat(dep2[0], "Say hi", stream=stream) == chat(single[0], "Say hi", stream=stream)
+    schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+    want = chat(single[0], "Give a", response_format=schema)
+    assert chat(dep2[0], "Give a", response_format=schema) == want
+    assert want.startswith("{")
+
+
+def test_health_lists_the_ranks_and_metrics_carry_each_rank(dep2):
+    status, body = get(dep2[0], "/health")
+    assert status == 200 and json.loads(body) == {"status": "ok", "roles": {"dp0": "ok", "dp1": "ok"}}
+    _, text = get(dep2[0], "/metrics")
+    for name in ("inferhal_dp_requests_running", "inferhal_dp_requests_waiting", "inferhal_dp_kv_cache_usage_ratio",
+                 "inferhal_dp_kv_blocks_in_use", "inferhal_dp_load_tokens", "inferhal_dp_prefix_cache_hits_total",
+                 "inferhal_dp_generation_tokens_total"):
+        assert set(per_rank(text, name)) == {0, 1}, name
+    assert 'inferhal_dp_balance{figure="attention_tokens"' in text
+
+
+def test_the_next_turn_of_a_conversation_lands_on_the_rank_holding_its_prefix(dep2):
+    url, _ = dep2
+    first = "You are a careful assistant. " * 5  # 145 characters: 9 full blocks of 16
+    answer, _ = complete(url, first, max_tokens=8)
+    _, text = get(url, "/metrics")
+    hits0, placed0 = (per_rank(text, n) for n in ("inferhal_dp_prefix_cache_hits_total", "inferhal_dp_prefix_placed_total"))
+    complete(url, first + answer + " And then?", max_tokens=8)
+    _, text = get(url, "/metrics")
+    hits1, placed1 = (per_rank(text, n) for n in ("inferhal_dp_prefix_cache_hits_total", "inferhal_dp_prefix_placed_total"))
+    gained = {r: hits1[r] - hits0.get(r, 0) for r in hits1}
+    assert max(gained.values()) >= 9 * 16, gained  # the first turn's blocks, found where it ran
+    assert sum(placed1.values()) - sum(placed0.values()) == 1
+
+
+def test_a_rank_killed_mid_stream_costs_no_stream_its_text_and_the_group_serves_again(model_dir, single):
+    from inferhal.core.server.dp_serve import DPGroup
+
+    prompts = PROMPTS[:4]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        want = list(pool.map(lambda p: complete(single[0], p, max_tokens=60), prompts))
+    with serving(model_dir, "parallel.restarts=1", "parallel.timeout_s=10", dp=True) as (url, engine):
+        group: DPGroup = engine.engine
+        seen_503 = []
+
+        def kill_when_streaming():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and sum(len(r.last.outputs[0].token_ids) if r.last else 0
+                                                      for r in list(group.requests.values())) < 20:
+                time.sleep(0.01)
+            os.kill(group.ranks[1].process.pid, signal.SIGKILL)
+            while time.monotonic() < deadline:
+                status, _ = get(url, "/health")
+                if status == 503:
+                    seen_503.append(status)
+                    return
+                time.sleep(0.05)
+
+        killer = threading.Thread(target=kill_when_streaming)
+        killer.start()
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            got = list(pool.map(lambda p: complete(url, p, max_tokens=60, stream=True), prompts))
+        killer.join()
+        assert seen_503 and group.restarts == 1
+        assert got == want  # every stream went on where it stopped, nothing repeated or lost
+        assert get(url, "/health")[0] == 200
+        assert complete(url, PROMPTS[4]) == complete(single[0], PROMPTS[4])  # the new group serves
+        _, text = get(url, "/metrics")
+        assert per_rank(text, "inferhal_dp_kv_blocks_in_use") == {0: 0.0, 1: 0.0}
+        assert series(text, "inferhal_dp_restarts_total") == {'{model_name="deepseek_v4_tiny"}': 1.0}
+        assert all(not group.probe(r)["kv_requests"] for r in range(2))  # nothing open: the loop does not step
+        os.kill(group.ranks[0].process.pid, signal.SIGKILL)  # no restart left
+        deadline = time.monotonic() + 30
+        while get(url, "/health")[0] != 503 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert get(url, "/health")[0] == 503
+        import openai
+
+        with pytest.raises(openai.APIStatusError) as err:
+            complete(url, "anything")
+        assert err.value.status_code == 503
+
+
+def test_deterministic_mtp_gives_the_single_process_tokens_and_logprobs(model_dir):
+    over = ("deterministic=true", "spec=mtp")
+
+    def run(url):
+        c = client(url)
+        with ThreadPoolExecutor(3) as pool:
+            rs = list(pool.map(lambda p: c.completions.create(model=MODEL, prompt=p, max_tokens=16, temperature=0,
+                                                              logprobs=2), PROMPTS[:3]))
+        return [(r.choices[0].text, r.choices[0].logprobs.token_logprobs) for r in rs]
+
+    with serving(model_dir, *over, dp=False) as (url, _):
+        want = run(url)
+    with serving(model_dir, *over, dp=True) as (url, _):
+        got = run(url)
+        _, text = get(url, "/metrics")
+    assert got == want
+    assert sum(series(text, "inferhal_spec_decode_num_draft_tokens_total").values()) > 0
