@@ -5,7 +5,8 @@
 The official ``openai`` client gets the single process's greedy text from every route, streamed and not,
 under a JSON schema too, with requests running on both ranks at once; ``/health`` lists the ranks, ``/metrics``
 carries each rank's series and the balance figure; a second turn of a conversation lands on the rank holding
-its first turn's KV. A rank killed mid-stream (SIGKILL): ``/health`` answers 503 while the group restarts,
+its first turn's KV; a client that hangs up mid-stream leaves no KV held on any rank. ``parallel=dep4`` gives the
+same text. ``inferhal serve parallel=dep2`` as a user runs it ends with every rank process on SIGTERM. A rank killed mid-stream (SIGKILL): ``/health`` answers 503 while the group restarts,
 every stream ends with the single process's text (its requests placed again from their prompt and the tokens
 sent), the new group holds no KV afterwards and serves again; with no restart left, ``/health`` and new
 requests get 503. ``deterministic=true`` with MTP drafts: the tokens and logprobs of the single process."""
@@ -17,16 +18,21 @@ import json
 import os
 import re
 import signal
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from server_fixtures import run_server
 from tiny_text import overrides, write_tiny_text_model
+
+sys.path.insert(0, str(Path(__file__).parents[2] / "fixtures"))  # serve_process.py
+from serve_process import ServeProcess  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -43,13 +49,13 @@ def model_dir(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def serving(model_dir, *over, dp: bool):
-    """(base URL, AsyncEngine) of a server on this model: the DP group (``parallel=dep2``) or one engine."""
+def serving(model_dir, *over, dp: bool, layout: str = "dep2"):
+    """(base URL, AsyncEngine) of a server on this model: the DP group (``parallel=<layout>``) or one engine."""
     from inferhal.core.cli.main import compose
     from inferhal.core.server.serve import check_dp, make_app, make_dp_app
 
     if dp:
-        cfg = compose([*overrides(model_dir), "parallel=dep2", "parallel.master_port=0", *over], command="serve")
+        cfg = compose([*overrides(model_dir), f"parallel={layout}", "parallel.master_port=0", *over], command="serve")
         check_dp(cfg)
         app, engine = make_dp_app(cfg)
     else:
@@ -173,6 +179,54 @@ def test_the_next_turn_of_a_conversation_lands_on_the_rank_holding_its_prefix(de
     gained = {r: hits1[r] - hits0.get(r, 0) for r in hits1}
     assert max(gained.values()) >= 9 * 16, gained  # the first turn's blocks, found where it ran
     assert sum(placed1.values()) - sum(placed0.values()) == 1
+
+
+def test_a_client_that_hangs_up_frees_its_kv_on_its_rank(dep2):
+    url, _ = dep2
+    stream = client(url).completions.create(model=MODEL, prompt="A long answer, please: ", max_tokens=300,
+                                            temperature=0, stream=True)
+    next(iter(stream))
+    _, text = get(url, "/metrics")
+    assert sum(per_rank(text, "inferhal_dp_kv_blocks_in_use").values()) > 0  # it runs, holding blocks
+    stream.close()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        _, text = get(url, "/metrics")
+        if set(per_rank(text, "inferhal_dp_kv_blocks_in_use").values()) == {0.0}:
+            break
+        time.sleep(0.1)
+    assert per_rank(text, "inferhal_dp_kv_blocks_in_use") == {0: 0.0, 1: 0.0}
+    assert per_rank(text, "inferhal_dp_requests_running") == {0: 0.0, 1: 0.0}
+
+
+def test_dep4_gives_the_single_process_text(model_dir, single):
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        want = list(pool.map(lambda p: complete(single[0], p), PROMPTS))
+        with serving(model_dir, "spec=ngram", dp=True, layout="dep4") as (url, _):
+            got = list(pool.map(lambda p: complete(url, p, stream=True), PROMPTS))
+            _, text = get(url, "/metrics")
+    assert got == want
+    assert set(per_rank(text, "inferhal_dp_attention_tokens_total")) == {0, 1, 2, 3}
+
+
+def test_the_cli_serves_dep2_and_sigterm_ends_every_rank(model_dir):
+    psutil = pytest.importorskip("psutil")
+    sp = ServeProcess([*overrides(model_dir), "parallel=dep2", "parallel.master_port=0", "server.port=0"],
+                      "/v1 (OpenAI", dict(os.environ), timeout_s=180)
+    try:
+        url = f"http://127.0.0.1:{sp.port_after('http://')}"
+        tree = psutil.Process(sp.p.pid).children(recursive=True)
+        assert len(tree) >= 2  # the two ranks (and multiprocessing's resource tracker)
+        assert complete(url, "Hello")[0]
+        assert json.loads(get(url, "/health")[1])["roles"] == {"dp0": "ok", "dp1": "ok"}
+        sp.p.send_signal(signal.SIGTERM)
+        assert sp.p.wait(60) == 0
+        deadline = time.monotonic() + 10
+        while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        sp.stop()
 
 
 def test_a_rank_killed_mid_stream_costs_no_stream_its_text_and_the_group_serves_again(model_dir, single):
