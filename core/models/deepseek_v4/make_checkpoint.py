@@ -1,6 +1,7 @@
 """Random-weight DeepSeek-V4 checkpoints: in memory (``format: random``) or as an HF directory.
 
     python -m inferhal.core.models.deepseek_v4.make_checkpoint OUT_DIR --config tiny [--seed 0] [--quantize]
+        [--tokenizer chars]
 
 ``--config NAME`` reads ``conf/model/deepseek_v4_NAME.yaml``'s ``arch`` (or pass a YAML/JSON path).
 Weights are non-trivial on purpose: random sinks, position biases, correction biases, HC bases/scales,
@@ -23,6 +24,9 @@ from inferhal.core.models.deepseek_v4.config import V4Config, parse_config
 from inferhal.core.models.deepseek_v4.shapes import expected
 
 _STD = 0.08
+#: the chat template of :func:`write_char_tokenizer`: ``role: content`` lines, then ``assistant:``
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
 
 
 def _is_norm(name: str) -> bool:
@@ -111,6 +115,32 @@ def write_checkpoint(out_dir: str, arch: Mapping[str, Any], seed: int = 0, quant
     return out_dir
 
 
+def write_char_tokenizer(out_dir: str, vocab_size: int, chat_template: str = CHAT_TEMPLATE) -> str:
+    """A character-level ``tokenizer.json`` (``tokenizers``: a BPE with no merges over the printable ASCII
+    characters; ``<s>`` = 0 and ``</s>`` = 1, the random configs' bos/eos; the other ids up to ``vocab_size``
+    as ``<tNNN>`` pieces) and a ``tokenizer_config.json`` with a plain chat template, so a random checkpoint
+    can be served as text (``inferhal serve``, ``bench serve``); returns ``out_dir``."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models
+
+    vocab = {"<s>": 0, "</s>": 1}
+    for c in string.printable:
+        if c not in "\x0b\x0c\r":
+            vocab[c] = len(vocab)
+    if len(vocab) > vocab_size:
+        raise SystemExit(f"a character-level tokenizer needs a vocabulary of >= {len(vocab)} ids, not {vocab_size}")
+    while len(vocab) < vocab_size:
+        vocab[f"<t{len(vocab)}>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.decoder = decoders.Fuse()
+    os.makedirs(out_dir, exist_ok=True)
+    tok.save(os.path.join(out_dir, "tokenizer.json"))
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<s>", "eos_token": "</s>", "chat_template": chat_template}, f)
+    return out_dir
+
+
 def _arch_of(config: str) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
@@ -134,8 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quantize", action="store_true")
     ap.add_argument("--no-mtp", action="store_true")
+    ap.add_argument("--tokenizer", choices=["none", "chars"], default="none",
+                    help="chars: add a character-level tokenizer and chat template (a servable text model)")
     a = ap.parse_args(argv)
-    write_checkpoint(a.out_dir, _arch_of(a.config), a.seed, a.quantize, not a.no_mtp)
+    arch = _arch_of(a.config)
+    write_checkpoint(a.out_dir, arch, a.seed, a.quantize, not a.no_mtp)
+    if a.tokenizer == "chars":
+        write_char_tokenizer(a.out_dir, int(arch["vocab_size"]))
     print(f"wrote {a.out_dir}")
     return 0
 
