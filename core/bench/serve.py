@@ -20,6 +20,8 @@ For each ``bench.concurrency`` level ``c`` (e.g. ``bench.concurrency=[32,64]``),
 The server's overhead is ``1 - server tok/s / offline tok/s`` at the same ``c`` in the same run (the target
 is <= 10 % at c=32). Clients, server and engine share the host's CPUs: on a loaded 2-core machine the
 numbers are indicative only. ``output=`` (default ``<bench.output_dir>/serve.json``) gets the JSON.
+With ``parallel.dp > 1`` (``parallel=dep2``) it runs :mod:`.serve_dp` instead: a skewed multi-turn workload
+against the DP placement policies and one colocated engine.
 """
 
 from __future__ import annotations
@@ -143,6 +145,12 @@ def run(cfg) -> int:
 
     from inferhal.core.console import console as make_console
     from inferhal.core.engine.llm import LLM
+    from inferhal.core.server.serve import check_dp
+
+    if check_dp(cfg) > 1:  # parallel=dep2: the skewed workload over DP ranks and their policies (serve_dp.py)
+        from inferhal.core.bench.serve_dp import run_dp
+
+        return run_dp(cfg)
 
     con = make_console(min_width=160)
     b = cfg.bench

@@ -85,7 +85,8 @@ READS: dict[str, tuple[str, ...]] = {
     "bench serve": (*ENGINE, "deterministic", "server.served_model_name", "server.max_body_bytes",
                     "server.max_queued_requests", "server.max_queued_tokens", "server.request_timeout_s",
                     "server.shutdown_timeout_s", "server.reasoning_parser",  # its server child's (serve(cfg))
-                    *_bench("concurrency", "num_prompts", "max_tokens", "warmup")),
+                    *_bench("concurrency", "num_prompts", "max_tokens", "warmup"),
+                    *RANKS, "parallel.dp_balance", "parallel.dp_balance_margin", "parallel.restarts"),  # serve_dp.py
     "bench soak": (*ENGINE, "deterministic", "server.served_model_name", "server.max_body_bytes",
                    "server.max_queued_requests", "server.max_queued_tokens", "server.request_timeout_s",
                    "server.shutdown_timeout_s", "server.reasoning_parser",  # its server child's, as bench serve's
@@ -101,6 +102,7 @@ SETS: dict[str, dict[str, str]] = {
     "bench e2e": {"scheduler.max_num_seqs": "the largest bench.concurrency level",
                   "cache.enable_prefix_caching": "false: every repeat prefills every prompt, as the peers do"},
     "bench ops": {"cache.enable_prefix_caching": "false: the runs repeat their prompts, each must prefill them all"},
+    "bench serve": {"parallel.dp_balance": "with parallel.dp > 1 it runs every policy in turn (core/bench/serve_dp.py)"},
 }
 
 #: field → why few commands read it (the refusal message says it after naming the commands that do)
