@@ -76,6 +76,8 @@ READS: dict[str, tuple[str, ...]] = {
     "bench greedy_head": (*ENGINE, *_bench("concurrency", "max_tokens", "repeats")),
     "bench kv_capacity": ("cache.kv_cache_bytes", "scheduler.max_num_seqs", "scheduler.max_num_batched_tokens",
                           *BENCH_OUT),  # its own models and contexts
+    "bench kv_tiers": (*ENGINE, "deterministic",  # cache.*tier*/retain_windows size its variants (kv_tiers.py)
+                       *_bench("max_tokens", "warmup", "repeats", "kv_tiers")),
     "bench kv_fidelity": ("backend.name", *_bench("max_tokens", "repeats")),  # its own tiny V4 variants
     "bench ops": (*ENGINE, *_bench("concurrency", "num_prompts", "max_tokens", "warmup", "repeats")),
     "bench agent": (*ENGINE, "deterministic", "server.served_model_name", "server.max_body_bytes",
@@ -99,6 +101,8 @@ READS: dict[str, tuple[str, ...]] = {
 
 #: command → fields inside a group it reads that it sets itself: field → what it sets (a user's value is refused)
 SETS: dict[str, dict[str, str]] = {
+    "bench kv_tiers": {f"cache.{f}": "its pools: cache.num_blocks, else cache.kv_cache_bytes, else "
+                                     "bench.kv_tiers.pool_sessions" for f in ("memory_fraction", "auto_kv_cap_bytes")},
     "bench e2e": {"scheduler.max_num_seqs": "the largest bench.concurrency level",
                   "cache.enable_prefix_caching": "false: every repeat prefills every prompt, as the peers do"},
     "bench ops": {"cache.enable_prefix_caching": "false: the runs repeat their prompts, each must prefill them all"},

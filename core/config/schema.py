@@ -223,6 +223,22 @@ class SoakBenchConfig:
 
 
 @dataclass
+class KvTiersBenchConfig:
+    """``inferhal bench kv_tiers`` (core/bench/kv_tiers.py): multi-turn sessions on a KV pool too small to keep
+    them, with and without the tiers behind the prefix cache."""
+
+    sessions: int = 4  # sessions, their turns interleaved (turn t of every session, then turn t + 1)
+    turns: int = 4  # turns a session: the first computes its prompt, the others return to their history
+    seed: int = 0  # the sessions' tokens (repeat r draws from seed + r)
+    system_tokens: int = 64  # a prefix every session's prompt starts with (a system prompt)
+    first_tokens: int = 256  # turn 1's own tokens after that prefix
+    turn_tokens: int = 64  # tokens each later turn adds after the previous answer (a tool result)
+    pool_sessions: float = 1.5  # with cache.num_blocks=0: a pool of this many times the longest request's blocks
+    # none | host | disk | host_disk | retain | host_retain | kept (core/bench/kv_tiers.py: VARIANTS)
+    variants: List[str] = field(default_factory=lambda: ["none", "host", "disk", "kept"])
+
+
+@dataclass
 class BenchConfig:
     concurrency: List[int] = field(default_factory=lambda: [1, 8, 32])
     num_prompts: int = 32
@@ -234,6 +250,7 @@ class BenchConfig:
     url: Optional[str] = None  # a running OpenAI-compatible server (bench agent measures it: http://host:port)
     agent: AgentBenchConfig = field(default_factory=AgentBenchConfig)
     soak: SoakBenchConfig = field(default_factory=SoakBenchConfig)
+    kv_tiers: KvTiersBenchConfig = field(default_factory=KvTiersBenchConfig)
 
 
 @dataclass

@@ -100,6 +100,8 @@ class KVOffload:
         self.restored_bytes = {t.name: 0 for t in self.tiers}
         self.saved = self.saved_bytes = 0
         self.save_s = self.load_s = 0.0  # time in copies (saves: gather + handing over; loads: scatter)
+        self.fetch_s = {t.name: 0.0 for t in self.tiers}  # time taking blocks from each tier (a file read and check)
+        self.restored_groups: dict[str, int] = {}  # blocks restored per KV group (tokens = blocks x block size)
 
     # ------------------------------------------------------------------ lookups (the scheduler's thread)
 
@@ -111,14 +113,18 @@ class KVOffload:
         """The block from the highest tier holding it, or None (not there, or its file failed a check)."""
         key = (group, h)
         if self.host is not None:
+            t0 = time.perf_counter()
             t = self.host.get(key)
+            self.fetch_s[self.host.name] += time.perf_counter() - t0
             if t is not None:
                 return TierBlock(key, t, self.host.name)
         if self.disk is not None:
+            t0 = time.perf_counter()
             t = self.disk.get(key)
+            if t is not None and self.host is not None:
+                self.host.put(key, t)
+            self.fetch_s[self.disk.name] += time.perf_counter() - t0
             if t is not None:
-                if self.host is not None:
-                    self.host.put(key, t)
                 return TierBlock(key, t, self.disk.name)
         return None
 
@@ -145,6 +151,7 @@ class KVOffload:
         self._ops.append(("load", group, block_id, tb.data))
         self.restored[tb.tier] += 1
         self.restored_bytes[tb.tier] += entry_bytes(tb.data)
+        self.restored_groups[group] = self.restored_groups.get(group, 0) + 1
 
     def evicting(self, group: str, block_id: int) -> None:
         """The pool hands ``block_id`` out again; with nothing in flight, a save still queued for it runs now."""
@@ -197,14 +204,18 @@ class KVOffload:
             self.disk.close()
 
     def stats(self) -> dict[str, Any]:
-        """Per tier: blocks and bytes held, blocks and bytes restored from it, and its failures."""
+        """Per tier: blocks and bytes held, blocks and bytes restored from it, its failures and the seconds spent
+        taking blocks from it (``fetch_s``). Besides: blocks and bytes saved, seconds in saves (``save_s``) and in
+        loads (``load_s``), ``restore_s`` (every tier's ``fetch_s`` + ``load_s``: what bringing blocks back cost)
+        and the blocks restored per KV group (``restored_groups``)."""
         out = {}
         for t in self.tiers:
             out[t.name] = {"blocks": len(t), "bytes": t.nbytes, "restored": self.restored[t.name],
                            "restored_bytes": self.restored_bytes[t.name], "evictions": t.evictions,
-                           "failures": t.failures}
+                           "failures": t.failures, "fetch_s": self.fetch_s[t.name]}
         return {"tiers": out, "saved": self.saved, "saved_bytes": self.saved_bytes, "save_s": self.save_s,
-                "load_s": self.load_s}
+                "load_s": self.load_s, "restore_s": sum(self.fetch_s.values()) + self.load_s,
+                "restored_groups": dict(self.restored_groups)}
 
 
 def build(specs: Sequence[KVGroupSpec], block_size: int, copier: KVBlockCopier, host_bytes: int = 0,

@@ -18,7 +18,9 @@ KV tiers (``cache.host_tier_bytes``, ``cache.disk_tier_dir``; label ``tier``: ho
 ``inferhal_kv_tier_blocks`` / ``inferhal_kv_tier_bytes`` (held now), counters ``inferhal_kv_tier_hits_total`` /
 ``inferhal_kv_tier_hit_bytes_total`` (blocks restored into the pool from the tier, every KV group),
 ``inferhal_kv_tier_failures_total`` (tier files that failed a check or could not be written) and
-``inferhal_kv_tier_saved_bytes_total`` (bytes copied down from the pool).
+``inferhal_kv_tier_saved_bytes_total`` (bytes copied down from the pool); ``inferhal_kv_tier_restore_seconds_total``
+(time bringing blocks back: taking them from a tier, a file read and check for the disk tier, and writing them into
+the pool) and ``inferhal_kv_tier_save_seconds_total`` (time copying blocks down, on the step thread).
 
 Everything but the request counters is written by the engine thread; prometheus_client is thread-safe.
 """
@@ -76,6 +78,8 @@ class ServerMetrics:
         self.tier_hit_bytes = Counter("inferhal_kv_tier_hit_bytes", "Bytes restored from a KV tier", tl, registry=r)
         self.tier_failures = Counter("inferhal_kv_tier_failures", "KV tier files unusable or unwritten", tl, registry=r)
         self.tier_saved = c("inferhal_kv_tier_saved_bytes", "Bytes copied from the KV pool to its tiers")
+        self.tier_restore_s = c("inferhal_kv_tier_restore_seconds", "Seconds bringing KV blocks back from the tiers")
+        self.tier_save_s = c("inferhal_kv_tier_save_seconds", "Seconds copying KV blocks down to the tiers")
         self._queried = self._hits = 0
 
     def finished(self, out, track, now: float, reason: Optional[str] = None) -> None:
@@ -124,9 +128,12 @@ class ServerMetrics:
                 if t[key] > seen:
                     child.inc(t[key] - seen)
                 self._seen[(name, key)] = t[key]
-        if st["saved_bytes"] > self._seen.get("saved", 0):
-            self.tier_saved.inc(st["saved_bytes"] - self._seen.get("saved", 0))
-        self._seen["saved"] = st["saved_bytes"]
+        for key, counter in (("saved_bytes", self.tier_saved), ("restore_s", self.tier_restore_s),
+                             ("save_s", self.tier_save_s)):
+            now = st.get(key, 0)
+            if now > self._seen.get(key, 0):
+                counter.inc(now - self._seen.get(key, 0))
+            self._seen[key] = now
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

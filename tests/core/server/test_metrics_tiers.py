@@ -25,22 +25,24 @@ def _samples(m: ServerMetrics) -> dict:
     return out
 
 
-def _stats(blocks, restored, failures, saved):
+def _stats(blocks, restored, failures, saved, restore_s=0.0):
     tier = {"blocks": blocks, "bytes": 100 * blocks, "restored": restored, "restored_bytes": 10 * restored,
             "evictions": 0, "failures": failures}
     return {"tiers": {"host": tier, "disk": dict(tier, failures=0)}, "saved": 0, "saved_bytes": saved,
-            "save_s": 0.0, "load_s": 0.0}
+            "save_s": restore_s / 2, "load_s": 0.0, "restore_s": restore_s}
 
 
 def test_tier_series_follow_the_engine():
     m = ServerMetrics("tiny")
-    m.engine_state(_engine(_stats(5, 2, 1, 1000)))
-    m.engine_state(_engine(_stats(7, 6, 1, 1500)))
+    m.engine_state(_engine(_stats(5, 2, 1, 1000, 0.25)))
+    m.engine_state(_engine(_stats(7, 6, 1, 1500, 0.75)))
     got = _samples(m)
     assert got[("inferhal_kv_tier_blocks", "host")] == 7 and got[("inferhal_kv_tier_bytes", "disk")] == 700
     assert got[("inferhal_kv_tier_hits_total", "host")] == 6 and got[("inferhal_kv_tier_hit_bytes_total", "disk")] == 60
     assert got[("inferhal_kv_tier_failures_total", "host")] == 1 and got[("inferhal_kv_tier_failures_total", "disk")] == 0
     assert got[("inferhal_kv_tier_saved_bytes_total", None)] == 1500
+    assert got[("inferhal_kv_tier_restore_seconds_total", None)] == 0.75
+    assert got[("inferhal_kv_tier_save_seconds_total", None)] == 0.375
 
 
 def test_no_tiers_no_series_per_tier():
