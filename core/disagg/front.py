@@ -6,6 +6,7 @@ an instance (the prompt checks are the scheduler's own :func:`~inferhal.core.sch
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 from typing import Any, Hashable, Optional
 
@@ -49,3 +50,50 @@ class Front(Intake):
     def make_request(self, prompt: Any, params: Optional[SamplingParams] = None, request_id: Optional[str] = None,
                      extra_keys: tuple[Hashable, ...] = ()) -> Request:  # type: ignore[override]
         return super().make_request(prompt, params, request_id, extra_keys)[0]
+
+
+class Fronted:
+    """What the server reads of an engine, for an engine that runs elsewhere and checks requests here with
+    a :class:`Front` (``self.front``): the disaggregated router, the DP group of ``inferhal serve``."""
+
+    front: Any
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.front.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.front.max_model_len
+
+    @property
+    def model(self) -> Any:
+        return self.front.model
+
+    def make_request(self, prompt, params=None, request_id=None, extra_keys=()):
+        return self.front.make_request(prompt, params, request_id, extra_keys)  # raises on a bad request
+
+
+def continued(resumed: dict, o: Any) -> Any:
+    """``o`` as its stream knows it. ``resumed``: request id -> the output its request had streamed when it was
+    run again from its prompt plus those tokens (dropped here when ``o`` finishes); such a request's ``o`` gets
+    that output's tokens, logprobs and text before its own, and its prompt."""
+    prev = resumed.get(o.request_id)
+    if prev is None:
+        return o
+    if o.finished:
+        del resumed[o.request_id]
+    c, p = o.outputs[0], prev.outputs[0]
+    comp = dataclasses.replace(c, token_ids=list(p.token_ids) + list(c.token_ids),
+                               logprobs=list(p.logprobs) + list(c.logprobs), text=p.text + c.text)
+    return dataclasses.replace(o, prompt_token_ids=list(prev.prompt_token_ids), outputs=[comp])
+
+
+def ended(last: Any, request_id: str, prompt: list, reason: str) -> Any:
+    """The final output of a request ended here (``reason``: its finish reason): ``last`` (its latest output,
+    or None: nothing streamed) finished, with nothing new."""
+    from inferhal.core.engine.outputs import CompletionOutput, RequestOutput
+
+    last = last or RequestOutput(request_id, None, list(prompt), [CompletionOutput(0, "", [], None, [])])
+    return dataclasses.replace(last, finished=True, new_token_ids=[], new_text="",
+                               outputs=[dataclasses.replace(last.outputs[0], finish_reason=reason)])

@@ -113,13 +113,8 @@ def serve_instance(role: str, cfg: Any, key: bytes, announce: Callable[[str, Any
         listener.close()
 
 
-def spawned(role: str, cfg_dict: dict, key: bytes, out: Any) -> None:
-    """The body of a process spawned by the router of ``parallel.role=pd``: an instance on a loopback port that
-    serves its parent's router once. ``out`` (a pipe end) carries ``("listening", ports)`` or ``("error",
-    why)``; the process ends with its parent and with ``os._exit`` (gloo's threads can abort an
-    interpreter's finalization after the work succeeded)."""
-    from omegaconf import OmegaConf
-
+def end_with_parent() -> None:
+    """End this spawned process (``os._exit(0)``) when its parent is gone (a thread polls twice a second)."""
     parent = os.getppid()
 
     def watch() -> None:
@@ -128,6 +123,16 @@ def spawned(role: str, cfg_dict: dict, key: bytes, out: Any) -> None:
         os._exit(0)
 
     threading.Thread(target=watch, name="inferhal-parent-watch", daemon=True).start()
+
+
+def spawned(role: str, cfg_dict: dict, key: bytes, out: Any) -> None:
+    """The body of a process spawned by the router of ``parallel.role=pd``: an instance on a loopback port that
+    serves its parent's router once. ``out`` (a pipe end) carries ``("listening", ports)`` or ``("error",
+    why)``; the process ends with its parent and with ``os._exit`` (gloo's threads can abort an
+    interpreter's finalization after the work succeeded)."""
+    from omegaconf import OmegaConf
+
+    end_with_parent()
     try:
         serve_instance(role, OmegaConf.create(cfg_dict), key, lambda kind, arg: out.send((kind, arg)), once=True)
     except BaseException as exc:  # noqa: BLE001 - said to the router, which fails with it

@@ -59,6 +59,7 @@ from multiprocessing.connection import wait
 from typing import Any, Iterable, Optional
 
 from inferhal.core.disagg.fleet import Fleet, Member
+from inferhal.core.disagg.front import Fronted, continued, ended
 from inferhal.core.disagg.prefixes import PREFIX_SLACK, Prefixes
 from inferhal.core.errors import EngineDead, UserError
 
@@ -117,7 +118,7 @@ class _Usage:
         return max((float(i.gauges.get("kv_usage", 0.0)) for i in self._r.insts.values() if i.live), default=0.0)
 
 
-class Router(Fleet):
+class Router(Fronted, Fleet):
     """The HTTP front's engine over prefill and decode instances (module docstring): the requests, over the
     instances of :class:`~.fleet.Fleet` (``spawn``: ``parallel.role=pd``)."""
 
@@ -168,21 +169,6 @@ class Router(Fleet):
 
     # ------------------------------------------------------------------ what the server calls
 
-    @property
-    def tokenizer(self) -> Any:
-        return self.front.tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self.front.max_model_len
-
-    @property
-    def model(self) -> Any:
-        return self.front.model
-
-    def make_request(self, prompt, params=None, request_id=None, extra_keys=()):
-        return self.front.make_request(prompt, params, request_id, extra_keys)  # raises on a bad request
-
     def add(self, req: Any) -> str:
         rid = req.request_id
         if rid in self.requests:
@@ -206,9 +192,7 @@ class Router(Fleet):
                 continue
             for name in {rec.where, rec.dest if rec.at in ("prefill", "handed") else None} - {None}:
                 self._send(self.insts[name], ("abort", rid))
-            last = rec.last or self._empty(rid, rec)
-            outs.append(self._resume(dataclasses.replace(last, finished=True, new_token_ids=[], new_text="", outputs=[
-                dataclasses.replace(last.outputs[0], finish_reason="abort")])))
+            outs.append(self._resume(ended(rec.last, rid, rec.prompt, "abort")))
             self._resumed.pop(rid, None)
         return outs
 
@@ -385,18 +369,4 @@ class Router(Fleet):
 
     def _resume(self, o: Any) -> Any:
         """A retried request's output as its stream knows it: earlier tokens and logprobs before the new."""
-        prev = self._resumed.get(o.request_id)
-        if prev is None:
-            return o
-        if o.finished:
-            del self._resumed[o.request_id]
-        c, p = o.outputs[0], prev.outputs[0]
-        comp = dataclasses.replace(c, token_ids=list(p.token_ids) + list(c.token_ids),
-                                   logprobs=list(p.logprobs) + list(c.logprobs), text=p.text + c.text)
-        return dataclasses.replace(o, prompt_token_ids=list(prev.prompt_token_ids), outputs=[comp])
-
-    @staticmethod
-    def _empty(rid: str, rec: _Rec) -> Any:
-        from inferhal.core.engine.outputs import CompletionOutput, RequestOutput
-
-        return RequestOutput(rid, None, list(rec.prompt), [CompletionOutput(0, "", [], None, [])])
+        return continued(self._resumed, o)

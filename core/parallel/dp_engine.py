@@ -170,7 +170,10 @@ class DPEngine:
         ids = set(request_ids)
         self.pending = [r for r in self.pending if r.request_id not in ids]
         me = self.comm.layout.rank
-        return self.engine.abort([i for i in ids if self.owner.get(i) == me])
+        mine = [i for i in ids if self.owner.get(i) == me]
+        for i in ids:
+            self.owner.pop(i, None)
+        return self.engine.abort(mine)
 
     def has_unfinished(self) -> bool:
         """Whether any rank has a request left (as of the last step), or new requests wait for placement."""
@@ -184,6 +187,7 @@ class DPEngine:
         if self.pending:
             self._place()
         outs = self.engine.step()
+        self._stepped(outs)
         got = [o for outs_r in gather_objects(self.comm, outs, f"the outputs of step {self.rank.step}") for o in outs_r]
         for o in got:
             if o.finished:
@@ -193,19 +197,19 @@ class DPEngine:
     def _place(self) -> None:
         eng, comm = self.engine, self.comm
         n, me = comm.layout.world_size, comm.layout.rank
-        kv, sched = eng.kv_manager, eng.scheduler
+        kv = eng.kv_manager
         hashes = [extend_block_hashes([], r.prompt_token_ids, kv.block_size, tuple(r.extra_keys)) for r in self.pending]
         cached = [self._cached_blocks(h, r.num_prompt_tokens) for h, r in zip(hashes, self.pending)]
         crc = zlib.crc32(repr([(r.request_id, r.prompt_token_ids) for r in self.pending]).encode())
-        mine = torch.tensor([len(self.pending), crc, len(sched.waiting), len(sched.running),
-                             round(1000 * (1.0 - kv.usage())), *cached], dtype=torch.long)
+        load = self._load()
+        mine = torch.tensor([len(self.pending), crc, *load, *cached], dtype=torch.long)
         got = [mine] if n == 1 else collective(comm, "placing new requests", comm.all_gather, mine) \
             if _same_len(comm, mine) else None
         if got is None or any(int(g[1]) != crc for g in got):
             raise RankDivergenceError(f"DP rank {me}: the ranks were handed different new requests (each rank "
                                       f"must add the same requests in the same order)")
-        loads = [RankLoad(int(g[2]), int(g[3]), int(g[4])) for g in got]
-        ranks = place_requests(loads, [[int(v) for v in g[5:]] for g in got], hashes)
+        k = 2 + len(load)
+        ranks = self._choose([[int(v) for v in g[2:k]] for g in got], [[int(v) for v in g[k:]] for g in got], hashes)
         for req, r in zip(self.pending, ranks):
             self.owner[req.request_id] = r
             if r == me:
@@ -214,6 +218,19 @@ class DPEngine:
                 eng.discard(req.request_id)  # made here only to be checked: it runs on another rank
         self.placements.append(ranks)
         self.pending = []
+
+    def _stepped(self, outs: list[Any]) -> None:
+        """This rank's own outputs of the step it just ran (before the ranks exchange them)."""
+
+    def _load(self) -> list[int]:
+        """This rank's load as integers, all-gathered at placement: waiting, running, free KV in permille."""
+        sched, kv = self.engine.scheduler, self.engine.kv_manager
+        return [len(sched.waiting), len(sched.running), round(1000 * (1.0 - kv.usage()))]
+
+    def _choose(self, loads: list[list[int]], cached: list[list[int]], hashes: list[list[bytes]]) -> list[int]:
+        """The rank of each new request from every rank's :meth:`_load` and ``cached[rank][request]`` leading
+        prompt blocks (:func:`~.dp_frontend.place_requests`)."""
+        return place_requests([RankLoad(*ld) for ld in loads], cached, hashes)
 
     def _cached_blocks(self, hashes: Sequence[bytes], num_prompt_tokens: int) -> int:
         """Leading prompt blocks this rank's prefix cache holds in every full/compressed KV group (a pure

@@ -23,8 +23,6 @@ process exits: the front restarts the whole group. The process also ends when it
 from __future__ import annotations
 
 import os
-import threading
-import time
 from typing import Any
 
 from inferhal.core.backend import ParallelLayout
@@ -74,14 +72,9 @@ def rank_main(layout: ParallelLayout, cfg_node: dict, conn: Any) -> None:
     import torch
     from omegaconf import OmegaConf
 
-    parent = os.getppid()
+    from inferhal.core.disagg.instance import end_with_parent
 
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(0)
-
-    threading.Thread(target=watch, name="inferhal-parent-watch", daemon=True).start()
+    end_with_parent()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // layout.world_size))  # the ranks share this host's cores
     code = 0
     try:

@@ -34,6 +34,7 @@ from multiprocessing.connection import wait
 from types import SimpleNamespace
 from typing import Any, Iterable, Optional
 
+from inferhal.core.disagg.front import Fronted, continued, ended
 from inferhal.core.errors import EngineDead, UserError
 from inferhal.core.server.dp_metrics import RankCounts, RankPools
 
@@ -59,7 +60,7 @@ class _Rank:
     gauges: dict = dataclasses.field(default_factory=dict)
 
 
-class DPGroup:
+class DPGroup(Fronted):
     """The DP ranks behind the server (module docstring). Raises a :class:`UserError` when the group cannot
     start within ``start_timeout_s``."""
 
@@ -97,18 +98,6 @@ class DPGroup:
     # ------------------------------------------------------------------ what the server reads
 
     @property
-    def tokenizer(self) -> Any:
-        return self.front.tokenizer
-
-    @property
-    def max_model_len(self) -> int:
-        return self.front.max_model_len
-
-    @property
-    def model(self) -> Any:
-        return self.front.model
-
-    @property
     def eos_token_ids(self) -> tuple:
         return tuple(self.front.eos_token_ids)
 
@@ -125,14 +114,16 @@ class DPGroup:
 
     def health(self) -> dict[str, str]:
         """Each rank's state for ``/health``."""
-        return {f"dp{i}": ("ok" if self.state == "live" and r.process.is_alive() else
-                           f"starting (restart {self.restarts})" if self.state == "starting" else
-                           f"dead: {self.why}") for i, r in enumerate(self.ranks)}
+        def state(r: _Rank) -> str:
+            if self.state == "starting":
+                return f"starting (restart {self.restarts})" if self.restarts else "starting"
+            if self.state == "live":
+                return "ok" if r.process.is_alive() else f"dead: exited (code {r.process.exitcode})"
+            return f"dead: {self.why}"
+
+        return {f"dp{i}": state(r) for i, r in enumerate(self.ranks)}
 
     # ------------------------------------------------------------------ requests
-
-    def make_request(self, prompt, params=None, request_id=None, extra_keys=()):
-        return self.front.make_request(prompt, params, request_id, extra_keys)  # raises on a bad request
 
     def add(self, req: Any) -> str:
         rid = req.request_id
@@ -154,7 +145,7 @@ class DPGroup:
             self._adds = [a for a in self._adds if a[0] != rid]
             if len(self._adds) == before:  # handed to the ranks already: freed on the rank holding it
                 self._aborts.append(rid)
-            outs.append(self._ended(rid, rec, "abort"))
+            outs.append(self._ended(rid, rec))
         return outs
 
     def has_unfinished(self) -> bool:
@@ -196,7 +187,7 @@ class DPGroup:
             rec = self.requests.get(o.request_id)
             if rec is None:
                 continue  # aborted meanwhile
-            o = self._resume(o)
+            o = continued(self._resumed, o)
             rec.last = o
             if o.finished:
                 del self.requests[o.request_id]
@@ -323,37 +314,20 @@ class DPGroup:
         done = list(rec.last.outputs[0].token_ids) if rec.last is not None else []
         if rec.params.structured is not None and done:
             del self.requests[rid]
-            self._early.append(self._ended(rid, rec, "abort"))
+            self._early.append(self._ended(rid, rec))
             return
         params = dataclasses.replace(rec.params, max_tokens=rec.params.max_tokens - len(done)) if done else rec.params
         if done:
             self._resumed[rid] = rec.last
         self._adds.append((rid, rec.prompt + done, params))
 
+    def _ended(self, rid: str, rec: _Rec) -> Any:
+        self._resumed.pop(rid, None)
+        return ended(rec.last, rid, rec.prompt, "abort")
+
     def _early_take(self) -> list:
         outs, self._early = self._early, []
         return outs
-
-    def _resume(self, o: Any) -> Any:
-        """A request placed again: its output as its stream knows it (earlier tokens and logprobs first)."""
-        prev = self._resumed.get(o.request_id)
-        if prev is None:
-            return o
-        if o.finished:
-            del self._resumed[o.request_id]
-        c, p = o.outputs[0], prev.outputs[0]
-        comp = dataclasses.replace(c, token_ids=list(p.token_ids) + list(c.token_ids),
-                                   logprobs=list(p.logprobs) + list(c.logprobs), text=p.text + c.text)
-        return dataclasses.replace(o, prompt_token_ids=list(prev.prompt_token_ids), outputs=[comp],
-                                   num_cached_tokens=prev.num_cached_tokens)
-
-    def _ended(self, rid: str, rec: _Rec, reason: str) -> Any:
-        from inferhal.core.engine.outputs import CompletionOutput, RequestOutput
-
-        self._resumed.pop(rid, None)
-        last = rec.last or RequestOutput(rid, None, list(rec.prompt), [CompletionOutput(0, "", [], None, [])])
-        return dataclasses.replace(last, finished=True, new_token_ids=[], new_text="",
-                                   outputs=[dataclasses.replace(last.outputs[0], finish_reason=reason)])
 
     def _stop_ranks(self, graceful: bool) -> None:
         for r in self.ranks:
