@@ -168,11 +168,12 @@ def _run_variant(cfg, model: str, plan, max_tokens: int, levels: list[int], warm
             wall, res = asyncio.run(_load(port, model, plan, max_tokens, max_len, c))
             _, after = _scrape(base + "/metrics")
             d = {k: _total(after, f"inferhal_{k}_total") - _total(before, f"inferhal_{k}_total")
-                 for k in ("prefix_cache_hits", "prefix_cache_queries", "generation_tokens")}
+                 for k in ("prefix_cache_hits", "prefix_cache_queries", "generation_tokens", "num_preemptions")}
             ok = [r for r in res.values() if r.status == 200 and r.done and not r.error]
             ttft = [r.first - r.start for r in ok if r.first]
             tpot = [(r.times[-1] - r.first) / (r.completion_tokens - 1) for r in ok if r.first and r.completion_tokens > 1]
             row = {"concurrency": c, "requests": len(res), "completed": len(ok), "tok_s": d["generation_tokens"] / wall,
+                   "preemptions": int(d["num_preemptions"]),
                    "prefix_hit_rate": d["prefix_cache_hits"] / d["prefix_cache_queries"] if d["prefix_cache_queries"]
                    else 0.0, "ttft_s": {q: pct(ttft, q) for q in (50, 99)}, "tpot_s": {q: pct(tpot, q) for q in (50, 99)},
                    "texts": {f"{s}/{t}": r.text for (s, t), r in sorted(res.items())}}
@@ -214,7 +215,8 @@ def run_dp(cfg) -> int:
             bal = f", attention tokens per rank {[int(v) for v in row['rank_attention_tokens']]} (balance " \
                   f"{row['attention_tokens_balance']:.2f})" if "rank_attention_tokens" in row else ""
             con.print(f"    c={row['concurrency']}: {row['completed']}/{row['requests']} requests, {row['tok_s']:.1f} "
-                      f"tok/s, prefix hits {100 * row['prefix_hit_rate']:.0f}%{bal}", highlight=False)
+                      f"tok/s, prefix hits {100 * row['prefix_hit_rate']:.0f}%, {row['preemptions']} preemptions{bal}",
+                      highlight=False)
 
         out[name] = _run_variant(_variant_cfg(cfg, over), model, plan, max_tokens, levels, bool(int(b.warmup)), log)
     ref = {r["concurrency"]: r["texts"] for r in out["colocated"]["rows"]}
