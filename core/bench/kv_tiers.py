@@ -9,7 +9,7 @@ result). Tokens are random ids of the model's vocabulary: the KV cache sees ids,
 (``cache.num_blocks``; else ``cache.kv_cache_bytes`` split by the planner; else ``pool_sessions`` times the
 longest request's blocks) holds fewer sessions than run, so by the time a session returns the others have evicted its blocks.
 
-Variants (``bench.kv_tiers.variants``, :data:`VARIANTS`), each on a fresh engine over one loaded model:
+Variants (``bench.kv_tiers.variants``, :data:`VARIANTS`), each an engine of its own over one loaded model:
 
 - ``none``: the small pool alone (a returning turn recomputes what the pool lost);
 - ``host``: + a host tier of ``cache.host_tier_bytes`` (4 GiB when 0);
@@ -25,8 +25,9 @@ windows (bounded replay), the tiers' restore seconds (taking blocks from a tier,
 disk tier, and writing them into the pool) and save seconds (the write-through copies, on the step thread).
 :mod:`.kv_tiers_report` sums them per variant. Outputs: every turn's greedy tokens must equal the ``none``
 variant's (each variant's answers build its own next prompts); logprobs bit-equal to ``kept``'s are counted.
-``bench.warmup`` requests (random, never reused) run on each engine before its sessions; ``bench.repeats``
-repeats draw fresh sessions, the variants' order rotating per repeat.
+Every turn runs on every variant's engine in turn, the order rotating turn by turn, so a change in the shared
+host's load falls on all variants alike. ``bench.warmup`` requests (random, never reused) run on each engine
+first; ``bench.repeats`` repeats draw fresh sessions on fresh engines.
 
 JSON to ``output=`` (default ``<bench.output_dir>/kv_tiers.json``), ``kv_tiers.png`` beside it, a table readable
 when piped; exit 1 when a variant's outputs differ from ``none``'s.
@@ -133,7 +134,7 @@ def cache_for(variant: str, cache: Any, plan: Plan, small: int, kept: int, folde
 
 def sessions_of(plan: Plan, repeat: int, vocab: int) -> tuple[list[list[int]], list[list[list[int]]]]:
     """(turn 1's prompt per session, the tokens each later turn adds per session) for one repeat."""
-    lo, hi = (3, vocab - 3) if vocab < 4096 else (1000, vocab - 1000)
+    lo, hi = _vocab_range(vocab)
     r = random.Random(f"kv_tiers:{plan.seed + repeat}")
     system = [r.randrange(lo, hi) for _ in range(plan.system)]
     firsts = [system + [r.randrange(lo, hi) for _ in range(plan.first)] for _ in range(plan.sessions)]
@@ -182,26 +183,40 @@ def run_turn(engine: Any, prompt: list[int], params: Any) -> dict[str, Any]:
     return rec
 
 
-def run_sessions(engine: Any, plan: Plan, repeat: int, warmup: int) -> list[dict[str, Any]]:
-    """Warm-up requests, then every session's turns interleaved; one record per turn."""
+def _vocab_range(vocab: int) -> tuple[int, int]:
+    return (3, vocab - 3) if vocab < 4096 else (1000, vocab - 1000)
+
+
+def run_sessions(engines: dict[str, Any], plan: Plan, repeat: int, warmup: int) -> list[dict[str, Any]]:
+    """Warm-up requests on every engine, then every session's turns interleaved, each turn run on every variant's
+    engine in turn (the order rotating turn by turn), so a change in the shared host's load falls on all variants
+    alike; one record per variant and turn. A disk tier's queued writes finish after each of its turns, outside
+    the timings."""
     from inferhal.core.sampling.params import SamplingParams
 
-    vocab = int(engine.loaded.model.vocab_size)
+    vocab = int(next(iter(engines.values())).loaded.model.vocab_size)
+    lo, hi = _vocab_range(vocab)
     sp = SamplingParams(max_tokens=plan.answer, temperature=0.0, ignore_eos=True, logprobs=1)
     r = random.Random(f"kv_tiers:warmup:{plan.seed + repeat}")
-    lo, hi = (3, vocab - 3) if vocab < 4096 else (1000, vocab - 1000)
     for _ in range(warmup):
-        run_turn(engine, [r.randrange(lo, hi) for _ in range(plan.first)], sp)
+        prompt = [r.randrange(lo, hi) for _ in range(plan.first)]
+        for engine in engines.values():
+            run_turn(engine, prompt, sp)
     firsts, adds = sessions_of(plan, repeat, vocab)
-    history = [list(p) for p in firsts]
+    names = list(engines)
+    history = {v: [list(p) for p in firsts] for v in names}
     out = []
     for t in range(plan.turns):
         for s in range(plan.sessions):
-            if t:
-                history[s] += adds[s][t - 1]
-            rec = run_turn(engine, history[s], sp)
-            history[s] += rec["tokens"]
-            out.append({"repeat": repeat, "session": s, "turn": t + 1, **rec})
+            k = (t * plan.sessions + s) % len(names)
+            for v in names[k:] + names[:k]:
+                if t:
+                    history[v][s] += adds[s][t - 1]
+                rec = run_turn(engines[v], history[v][s], sp)
+                if engines[v].kv_offload is not None:
+                    engines[v].kv_offload.flush()
+                history[v][s] += rec["tokens"]
+                out.append({"variant": v, "repeat": repeat, "session": s, "turn": t + 1, **rec})
     return out
 
 
@@ -209,9 +224,21 @@ def has_sliding(engine: Any) -> bool:
     return any(s.kind == "sliding" for s in engine.specs)
 
 
+def _check(engine: Any, plan: Plan, model: str) -> None:
+    retain = [x for x in plan.variants if "retain" in x]
+    if retain and not has_sliding(engine):
+        raise UserError(f"bench.kv_tiers.variants: {retain} keep sliding-window blocks; model {model!r} has no "
+                        f"sliding-window group")
+    if engine.max_model_len < plan.longest:
+        raise UserError(f"the longest turn needs {plan.longest} tokens (bench.kv_tiers system_tokens + first_tokens + "
+                        f"(turns - 1) x (bench.max_tokens + turn_tokens) + bench.max_tokens), past the engine's "
+                        f"{engine.max_model_len} (model.max_model_len): make the sessions shorter")
+
+
 def measure(cfg: Any, plan: Plan, repeats: int, warmup: int,
             progress: Callable[[str], None] = lambda s: None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every variant × repeat: (the turn records, what the run was: model, pools, tiers)."""
+    """Every repeat: one engine per variant (over one loaded model), their turns interleaved
+    (:func:`run_sessions`). → (the turn records, what the run was: pools, groups, tiers)."""
     from inferhal.core.engine.llm import LLM
 
     small, kept = pool_blocks(plan, int(cfg.cache.block_size), int(cfg.cache.num_blocks),
@@ -220,53 +247,48 @@ def measure(cfg: Any, plan: Plan, repeats: int, warmup: int,
     records: list[dict[str, Any]] = []
     info: dict[str, Any] = {"pool_blocks": small, "kept_blocks": kept,
                             "pool": (f"a {small}-block pool" if small else
-                                     f"a pool of cache.kv_cache_bytes={int(cfg.cache.kv_cache_bytes)}")}
+                                     f"a pool of cache.kv_cache_bytes={int(cfg.cache.kv_cache_bytes)}"),
+                            "host_tier_bytes": int(cfg.cache.host_tier_bytes) or DEFAULT_HOST_BYTES, "pools": {}}
     for rep in range(repeats):
-        order = list(plan.variants[rep % len(plan.variants):] + plan.variants[:rep % len(plan.variants)])
-        for v in order:
-            folder = ""
-            if "disk" in v:
-                base = str(cfg.cache.disk_tier_dir) or None
-                if base:
-                    os.makedirs(base, exist_ok=True)
-                folder = tempfile.mkdtemp(prefix="inferhal-kv-tiers-", dir=base)
-            c = copy.deepcopy(cfg)
-            for key, value in cache_for(v, cfg.cache, plan, small, kept, folder).items():
-                c.cache[key] = value
-            try:
-                llm = LLM.from_config(c, loaded, backend)
-                engine = llm.engine
+        engines: dict[str, Any] = {}
+        folders: list[str] = []
+        try:
+            for v in plan.variants:
+                folder = ""
+                if "disk" in v:
+                    base = str(cfg.cache.disk_tier_dir) or None
+                    if base:
+                        os.makedirs(base, exist_ok=True)
+                    folder = tempfile.mkdtemp(prefix="inferhal-kv-tiers-", dir=base)
+                    folders.append(folder)
+                c = copy.deepcopy(cfg)
+                for key, value in cache_for(v, cfg.cache, plan, small, kept, folder).items():
+                    c.cache[key] = value
+                engine = engines[v] = LLM.from_config(c, loaded, backend).engine
                 loaded, backend = engine.loaded, engine.backend
-                retain = [x for x in plan.variants if "retain" in x]
-                if retain and not has_sliding(engine):
-                    raise UserError(f"bench.kv_tiers.variants: {retain} keep sliding-window blocks; model "
-                                    f"{cfg.model.name!r} has no sliding-window group")
-                if engine.max_model_len < plan.longest:
-                    raise UserError(f"the longest turn needs {plan.longest} tokens (bench.kv_tiers system_tokens + "
-                                    f"first_tokens + (turns - 1) x (bench.max_tokens + turn_tokens) + "
-                                    f"bench.max_tokens), past the engine's {engine.max_model_len} "
-                                    f"(model.max_model_len): make the sessions shorter")
-                t0 = time.perf_counter()
-                recs = run_sessions(engine, plan, rep, warmup)
+                _check(engine, plan, str(cfg.model.name))
+                info["pools"][v] = dict(engine.kv_manager.num_blocks)
+            engine = engines[plan.variants[0]]
+            info.update(block_size=engine.kv_manager.block_size, groups=[[s.name, s.kind] for s in engine.specs],
+                        kv_bytes_per_token=sum(s.bytes_per_token() for s in engine.specs))
+            t0 = time.perf_counter()
+            recs = run_sessions(engines, plan, rep, warmup)
+            records += recs
+            for v in plan.variants:
+                ret = [r for r in recs if r["variant"] == v and r["turn"] > 1]
+                progress(f"[kv_tiers] repeat {rep + 1}/{repeats} {v}: returning turns cached "
+                         f"{sum(r['cached_tokens'] for r in ret)}/{sum(r['prompt_tokens'] for r in ret)} tokens "
+                         f"({sum(r['tier_tokens'] for r in ret)} from a tier), TTFT "
+                         f"{sum(r['ttft_s'] for r in ret):.1f} s in all")
+            progress(f"[kv_tiers] repeat {rep + 1}/{repeats}: {time.perf_counter() - t0:.1f} s")
+        finally:
+            for engine in engines.values():
                 if engine.kv_offload is not None:
                     engine.kv_offload.close()
-                for r in recs:
-                    r["variant"] = v
-                records += recs
-                info.setdefault("pools", {})[v] = dict(engine.kv_manager.num_blocks)
-                info.setdefault("block_size", engine.kv_manager.block_size)
-                info.setdefault("groups", [[s.name, s.kind] for s in engine.specs])
-                info.setdefault("host_tier_bytes", int(cfg.cache.host_tier_bytes) or DEFAULT_HOST_BYTES)
-                info.setdefault("kv_bytes_per_token", sum(s.bytes_per_token() for s in engine.specs))
-                ret = [r for r in recs if r["turn"] > 1]
-                progress(f"[kv_tiers] repeat {rep + 1}/{repeats} {v}: {time.perf_counter() - t0:.1f} s, returning "
-                         f"turns cached {sum(r['cached_tokens'] for r in ret)}/{sum(r['prompt_tokens'] for r in ret)}"
-                         f" tokens ({sum(r['tier_tokens'] for r in ret)} from a tier)")
-            finally:
-                llm = engine = None
-                gc.collect()
-                if folder:
-                    shutil.rmtree(folder, ignore_errors=True)
+            engines = engine = None
+            gc.collect()
+            for folder in folders:
+                shutil.rmtree(folder, ignore_errors=True)
     return records, info
 
 

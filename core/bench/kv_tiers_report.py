@@ -4,7 +4,8 @@ Per variant and repeat, over its returning turns (turn 2 on): TTFT p50 and p90, 
 found cached / prompt tokens) and the share a tier restored, restore time per restored token, time to first token
 per computed token (prompt − cached: a prefill's cost per token; the ``none`` variant's is what a lost block costs),
 tokens recomputed to rebuild windows; over every turn: the first turns' TTFT p50 (a control: nothing to restore
-there) and seconds in saves. Each figure is the median over repeats; ratios against ``none`` are of those medians.
+there) and seconds in saves. Each figure is the median over repeats; the TTFT ratio against ``none`` is the median
+of the per-repeat ratios, restore against recompute the ratio of the medians.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def _median(xs: Sequence[Optional[float]]) -> Optional[float]:
 
 def summarize(records: Sequence[dict[str, Any]], variants: Sequence[str]) -> list[dict[str, Any]]:
     """One row per variant: each figure's median over repeats, ``repeats`` (each repeat's figures), and against
-    ``none``: ``ttft_speedup`` (its returning-turn TTFT p50 over this variant's) and ``restore_vs_recompute``
+    ``none``: ``ttft_speedup`` (the median over repeats of its returning-turn TTFT p50 over this variant's, in the
+    same repeat) and ``restore_vs_recompute``
     (``none``'s time to first token per computed token over this variant's restore time per restored token)."""
     rows = []
     for v in variants:
@@ -59,8 +61,9 @@ def summarize(records: Sequence[dict[str, Any]], variants: Sequence[str]) -> lis
         row: dict[str, Any] = {"variant": v, **{k: _median([e[k] for e in each]) for k in KEYS}, "repeats": each}
         rows.append(row)
     base = next((r for r in rows if r["variant"] == "none"), None)
-    for r in rows:
-        r["ttft_speedup"] = _ratio(base["ttft_return_p50_ms"], r["ttft_return_p50_ms"]) if base else None
+    for r in rows:  # paired per repeat: the variants of one repeat ran their turns interleaved
+        r["ttft_speedup"] = _median([_ratio(b["ttft_return_p50_ms"], e["ttft_return_p50_ms"])
+                                     for b, e in zip(base["repeats"], r["repeats"])]) if base else None
         recompute = base["prefill_ms_per_token"] if base else None
         r["restore_vs_recompute"] = (_ratio(1e3 * recompute, r["restore_us_per_token"])
                                      if recompute and r["restore_us_per_token"] else None)
