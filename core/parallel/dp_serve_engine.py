@@ -8,8 +8,10 @@ holds (an exact look-up in its pools, nothing allocated), and all run :func:`~.d
 
 :meth:`ServeDPEngine.gauges` is what the front shows per rank in ``/metrics`` (``dp_rank`` label): running,
 waiting, KV use, its load in tokens, and counters over its own requests (prompt tokens and prefix-cache hits of
-the finished ones, generated tokens, attention tokens, requests placed on it for a prefix it held) and its
-scheduler (preemptions, drafts).
+the finished ones, generated tokens, attention tokens, requests placed on it for a prefix it held), its
+scheduler (preemptions, drafts) and, with EPLB (``eplb=default``), the rows it routed to each physical expert
+slot over EPLB's window (``expert_rows[layer][slot]``), from which the front sums the load each rank's experts
+carry.
 """
 
 from __future__ import annotations
@@ -67,8 +69,12 @@ class ServeDPEngine(DPEngine):
         s, kv = eng.scheduler, eng.kv_manager
         free = kv.num_free_blocks()
         ld = token_load(eng)
-        return {"running": ld.running, "waiting": ld.waiting, "prefill_tokens": ld.prefill_tokens,
-                "kv_tokens": ld.kv_tokens, "kv_usage": float(kv.usage()),
-                "kv_blocks": int(sum(nb - free[g] for g, nb in kv.num_blocks.items())), "kv_requests": len(kv.reqs),
-                "preemptions": int(s.num_preemptions), "drafts": int(s.num_draft_tokens),
-                "accepted": int(s.num_accepted_tokens), "steps": int(self.rank.step), **self.counts}
+        g = {"running": ld.running, "waiting": ld.waiting, "prefill_tokens": ld.prefill_tokens,
+             "kv_tokens": ld.kv_tokens, "kv_usage": float(kv.usage()),
+             "kv_blocks": int(sum(nb - free[g] for g, nb in kv.num_blocks.items())), "kv_requests": len(kv.reqs),
+             "preemptions": int(s.num_preemptions), "drafts": int(s.num_draft_tokens),
+             "accepted": int(s.num_accepted_tokens), "steps": int(self.rank.step), **self.counts}
+        ctl = self.rank.controller
+        if ctl is not None:  # EPLB: the rows this rank routed to each physical expert slot over the window, [L][R]
+            g["expert_rows"] = ctl.recorder.local_load().tolist()
+        return g

@@ -9,6 +9,9 @@ prefix cache held), ``inferhal_dp_generation_tokens_total``, ``inferhal_dp_atten
 attention ran on), ``inferhal_dp_prefix_placed_total`` (requests placed on it for a cached prefix).
 ``inferhal_dp_balance{figure}``: max / mean over the ranks of ``attention_tokens`` (the work so far) and
 ``load_tokens`` (now); 1.0 is even. ``inferhal_dp_restarts_total``: the group's restarts after a rank died.
+With EPLB (``eplb=default``): ``inferhal_dp_expert_load{dp_rank, layer}``, the token rows every rank routed to
+the experts that rank holds, over EPLB's window (``eplb.window_size`` steps), and
+``inferhal_dp_balance{figure="expert_load"}`` (max / mean over the ranks, summed over the layers).
 
 :class:`RankCounts` and :class:`RankPools` are the group's ``scheduler`` and ``kv_manager`` as the server's own
 series read them: sums over the ranks (the fullest rank's KV usage).
@@ -103,6 +106,8 @@ class DPMetrics:
                              registry=registry)
         self.restarts = Counter("inferhal_dp_restarts", "Restarts of the DP group after a rank died", ["model_name"],
                                 registry=registry).labels(model_name)
+        self.expert_load = Gauge("inferhal_dp_expert_load", "Token rows routed to a DP rank's experts of a MoE "
+                                 "layer over EPLB's window", ["model_name", "dp_rank", "layer"], registry=registry)
 
     def update(self, ranks: list[dict]) -> None:
         """The ranks' gauges (:meth:`~inferhal.core.parallel.dp_serve_engine.ServeDPEngine.gauges`, ``{}`` for a
@@ -120,10 +125,25 @@ class DPMetrics:
                     counter.labels(self._model, rank).inc(now - seen if now > seen else now)
                 self._seen[(rank, key)] = now
         heard = [g for g in ranks if g]
+        if heard and len(heard) == len(ranks) and all("expert_rows" in g for g in heard):
+            per_rank = self._expert_load([g["expert_rows"] for g in heard])
+            self.balance.labels(self._model, "expert_load").set(balance([sum(layers) for layers in per_rank]))
         if heard:
             self.balance.labels(self._model, "attention_tokens").set(balance([g["attn_tokens"] for g in heard]))
             self.balance.labels(self._model, "load_tokens").set(
                 balance([int(g["prefill_tokens"]) + int(g["kv_tokens"]) for g in heard]))
+
+    def _expert_load(self, rows: list) -> list[list[int]]:
+        """``[rank][layer]`` rows routed to the experts each rank holds (slots ``r * R/n .. (r+1) * R/n - 1``, as
+        core/parallel/dp_moe.py sends them), from every rank's ``expert_rows[layer][slot]``; each set as a gauge."""
+        n, layers, slots = len(rows), len(rows[0]), len(rows[0][0])
+        per = slots // n
+        out = [[sum(rows[src][layer][s] for src in range(n) for s in range(r * per, (r + 1) * per))
+                for layer in range(layers)] for r in range(n)]
+        for r, loads in enumerate(out):
+            for layer, v in enumerate(loads):
+                self.expert_load.labels(self._model, str(r), str(layer)).set(v)
+        return out
 
     def restarted(self) -> None:
         """The group was spawned again: its ranks count from 0."""

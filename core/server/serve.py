@@ -121,7 +121,7 @@ def check_dp(cfg) -> int:
             raise UserError(f"parallel.ep={ep} with parallel.dp={dp}: `inferhal serve` runs expert parallelism with "
                             f"data-parallel attention (parallel.dp = parallel.ep, e.g. parallel=dep2); attention "
                             f"replicated on the EP ranks (parallel=ep2) runs in `inferhal generate` only")
-        for name in DP_FIELDS:
+        for name in (*DP_FIELDS, *(f"eplb.{f}" for f in cfg.eplb)):
             value = OmegaConf.select(cfg, name)
             if value != default_of(name):
                 raise UserError(f"{name}={value!r} is read by `inferhal serve` only with data-parallel attention "

@@ -6,7 +6,8 @@ The official ``openai`` client gets the single process's greedy text from every 
 under a JSON schema too, with requests running on both ranks at once; ``/health`` lists the ranks, ``/metrics``
 carries each rank's series and the balance figure; a second turn of a conversation lands on the rank holding
 its first turn's KV; a client that hangs up mid-stream leaves no KV held on any rank. ``parallel=dep4`` gives the
-same text. ``inferhal serve parallel=dep2`` as a user runs it ends with every rank process on SIGTERM. A rank killed mid-stream (SIGKILL): ``/health`` answers 503 while the group restarts,
+same text, and so does ``eplb=default`` rebalancing every 10 steps, with each rank's expert load per layer in
+``/metrics``. ``inferhal serve parallel=dep2`` as a user runs it ends with every rank process on SIGTERM. A rank killed mid-stream (SIGKILL): ``/health`` answers 503 while the group restarts,
 every stream ends with the single process's text (its requests placed again from their prompt and the tokens
 sent), the new group holds no KV afterwards and serves again; with no restart left, ``/health`` and new
 requests get 503. ``deterministic=true`` with MTP drafts: the tokens and logprobs of the single process."""
@@ -157,6 +158,7 @@ def test_chat_and_json_schema_equal_the_single_process(single, dep2):
 
 
 def test_health_lists_the_ranks_and_metrics_carry_each_rank(dep2):
+    complete(dep2[0], "Hi", max_tokens=2)  # a step: every rank reports
     status, body = get(dep2[0], "/health")
     assert status == 200 and json.loads(body) == {"status": "ok", "roles": {"dp0": "ok", "dp1": "ok"}}
     _, text = get(dep2[0], "/metrics")
@@ -179,6 +181,21 @@ def test_the_next_turn_of_a_conversation_lands_on_the_rank_holding_its_prefix(de
     gained = {r: hits1[r] - hits0.get(r, 0) for r in hits1}
     assert max(gained.values()) >= 9 * 16, gained  # the first turn's blocks, found where it ran
     assert sum(placed1.values()) - sum(placed0.values()) == 1
+
+
+def test_eplb_rebalances_keep_the_text_and_metrics_carry_expert_load_per_rank_and_layer(model_dir, single):
+    over = ("spec=ngram", "eplb=default", "eplb.window_size=8", "eplb.step_interval=10", "eplb.layers_per_step=0")
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        want = list(pool.map(lambda p: complete(single[0], p), PROMPTS))
+        with serving(model_dir, *over, dp=True) as (url, _):
+            got = list(pool.map(lambda p: complete(url, p), PROMPTS))  # > 24 steps: rebalanced at 10 and 20
+            _, text = get(url, "/metrics")
+    assert got == want
+    load = {(int(re.search(r'dp_rank="(\d+)"', k).group(1)), int(re.search(r'layer="(\d+)"', k).group(1))): v
+            for k, v in series(text, "inferhal_dp_expert_load").items()}
+    assert set(load) == {(r, layer) for r in range(2) for layer in range(5)}  # 4 MoE layers and the MTP layer's
+    assert all(sum(v for (r, _), v in load.items() if r == rank) > 0 for rank in range(2))
+    assert [v for k, v in series(text, "inferhal_dp_balance").items() if 'figure="expert_load"' in k][0] >= 1.0
 
 
 def test_a_client_that_hangs_up_frees_its_kv_on_its_rank(dep2):
