@@ -19,6 +19,7 @@ def cfg_of(*over, command="serve"):
     (["parallel.dp_balance=vllm"], r"parallel.dp_balance='vllm' is read by `inferhal serve` only with data-parallel"),
     (["parallel.restarts=1"], r"parallel.restarts=1 is read by `inferhal serve` only with"),
     (["parallel.master_port=0"], r"parallel.master_port=0 is read by `inferhal serve` only with"),
+    (["eplb.window_size=5"], r"eplb.window_size=5 is read by `inferhal serve` only with data-parallel attention"),
     (["parallel=dep2", "parallel.dp_balance=least"], r"parallel.dp_balance must be one of tokens_cache, vllm, "
                                                       r"round_robin, got 'least'"),
     (["parallel=dep2", "parallel.dp_balance_margin=-1"], r"parallel.dp_balance_margin must be >= 0"),
