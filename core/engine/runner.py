@@ -283,6 +283,7 @@ class ModelRunner:
             logits_indices=torch.tensor(logits_rows, dtype=torch.long, device=self.device),  # [B']
             logits_out=None if greedy else self._logits_buffer(len(logits_rows)),
             extras={"micro_batches": out.micro_batches} if out.micro_batches else {},  # two-batch overlap
+            seqs=tuple(seqs),  # the plan on the host: the model's sizes come from it, not from device reads
         )
         return batch, rows, greedy
 

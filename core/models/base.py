@@ -31,6 +31,18 @@ class ForwardBatch:
     #: a caller's fp32 ``[len(logits_indices), vocab]`` buffer for the logits (the runner lends one it
     #: reuses every step); None = the model allocates them. The caller owns it: forward returns it filled.
     logits_out: torch.Tensor | None = None
+    #: the step's plan on the host: one :class:`~inferhal.core.paging.batch.SeqSlice` per sequence, in order
+    #: (what ``build_attn_batches`` built the tensors from). A model takes sizes from it (the largest position,
+    #: how many compressed entries the step closes) instead of reading device tensors on the host, which
+    #: would synchronise. None (a captured graph, whose sizes must hold for every replay): the model uses
+    #: fixed upper bounds (``max_model_len``) with masking on the device, or reads what it must.
+    seqs: Sequence[Any] | None = None
+
+    def max_position(self, bound: int) -> int:
+        """The step's largest position from :attr:`seqs` (-1 for an empty step); ``bound`` without them."""
+        if self.seqs is None:
+            return bound
+        return max((s.num_computed + s.num_new for s in self.seqs), default=0) - 1
 
 
 @runtime_checkable
@@ -88,14 +100,19 @@ def slice_batch(batch: Any, s0: int, s1: int) -> Any:
     own (the one the runner would build for them alone, block tables keeping the step's width); no
     logits rows (the step's head runs on the joined streams)."""
     qsl = batch.query_start_loc
-    t0, t1 = int(qsl[s0]), int(qsl[s1])
+    if batch.seqs is not None:  # the token offsets from the host's plan (no device read)
+        t0 = sum(s.num_new for s in batch.seqs[:s0])
+        t1 = t0 + sum(s.num_new for s in batch.seqs[s0:s1])
+    else:
+        t0, t1 = int(qsl[s0]), int(qsl[s1])
     attn = {g: dataclasses.replace(a, query_start_loc=a.query_start_loc[s0:s1 + 1] - a.query_start_loc[s0],
                                    seq_lens=a.seq_lens[s0:s1], positions=a.positions[t0:t1],
                                    block_table=a.block_table[s0:s1], slot_mapping=a.slot_mapping[t0:t1])
             for g, a in batch.attn.items()}
     return dataclasses.replace(batch, input_ids=batch.input_ids[t0:t1], positions=batch.positions[t0:t1],
                                query_start_loc=qsl[s0:s1 + 1] - qsl[s0], attn=attn,
-                               logits_indices=batch.logits_indices[:0], extras={}, logits_out=None)
+                               logits_indices=batch.logits_indices[:0], extras={}, logits_out=None,
+                               seqs=None if batch.seqs is None else tuple(batch.seqs[s0:s1]))
 
 
 def split_batch(batch: Any, micro_batches: Sequence[int]) -> list[Any]:

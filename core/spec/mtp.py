@@ -165,5 +165,5 @@ class MtpProposer:
         positions, qsl, attn = build_attn_batches([self.group], self.block_size, slices, self.device)
         batch = ForwardBatch(input_ids=torch.tensor(ids, dtype=torch.long, device=self.device), positions=positions,
                              query_start_loc=qsl, attn={"swa": attn[GROUP]},
-                             logits_indices=torch.empty(0, dtype=torch.long, device=self.device))
+                             logits_indices=torch.empty(0, dtype=torch.long, device=self.device), seqs=tuple(slices))
         return self.model.mtp_hidden(batch, _DrafterKV(kv), hidden, layer)

@@ -25,12 +25,33 @@ if TYPE_CHECKING:
     from inferhal.core.models.deepseek_v4.model import DeepseekV4ForCausalLM
 
 
-def all_visible(positions: torch.Tensor, ratio: int) -> torch.Tensor:
-    """HCA: every causally closed entry of each token, ``[T, max]`` logical indices, -1 padded."""
+def all_visible(positions: torch.Tensor, ratio: int, top: int | None = None) -> torch.Tensor:
+    """HCA: every causally closed entry of each token, ``[T, (top + 1) // ratio]`` logical indices, -1 padded.
+    ``top``: the step's largest position as the host knows it, or an upper bound (a step never takes the
+    width from a device read); None (callers outside a step): read from ``positions``."""
     vis = (positions.long() + 1) // ratio
-    width = int(vis.max()) if vis.numel() else 0
+    if top is None:
+        top = int(positions.max()) if positions.numel() else -1
+    width = max(top + 1, 0) // ratio
     idx = torch.arange(width, device=positions.device)[None, :].expand(positions.shape[0], width)
     return torch.where(idx < vis[:, None], idx, torch.full_like(idx, -1))
+
+
+def closing_rows(slots: torch.Tensor, batch: "ForwardBatch", ratio: int) -> torch.Tensor | None:
+    """The flat rows whose token closes a window (``slots >= 0``) in order, or None when none does. With the
+    host's plan (``batch.seqs``) the count is known there: per sequence, the multiples of ``ratio`` in
+    ``(max(num_computed, write_from), num_computed + num_new]``, and the rows come from a stable sort, with
+    no device read. Without it (a captured graph) ``nonzero`` reads the count: a synchronisation, so a
+    capture fails visibly instead of baking one step's count into every replay (``attn.compress`` takes
+    exactly the closing rows; padding rows would need the op to skip them)."""
+    if batch.seqs is None:
+        rows = torch.nonzero(slots >= 0).flatten()
+        return rows if rows.numel() else None
+    n = sum(max(0, (s.num_computed + s.num_new) // ratio - max(s.num_computed, s.write_from) // ratio)
+            for s in batch.seqs)
+    if n == 0:
+        return None
+    return torch.argsort((slots < 0).to(torch.int32), stable=True)[:n]
 
 
 def compress(m: "DeepseekV4ForCausalLM", prefix: str, layer: int, group: str, ratio: int, overlap: bool,
@@ -43,8 +64,8 @@ def compress(m: "DeepseekV4ForCausalLM", prefix: str, layer: int, group: str, ra
     scache = kv.layer_cache(group + "_state", layer)
     ops["kv.write"](state, scache, sb.slot_mapping, m.kv_write_p)
     cb = batch.attn[group]
-    rows = torch.nonzero(cb.slot_mapping >= 0).flatten()
-    if rows.numel() == 0:
+    rows = closing_rows(cb.slot_mapping, batch, ratio)
+    if rows is None:
         return
     p = CompressParams(ratio, overlap, m.rope_p, m.cfg.rms_eps)
     entries = ops["attn.compress"](scache, sb, rows, w[prefix + "position_bias"], w[prefix + "kv_norm.weight"],
@@ -61,7 +82,7 @@ def attention(m: "DeepseekV4ForCausalLM", pre: str, layer: int, x: torch.Tensor,
     a = pre + "self_attn."
     lt = cfg.layer_type(layer)
     pos = batch.positions
-    top = int(pos.max()) if t else 0
+    top = batch.max_position(m.max_model_len - 1)  # from the host's plan, or the model's bound (no device read)
     cs = (m.rope_main if lt == SLIDING else m.rope_compress).get(top)
     rp = m.rope_p
 
@@ -94,7 +115,7 @@ def attention(m: "DeepseekV4ForCausalLM", pre: str, layer: int, x: torch.Tensor,
                                            IndexerParams(di ** -0.5, hi ** -0.5, m.kv_formats["index"]))
             topk = ops["topk.select"](scores, cfg.index_topk)
         else:
-            topk = all_visible(pos, ratio)
+            topk = all_visible(pos, ratio, top)
 
     p = AttnParams(scale=hd ** -0.5, num_kv_heads=1, window=cfg.sliding_window, shared_kv=True,
                    kv_format=m.kv_formats["main"])

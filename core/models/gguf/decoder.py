@@ -176,8 +176,9 @@ class DecoderForCausalLM:
         ops, cfg, norm = self.ops, self.cfg, self._norm
         h_, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         positions = batch.positions
-        if positions.numel() and int(positions.max()) >= self.max_model_len:
-            raise ValueError(f"position {int(positions.max())} is past max_model_len {self.max_model_len}")
+        top = batch.max_position(-1)  # checked on the host's plan (a device read would synchronise)
+        if top >= self.max_model_len:
+            raise ValueError(f"position {top} is past max_model_len {self.max_model_len}")
         x = ops["embed"](batch.input_ids, self.embed_table, self.embed_scale)  # [T, hidden]
         t, last = x.shape[0], len(self.layers) - 1
         h = ops["norm.rms"](x, self.layers[0].attn_norm, norm)
