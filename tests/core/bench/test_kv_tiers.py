@@ -44,6 +44,7 @@ def test_the_report_has_every_variant_and_turn_and_its_stamp(report):
     assert res["pools"]["none"] == {g: 9 for g, _ in res["groups"]} and res["pools"]["kept"]["csa"] == res["kept_blocks"]
     for r in res["variants"]:
         assert r["ttft_return_p50_ms"] > 0 and r["ttft_return_p90_ms"] >= r["ttft_return_p50_ms"]
+        assert r["ttft_cpu_return_p50_ms"] > 0 and r["ttft_cpu_first_p50_ms"] > 0
         assert len(r["repeats"]) == 1
     assert not list((out / "tiers").iterdir())  # the disk variant's folder is gone
 
