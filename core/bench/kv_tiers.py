@@ -9,7 +9,7 @@ result). Tokens are random ids of the model's vocabulary: the KV cache sees ids,
 (``cache.num_blocks``; else ``cache.kv_cache_bytes`` split by the planner; else ``pool_sessions`` times the
 longest request's blocks) holds fewer sessions than run, so by the time a session returns the others have evicted its blocks.
 
-Variants (``bench.kv_tiers.variants``, :data:`VARIANTS`), each an engine of its own over one loaded model:
+Variants (``bench.kv_tiers.variants``, :data:`VARIANTS`, defined in :mod:`.kv_tiers_report`), each an engine of its own over one loaded model:
 
 - ``none``: the small pool alone (a returning turn recomputes what the pool lost);
 - ``host``: + a host tier of ``cache.host_tier_bytes`` (4 GiB when 0);
@@ -49,18 +49,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from inferhal.core.bench import write_json
+from inferhal.core.bench.kv_tiers_report import VARIANTS
 from inferhal.core.errors import UserError
 
 #: variant → what it adds to the small pool
-VARIANTS = {
-    "none": "the small pool alone",
-    "host": "+ a host tier",
-    "disk": "+ a disk tier",
-    "host_disk": "+ host and disk tiers",
-    "retain": "+ window retention",
-    "host_retain": "+ a host tier and window retention",
-    "kept": "a pool that keeps every session",
-}
 DEFAULT_HOST_BYTES = 4 << 30
 
 

@@ -17,6 +17,17 @@ from typing import Any, Optional, Sequence
 
 from inferhal.core.bench.agent_report import pct
 
+#: the variants bench.kv_tiers.variants names (core/bench/kv_tiers.py builds each one's engine)
+VARIANTS = {
+    "none": "the small pool alone",
+    "host": "+ a host tier",
+    "disk": "+ a disk tier",
+    "host_disk": "+ host and disk tiers",
+    "retain": "+ window retention",
+    "host_retain": "+ a host tier and window retention",
+    "kept": "a pool that keeps every session",
+}
+
 KEYS = ("ttft_return_p50_ms", "ttft_return_p90_ms", "ttft_first_p50_ms", "ttft_cpu_return_p50_ms",
         "ttft_cpu_first_p50_ms", "hit_rate_return", "tier_rate_return",
         "restore_us_per_token", "prefill_ms_per_token", "replayed_tokens", "save_s", "run_s")
@@ -81,7 +92,6 @@ def _f(x: Optional[float], fmt: str, suffix: str = "") -> str:
 def table(result: dict[str, Any], where: str) -> Any:
     from rich.table import Table
 
-    from inferhal.core.bench.kv_tiers import VARIANTS
 
     s = result["settings"]
     t = Table(title=f"KV tiers: {s['sessions']} sessions x {s['turns']} turns on {result['pool']}, "

@@ -283,13 +283,16 @@ class AsyncEngine:
         for rid, tr in tracks.items():
             if self._loop is not None and not self._loop.is_closed():
                 self._loop.call_soon_threadsafe(self._finish_put, rid, tr.queue, exc)
-        while True:  # requests that never reached the engine
+        # requests that never reached the engine learn the same reason as those it was running (a request sent
+        # while a router's last instance died read only "the engine loop stopped" before)
+        why = exc if isinstance(exc, EngineDead) else EngineDead(f"the engine loop stopped: {exc}")
+        while True:
             try:
                 kind, arg = self._cmds.get_nowait()
             except queue.Empty:
                 break
             if kind == "add" and not arg[4].done():  # (rid, prompt, params, queue, future, deadline)
-                arg[4].set_exception(EngineDead("the engine loop stopped"))
+                arg[4].set_exception(why)
 
     def _update_gauges(self) -> None:
         if self.metrics:

@@ -131,3 +131,35 @@ def test_draining_admits_nothing_and_abort_all_ends_what_is_open():
 
     outs, open_ = run(body, eng)
     assert [o[-1].finish_reason for o in outs] == ["abort"] * 3 and open_ == 0 and not eng.reqs
+
+
+class Dies(Scripted):
+    """Its first step with a request waits for ``release``, then raises as a router whose last instance died."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside, self.release = threading.Event(), threading.Event()
+
+    def step(self):
+        self.inside.set()
+        self.release.wait(10)
+        raise RuntimeError("every engine instance is dead (decode: killed)")
+
+
+def test_a_request_queued_while_the_loop_dies_learns_why():
+    """A request sent while the step that kills the loop runs never reaches the engine; it fails with the step's
+    reason, as the running ones do (it read only "the engine loop stopped" before)."""
+    from inferhal.core.errors import EngineDead
+
+    eng = Dies()
+
+    async def body(ae):
+        await ae.submit([1], None)
+        await asyncio.get_running_loop().run_in_executor(None, eng.inside.wait, 10)
+        late = asyncio.ensure_future(ae.submit([2], None))
+        await asyncio.sleep(0.05)  # its add command is queued behind the running step
+        eng.release.set()
+        with pytest.raises(EngineDead, match="every engine instance is dead"):
+            await asyncio.wait_for(late, 10)
+
+    run(body, eng)
