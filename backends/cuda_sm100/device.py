@@ -334,11 +334,17 @@ class CudaDevice:
 
 class CudaGraphRunner:
     """Captures ``fn`` for fixed-shape example args into a CUDA graph; the returned callable copies new
-    inputs into the captured buffers, replays, and returns the captured outputs (valid until the next call)."""
+    inputs into the captured buffers, replays, and returns the captured outputs (valid until the next call).
+
+    Every capture of one runner shares one memory pool (``torch.cuda.graph_pool_handle()``, as vLLM and SGLang
+    share theirs across batch-size buckets): the engine replays one bucket at a time and reads its outputs
+    before the next step. Wired, not yet run on a device with the pool (tests/backends/cuda_sm100 has a
+    cuda-marked capture test; the device run's ``graphs`` rows measure it when a GPU is lent)."""
 
     def __init__(self, torch_device: str, warmup: int = 2) -> None:
         self.torch_device = torch_device
         self.warmup = warmup
+        self._pool = None  # created with the first capture (importing this initialises nothing)
 
     def capture(self, fn: Callable[..., Any], *example_args: Any) -> Callable[..., Any]:
         import torch
@@ -351,7 +357,9 @@ class CudaGraphRunner:
                 fn(*static)
         torch.cuda.current_stream(self.torch_device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
             out = fn(*static)
 
         def replay(*args: Any) -> Any:

@@ -20,9 +20,11 @@ class BackendConfig:
     interpret: bool = False  # kernel backends: run their kernels in an interpreter on the host (not a device result)
     device_index: int = 0
     batch_invariant: bool = False  # ask for batch-invariant ops (a row's result never depends on its batch)
-    # decode steps replayed from graphs captured per batch-size bucket, where the backend has a graph runner
-    # (device backends with a graph runner; none on the host backends or in an interpreter); false: always eager
-    graphs: bool = True
+    # decode steps replayed from graphs captured per batch-size bucket (core/engine/graphs.py). true needs a
+    # backend with a graph runner (a device backend on its device; refused elsewhere); a failed capture warns with its
+    # reason (GraphCaptureWarning) and the engine runs eagerly. Off by default until a device run shows every
+    # model's decode step captured and replayed with the eager tokens (docs/hardware).
+    graphs: bool = False
     graph_batch_sizes: List[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256])
     options: Dict[str, Any] = field(default_factory=dict)  # backend-specific extras
 

@@ -136,16 +136,16 @@ class Engine:
             transfer.bind(self)
 
     def _decode_graphs(self, backend: Any) -> Any:
-        """Decode steps through the backend's graph runner (``backend.graphs``), or None: the backend has none
-        (the CPU backends, an interpreter), or graphs are off."""
-        cfg = getattr(backend, "config", None)
-        if cfg is None or not getattr(cfg, "graphs", True):
-            return None
-        from inferhal.core.engine.graphs import DecodeGraphs, check_sizes
+        """Decode steps through the backend's graph runner with ``backend.graphs=true`` (refused where the
+        backend has none), or None: graphs are off."""
+        from inferhal.core.engine.graphs import DecodeGraphs, check_config
 
-        sizes = check_sizes(cfg.graph_batch_sizes)
-        runner = backend.graph_runner() if hasattr(backend, "graph_runner") else None
-        if runner is None:
+        cfg = getattr(backend, "config", None)
+        if cfg is None:
+            return None
+        runner = backend.graph_runner() if cfg.graphs and hasattr(backend, "graph_runner") else None
+        sizes = check_config(cfg, runner, getattr(backend, "profile", None))
+        if sizes is None:
             return None
         return DecodeGraphs(runner, self.model, self.specs, self.kv_manager.block_size, self.max_model_len, sizes,
                             self.kv_storage)

@@ -14,14 +14,22 @@ every slot mapping -1 (so it writes no KV), and its outputs are dropped. Block t
 once, on first use, for the logits (or, for an all-greedy step, the tokens) of the model's forward;
 sampling, verification and bitmasks stay outside the graph.
 
-A capture that fails (e.g. a model whose forward reads device values on the host: V4's MoE dispatch
-counts today) turns graphs off for the engine, with the reason in :attr:`DecodeGraphs.disabled`, and the
-step runs eagerly: nothing is lost but the replay.
+Nothing a captured step computes may depend on a device value read on the host, or on host data of the
+capture: the step's batch carries no host plan (``ForwardBatch.seqs`` is None), so the models size their
+tensors by fixed bounds (``max_model_len``) and mask on the device; ``core/engine/host_sync.py`` and its
+test keep the model code free of host reads. What still reads (DeepSeek-V4's compressor rows without the
+plan; a backend op that synchronises) makes the capture fail rather than replay a stale size.
+
+``backend.graphs=true`` on a backend without a graph runner is refused, naming the field. A capture that
+fails turns graphs off for the engine with a :class:`GraphCaptureWarning` that says why (the reason stays in
+:attr:`DecodeGraphs.disabled`), and the step runs eagerly: never silently. The test suite turns that
+warning into an error (pyproject's ``filterwarnings``).
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any, Callable, Sequence
 
 import torch
@@ -46,6 +54,27 @@ def check_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
     return out
 
 
+class GraphCaptureWarning(UserWarning):
+    """A decode step's graph capture failed: the engine runs eagerly from then on (the message says why)."""
+
+
+def check_config(cfg: Any, runner: Any, profile: Any = None) -> tuple[int, ...] | None:
+    """``backend.graphs`` and ``backend.graph_batch_sizes`` checked against the backend: the buckets with
+    graphs on, None with graphs off; a clear error for true on a backend without a graph runner, or buckets
+    set while graphs are off (a field that would do nothing)."""
+    if not cfg.graphs:
+        if list(cfg.graph_batch_sizes) != list(type(cfg)().graph_batch_sizes):
+            raise UserError("backend.graph_batch_sizes is read only with backend.graphs=true")
+        return None
+    sizes = check_sizes(cfg.graph_batch_sizes)
+    if runner is None:
+        level = getattr(getattr(profile, "exec_level", None), "value", None)
+        raise UserError(f"backend.graphs=true: backend {cfg.name!r} captures no graphs"
+                        f"{f' at level {level!r}' if level else ''} (graph runners come from device backends running on "
+                        f"their device, not in an interpreter); set backend.graphs=false")
+    return sizes
+
+
 class DecodeGraphs:
     def __init__(self, graph_runner: Any, model: Any, specs: Sequence[KVGroupSpec], block_size: int,
                  max_model_len: int, sizes: Sequence[int], kv: Any) -> None:
@@ -63,11 +92,12 @@ class DecodeGraphs:
         return next((b for b in self.sizes if b >= n), None)
 
     def eligible(self, batch: ForwardBatch, num_seqs: int) -> bool:
-        """A pure decode step (one token per sequence, logits for each in order) that a bucket holds."""
+        """A pure decode step (one token per sequence, logits for each in order) that a bucket holds. Decided on
+        the host: ``n`` tokens of ``n`` sequences are one each, and ``n`` logits rows of a step without drafts
+        are each sequence's last token in order (the runner's ``_prepare``), so no device value is read."""
         n = int(batch.input_ids.shape[0])
         return (self.disabled is None and 0 < n == num_seqs and self.bucket(n) is not None
                 and int(batch.logits_indices.shape[0]) == n
-                and bool((batch.logits_indices == torch.arange(n, device=batch.logits_indices.device)).all())
                 and all(batch.attn[s.name].block_table.shape[1] <= self.width[s.name] for s in self.specs))
 
     # ------------------------------------------------------------------ the step
@@ -86,6 +116,8 @@ class DecodeGraphs:
             except Exception as exc:  # noqa: BLE001 - any capture failure: eager from now on, said once
                 self.disabled = f"capturing a {size}-row decode step failed: {type(exc).__name__}: {exc}"
                 log.warning("graphs off for this engine: %s", self.disabled)
+                warnings.warn(f"backend.graphs: graphs off for this engine, decode steps run eagerly: {self.disabled}",
+                              GraphCaptureWarning, stacklevel=2)
                 return None
             self._replays[key] = replay
             self.num_captures += 1

@@ -61,6 +61,7 @@ def graph_rows(ctx: Context, emit) -> None:
         quick = {} if ctx.on_device else QUICK
         row["eager_ms"] = bench(step, ctx.active.device, **quick)["ms"]
         row["first_host_sync"] = host_sync(ctx.active.device, step)
+        row["core_host_reads"] = core_host_reads(step)
         if graphs is None:
             row.update(status="not-run", message=f"{ctx.backend} offers no graph runner at level {ctx.label}")
         else:
@@ -97,6 +98,22 @@ def host_sync(device, fn) -> str:
         frames = [f"{'/'.join(f.filename.split('/')[-2:])}:{f.lineno} {f.name}: {(f.line or '').strip()[:120]}"
                   for f in traceback.extract_tb(exc.__traceback__) if "inferhal" in f.filename]
         return f"{type(exc).__name__}: {str(exc)[:200]} | " + " <- ".join(reversed(frames[-4:]))
+
+
+def core_host_reads(fn) -> str:
+    """What core's host-read guard (:mod:`inferhal.core.engine.host_sync`, device-independent: it runs in a dry
+    run too) says of ``fn``: the first read that core or model code makes, else how often the backend's ops read."""
+    from inferhal.core.engine.host_sync import HostSyncError, HostSyncGuard
+
+    guard = HostSyncGuard()
+    try:
+        with guard:
+            fn()
+    except HostSyncError as exc:
+        return f"core: {exc}"
+    first = next(iter(guard.backend_reads), "")
+    return (f"core and model code: none; the backend's ops: {sum(guard.backend_reads.values())} reads at "
+            f"{len(guard.backend_reads)} places{f', first {first}' if first else ''}")[:400]
 
 
 def _graph_stats(llm) -> dict:
@@ -165,6 +182,9 @@ def speed_rows(ctx: Context, emit) -> None:
     for model, ov in _models(ctx):
         for mode in ("eager", "graphs"):
             base = ctx.row("speed", model=model, mode=mode, max_tokens=tokens)
+            if mode == "graphs" and ctx.active.graph_runner() is None:  # backend.graphs=true would be refused
+                emit(dict(base, status="not-run", message=f"{ctx.backend} offers no graph runner at level {ctx.label}"))
+                continue
             try:
                 llm = LLM(model, backend=ctx.backend, overrides=ov + [f"backend.graphs={str(mode == 'graphs').lower()}",
                                                                      f"backend.interpret={str(ctx.interpret).lower()}"])

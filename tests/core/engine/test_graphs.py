@@ -10,6 +10,7 @@ import torch
 from inferhal import LLM, SamplingParams
 from inferhal.core.config.schema import BackendConfig, CacheConfig, SchedulerConfig
 from inferhal.core.engine.engine import Engine
+from inferhal.core.engine.graphs import GraphCaptureWarning
 from inferhal.core.engine.llm import compose_config
 from inferhal.core.errors import UserError
 
@@ -63,6 +64,7 @@ def tiny():
 
 
 def engine(tiny, runner, **config):
+    config.setdefault("graphs", runner is not None)
     return Engine(tiny.loaded, WithGraphs(tiny.backend, runner, **config),
                   SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32), CacheConfig(num_blocks=10))
 
@@ -133,15 +135,23 @@ def test_padding_rows_write_no_kv_and_read_allocated_blocks(tiny):
 def test_a_failed_capture_turns_graphs_off_and_the_step_runs_eagerly(tiny):
     want, _ = generate(engine(tiny, None), PARAMS["greedy"])
     eng = engine(tiny, FakeGraphs(fail=True))
-    got, _ = generate(eng, PARAMS["greedy"])
+    with pytest.warns(GraphCaptureWarning, match="backend.graphs: graphs off .* stream is capturing"):
+        got, _ = generate(eng, PARAMS["greedy"])
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     assert "stream is capturing" in eng.runner.graphs.disabled and eng.runner.graphs.num_replays == 0
 
 
-def test_graphs_off_or_absent_run_eagerly_and_bad_sizes_are_refused(tiny):
+def test_graphs_off_run_eagerly_and_bad_settings_are_refused(tiny):
     assert engine(tiny, FakeGraphs(), graphs=False).runner.graphs is None
-    assert engine(tiny, None).runner.graphs is None  # the backend has no graph runner (the CPU backends)
-    assert tiny.runner.graphs is None
+    assert tiny.runner.graphs is None  # off by default
+    # true where the backend captures nothing (the CPU backends, an interpreter): refused, naming the field
+    with pytest.raises(UserError, match=r"backend.graphs=true: backend 'reference' captures no graphs at level"):
+        engine(tiny, None, graphs=True)
+    with pytest.raises(UserError, match=r"backend.graphs=true"):
+        LLM.from_config(compose_config("deepseek_v4_tiny", "reference", ["backend.graphs=true"]))
     for bad in ([], [0, 4], ["x"]):
         with pytest.raises(UserError, match="backend.graph_batch_sizes"):
             engine(tiny, FakeGraphs(), graph_batch_sizes=bad)
+    # buckets without graphs would do nothing: refused
+    with pytest.raises(UserError, match="backend.graph_batch_sizes is read only with backend.graphs=true"):
+        engine(tiny, FakeGraphs(), graphs=False, graph_batch_sizes=[1, 2])
