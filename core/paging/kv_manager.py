@@ -17,7 +17,7 @@ full/compressed group and, for a sliding group, only the blocks holding keys ``C
 
 ``keep_blocks`` (``cache.retain_windows``): a finished request's sliding-window blocks are freed into their
 pool's kept queue (:mod:`.block_pool`), evicted only after every other free block, so a session's next turn
-finds its windows.
+finds its windows: such a group keeps what a hit at the request's last full block boundary needs (at most a block more).
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ class KVCacheManager:
         for s in self.specs:
             n = blocks_needed(s, self.block_size, num_tokens)
             if s.kind == "sliding":
-                n -= first_live_block(s, self.block_size, max(0, num_tokens - chunk))
+                n -= first_live_block(s, self.block_size, self._release_point(s, max(0, num_tokens - chunk)))
             out[s.name] = n
         return out
 
@@ -259,11 +259,19 @@ class KVCacheManager:
 
     # ------------------------------------------------------------------ allocation
 
+    def _release_point(self, s: KVGroupSpec, first_query: int) -> int:
+        """The query a sliding group's window is kept for: ``first_query``, or with retention its block boundary."""
+        if self.enable_caching and self.pools[s.name].keep_limit > 0:
+            return first_query - first_query % self.block_size
+        return first_query
+
     def _release_out_of_window(self, st: _ReqBlocks, first_query: int) -> None:
+        """Free the sliding groups' blocks a step from ``first_query`` no longer reads (with retention: those a hit
+        at the last full block boundary still needs stay, for the request's end to hand to the kept queue)."""
         for s in self.specs:
             if s.kind != "sliding":
                 continue
-            lo = first_live_block(s, self.block_size, first_query)
+            lo = first_live_block(s, self.block_size, self._release_point(s, first_query))
             bl, ids = st.blocks[s.name], st.ids[s.name]
             dead = [b for b in bl[:lo] if b is not None]
             if dead:

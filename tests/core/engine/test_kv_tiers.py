@@ -109,3 +109,26 @@ def test_tiers_are_refused_without_prefix_caching_and_on_an_unwritable_folder(tm
         LLM("deepseek_v4_tiny", backend="reference", overrides=BASE + [f"cache.disk_tier_dir={tmp_path}/f/t"])
     with pytest.raises(UserError, match="cache.host_tier_bytes must be >= 0"):
         LLM("deepseek_v4_tiny", backend="reference", overrides=BASE + ["cache.host_tier_bytes=-1"])
+
+
+def test_retained_windows_serve_a_turn_that_ran_past_its_last_block():
+    """cache.retain_windows with a realistic answer: turn 1 (304 prompt tokens, 16 generated) computes 319 tokens,
+    15 past its last full block boundary C = 304, where the window groups (8 and 16 tokens, blocks of 16) no longer
+    read the block before C. Retention still serves the next turn up to C after other requests cycled the small window
+    pools; without it the turn gets the bounded replay's hit, C minus the replay span. Same tokens either way."""
+    from inferhal.core.paging.replay import replay_span
+
+    ov = BASE + ["scheduler.max_num_seqs=2", "scheduler.max_num_batched_tokens=64", "cache.kv_cache_bytes=1200000"]
+    sp = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    turn1, out = _p(304, 1), {}
+    for retain in (0, 2):  # a byte budget: the window pools hold two running requests' windows (+ the kept ones)
+        llm = LLM("deepseek_v4_tiny", backend="reference", overrides=ov + [f"cache.retain_windows={retain}"])
+        first = llm.generate([turn1], sp)[0]
+        for k in range(3):
+            llm.generate([_p(128, 50 + k)], sp)
+        second = llm.generate([turn1 + first.token_ids + _p(32, 9)], sp)[0]
+        llm.engine.kv_manager.check()
+        out[retain] = (first.token_ids, second.token_ids, second.num_cached_tokens)
+        span = replay_span(llm.engine.kv_manager.specs)
+    assert out[2][2] == 304 and out[0][2] == 304 - span == 186
+    assert out[2][:2] == out[0][:2]

@@ -133,3 +133,27 @@ def test_retained_windows_outlive_other_free_window_blocks():
         kv.check()
         hits[keep] = kv.find_prefix_hit("c", toks + [1, 2]).num_tokens
     assert hits == {0: 0, one: 40}
+
+
+def test_retention_keeps_the_window_a_hit_at_the_last_full_block_needs():
+    """A request that decoded 3 tokens past its last full block boundary (C = 12, window 6, blocks of 4) no longer
+    reads block 1 (tokens 4-7), but a hit at C does: with retention it is kept and goes to the kept queue, so the next
+    turn hits at C after another request cycled the window pool; without retention the hit has no window to stand on."""
+    toks, other = list(range(100, 115)), list(range(300, 340))
+    hits, one = {}, planning.live_blocks(SLIDE, 4)
+    for keep in (0, one):
+        kv = KVCacheManager([FULL, SLIDE], 4, {"full": 64, "swa": 8}, keep_blocks={"swa": keep})
+        assert kv.allocate("a", 0, 8)
+        kv.cache_blocks("a", toks, 8)
+        for pos in range(8, 15):  # decode: tokens 8..14 computed, 15 in all (C = 12)
+            assert kv.allocate("a", pos, 1)
+            assert len([b for b in kv.block_ids("a")["swa"] if b != -1]) <= one
+            kv.cache_blocks("a", toks, pos + 1)
+        assert (kv.block_ids("a")["swa"][1] != -1) == bool(keep)
+        kv.free("a")
+        for pos in range(0, 40, 4):
+            assert kv.allocate("b", pos, 4)
+            kv.cache_blocks("b", other, pos + 4)
+        kv.check()
+        hits[keep] = kv.find_prefix_hit("c", toks + [1, 2]).num_tokens
+    assert hits == {0: 0, one: 12}
