@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent / "fixtures"))  # e.g. serve_proces
 
 TESTS = Path(__file__).parent
 
-# --- running on every core (pytest-xdist: the README's command runs `-n auto --dist loadgroup`, pyproject) ---
+# --- running on every core (pytest-xdist: the README's command runs `-n auto`, pyproject; groups by path below) ---
 #: most workers `-n auto` starts: each one beside the real-model worker holds a tiny model or kernels (~0.5 GB)
 MAX_WORKERS = 4
 #: test paths that load real models (Gemma 3 270M, SmolLM2) or start model servers: they share one worker and run
@@ -43,12 +43,27 @@ def pytest_configure(config):
         torch.set_num_threads(int(threads))
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        rel = Path(str(item.path)).resolve().relative_to(TESTS.resolve()).as_posix()
-        group = next((g for prefix, g in ONE_WORKER.items() if rel == prefix or rel.startswith(prefix + "/")), None)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+def group_of(rel: str):
+    """The ONE_WORKER group of a test path relative to tests/ (``models/gemma3/test_bf16.py``), or None."""
+    return next((g for prefix, g in ONE_WORKER.items() if rel == prefix or rel.startswith(prefix + "/")), None)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Keep each ONE_WORKER group on one worker, every other test its own unit (xdist's ``loadgroup``, reading the
+    group from the path). xdist's own loadgroup appends ``@group`` to ``item._nodeid`` from ``xdist_group`` marks;
+    pytest 9.2 derives ``nodeid`` from elsewhere, so the suffix never reached the scheduler and the real models'
+    tests spread over every worker, each loading its own model and transformers oracle at once (this session's run:
+    Gemma 3's fidelity oracle set up on both workers, 9.8 GB of PSS in all at the peak)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class PathGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            group = group_of(path[len("tests/"):]) if path.startswith("tests/") else None
+            return group or nodeid
+
+    return PathGroups(config, log)
 
 
 def _kit_plugin() -> list[str]:
