@@ -226,7 +226,11 @@ def test_dep4_gives_the_single_process_text(model_dir, single):
     assert set(per_rank(text, "inferhal_dp_attention_tokens_total")) == {0, 1, 2, 3}
 
 
-def test_the_cli_serves_dep2_and_sigterm_ends_every_rank(model_dir):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_the_cli_serves_dep2_and_its_end_ends_every_rank(model_dir, sig):
+    """SIGTERM: the server stops its ranks and exits 0. SIGKILL (the parent dies with no chance to clean up): no rank
+    outlives it (issue 52's "the parent dying while DP ranks run: no orphan"; the ranks end on their broken pipe
+    to the server even without end_with_parent's watch, checked by taking that out)."""
     psutil = pytest.importorskip("psutil")
     sp = ServeProcess([*overrides(model_dir), "parallel=dep2", "parallel.master_port=0", "server.port=0"],
                       "/v1 (OpenAI", dict(os.environ), timeout_s=180)
@@ -236,9 +240,9 @@ def test_the_cli_serves_dep2_and_sigterm_ends_every_rank(model_dir):
         assert len(tree) >= 2  # the two ranks (and multiprocessing's resource tracker)
         assert complete(url, "Hello")[0]
         assert json.loads(get(url, "/health")[1])["roles"] == {"dp0": "ok", "dp1": "ok"}
-        sp.p.send_signal(signal.SIGTERM)
-        assert sp.p.wait(60) == 0
-        deadline = time.monotonic() + 10
+        sp.p.send_signal(sig)
+        assert sp.p.wait(60) == (0 if sig == signal.SIGTERM else -signal.SIGKILL)
+        deadline = time.monotonic() + 15
         while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in tree) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
