@@ -48,7 +48,7 @@ def group_of(rel: str):
     return next((g for prefix, g in ONE_WORKER.items() if rel == prefix or rel.startswith(prefix + "/")), None)
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # xdist's hook: unknown (not an error) without it
 def pytest_xdist_make_scheduler(config, log):
     """Keep each ONE_WORKER group on one worker, every other test its own unit (xdist's ``loadgroup``, reading the
     group from the path). xdist's own loadgroup appends ``@group`` to ``item._nodeid`` from ``xdist_group`` marks;
