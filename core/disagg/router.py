@@ -192,7 +192,7 @@ class Router(Fronted, Fleet):
                 continue
             for name in {rec.where, rec.dest if rec.at in ("prefill", "handed") else None} - {None}:
                 self._send(self.insts[name], ("abort", rid))
-            outs.append(self._resume(ended(rec.last, rid, rec.prompt, "abort")))
+            outs.append(ended(rec.last, rid, rec.prompt, "abort"))  # rec.last is resumed already (_output)
             self._resumed.pop(rid, None)
         return outs
 
