@@ -30,14 +30,14 @@ import asyncio
 import json
 import multiprocessing
 import random
-import socket
 import time
-import urllib.request
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from inferhal.core.bench.scrape import get as _get, metric as _metric
 from inferhal.core.bench.stamp import stamp
+from inferhal.core.parallel.launch import free_port as _free_port  # (agent, agent_servers, soak import these three here)
 
 DISCONNECT_EVERY = 10
 _SUBJECTS = ["a lighthouse keeper", "a robot", "the river", "an old map", "a small cat", "the north wind",
@@ -97,27 +97,6 @@ def _serve_child(cfg, port: int) -> None:
     OmegaConf.update(cfg, "server.port", port, merge=False)
     OmegaConf.update(cfg, "server.host", "127.0.0.1", merge=False)
     sys.exit(serve(cfg))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
-    except OSError as exc:
-        return getattr(exc, "code", 0) or 0, str(exc)
-
-
-def _metric(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return float("nan")
 
 
 async def _load(port: int, model: str, texts: list[str], max_tokens: int, c: int, seed: int):

@@ -30,15 +30,14 @@ import random
 import re
 import string
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 from omegaconf import OmegaConf
 
-from inferhal.core.parallel.launch import free_port
-
+from inferhal.core.bench.scrape import get
 from inferhal.core.bench.stamp import stamp
+from inferhal.core.parallel.launch import free_port
 
 #: (name, parallel overrides) of the variants, the colocated engine last (the others' texts are checked against it)
 VARIANTS = (("dep tokens_cache", {"dp_balance": "tokens_cache"}), ("dep vllm", {"dp_balance": "vllm"}),
@@ -112,14 +111,6 @@ def _serve(cfg, port: int) -> None:
     sys.exit(serve(cfg))
 
 
-def _scrape(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, r.read().decode()
-    except OSError as exc:
-        return getattr(exc, "code", 0) or 0, str(exc)
-
-
 def _total(text: str, name: str) -> float:
     """A metric summed over its label sets."""
     return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))
@@ -154,7 +145,7 @@ def _run_variant(cfg, model: str, plan, max_tokens: int, levels: list[int], warm
     proc.start()
     base, max_len = f"http://127.0.0.1:{port}", int(cfg.model.max_model_len)
     deadline = time.monotonic() + 300
-    while _scrape(base + "/health")[0] != 200:
+    while get(base + "/health")[0] != 200:
         if not proc.is_alive() or time.monotonic() > deadline:
             proc.kill()
             raise RuntimeError("the server did not start")
@@ -164,9 +155,9 @@ def _run_variant(cfg, model: str, plan, max_tokens: int, levels: list[int], warm
         if warmup:
             asyncio.run(_load(port, model, [["Warm up " + "x" * 40]] * 2, 4, max_len, 2))
         for c in levels:
-            _, before = _scrape(base + "/metrics")
+            _, before = get(base + "/metrics")
             wall, res = asyncio.run(_load(port, model, plan, max_tokens, max_len, c))
-            _, after = _scrape(base + "/metrics")
+            _, after = get(base + "/metrics")
             d = {k: _total(after, f"inferhal_{k}_total") - _total(before, f"inferhal_{k}_total")
                  for k in ("prefix_cache_hits", "prefix_cache_queries", "generation_tokens", "num_preemptions")}
             ok = [r for r in res.values() if r.status == 200 and r.done and not r.error]
