@@ -179,9 +179,12 @@ def inferhal_kv_block_copier(storage: "KVStorage", profile: "DeviceProfile") -> 
     :returns: a :class:`~inferhal.core.paging.offload.KVBlockCopier`: ``gather(group, layers, block_ids)`` gives
         one host tensor per block, ``[len(layers), slots_per_block, *slot_shape]`` in the storage dtype (quantised
         records stay ``uint8`` records), owned by the caller once it returns; ``scatter(group, layers, block_ids,
-        blocks)`` writes such tensors back, before any later step reads those blocks. Both are called on the
-        thread that runs steps, between steps. A device backend copies with its own engine (pinned buffers, a
-        side stream ordered before the next step). ``None``: the engine copies with plain torch
+        blocks)`` writes such tensors back, before any later step reads those blocks. ``scatter`` is called on the
+        thread that runs steps, between steps; ``gather`` on the tiers' copy worker (core/paging/copy_worker.py)
+        while later steps run, for blocks no step writes until it returns (pinned, core/paging/pending.py) and
+        written by steps already submitted. A device backend copies with its own engine (pinned buffers, a side
+        stream: ``gather`` waits for the compute stream's work queued so far, ``scatter`` is ordered before the
+        next step). ``None``: the engine copies with plain torch
         (:class:`~inferhal.core.paging.offload.TorchBlockCopier`, any torch device). firstresult.
     """
 

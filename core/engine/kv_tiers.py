@@ -4,9 +4,10 @@ from ``cache.*`` (the pieces are core/paging's: :mod:`~inferhal.core.paging.offl
 
 - ``cache.retain_windows``: each sliding group's pool keeps the last windows of that many finished requests
   behind its other free blocks (:func:`keep_blocks`; the planner reserves room for them).
-- ``cache.host_tier_bytes``, ``cache.disk_tier_dir``, ``cache.disk_tier_bytes``: the tiers; their copies run on
-  the step thread before each step (:class:`StepCopies`), with the backend's copier where it provides one
-  (``inferhal_kv_block_copier``), else plain torch.
+- ``cache.host_tier_bytes``, ``cache.disk_tier_dir``, ``cache.disk_tier_bytes``: the tiers; each step's copies are
+  handed over on the step thread before it (:class:`StepCopies`): saves to the copy worker, off the step's critical
+  path (:mod:`~inferhal.core.paging.copy_worker`, :mod:`~inferhal.core.paging.pending`), loads run there; with the
+  backend's copier where it provides one (``inferhal_kv_block_copier``), else plain torch.
 - ``cache.kv_events_*``: a ZMQ publisher of the pool's (and the tiers') block events.
 
 Each needs ``cache.enable_prefix_caching``: it is refused without it, naming the field.

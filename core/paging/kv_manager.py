@@ -121,6 +121,8 @@ class KVCacheManager:
         return {g: p.num_blocks for g, p in self.pools.items()}
 
     def num_free_blocks(self) -> dict[str, int]:
+        if self.offload is not None:  # blocks whose tier save finished are free again
+            self.offload.reap()
         return {g: p.num_free_blocks() for g, p in self.pools.items()}
 
     def usage(self) -> float:
@@ -144,6 +146,8 @@ class KVCacheManager:
         """Lower tiers (a :class:`~inferhal.core.paging.offload.KVOffload`) and a
         :class:`~inferhal.core.paging.events.KVEventLog`, either may be None."""
         self.offload, self.events = offload, events
+        if hasattr(offload, "bind"):  # blocks with a tier save pending are pinned in these pools (pending.py)
+            offload.bind(self.pools, [s.name for s in self.specs if s.kind == "sliding"])
 
     # the pools' listener (block_pool.py)
     def evicted(self, group: str, h: BlockHash, block_id: int) -> None:
@@ -305,7 +309,11 @@ class KVCacheManager:
             self._release_out_of_window(st, num_computed)
         need = self.num_new_blocks(req_id, num_computed, num_new, hit)
         if any(need[g] > p.num_free_blocks() for g, p in self.pools.items()):
-            return False
+            def short() -> set[str]:  # blocks pinned by pending tier saves come free (pending.py's make_room)
+                n = self.num_new_blocks(req_id, num_computed, num_new, hit)
+                return {g for g, p in self.pools.items() if n[g] > p.num_free_blocks()}
+            if self.offload is None or not self.offload.make_room(short):
+                return False
         end = num_computed + num_new
         if hit is not None and hit.num_tokens:
             for s in self.specs:  # every pool block of the hit leaves the free queue before a restore takes one
@@ -355,7 +363,7 @@ class KVCacheManager:
                 if bl[j] is not None and pool.cache_block(s.name, bl[j], hashes[j]):
                     new.append(j)
                     if self.offload is not None:
-                        self.offload.saving(s.name, bl[j].block_id, hashes[j])
+                        self.offload.saving(s.name, bl[j], hashes[j])
             if new and self.events is not None:
                 self.events.stored_runs(s.name, new, hashes, token_ids)
         st.num_cached = n_full
@@ -401,5 +409,9 @@ class KVCacheManager:
                     if b is not None:
                         assert b is self.pools[s.name].blocks[b.block_id], f"group {s.name} holds another pool's block"
                         refs[s.name][b.block_id] = refs[s.name].get(b.block_id, 0) + 1
+        pending = getattr(self.offload, "pending", None)
+        for g, pins in (pending.refs() if pending is not None else {}).items():
+            for b, n in pins.items():  # a block with a tier save pending holds one more reference
+                refs[g][b] = refs[g].get(b, 0) + n
         for s in self.specs:
             self.pools[s.name].check(refs[s.name])

@@ -6,8 +6,8 @@ pool held (an FP8 or FP4 record stays a record: ``uint8``, :mod:`.formats`). Bot
 entries first, past a byte capacity. :mod:`.offload` decides what goes in and what comes back.
 
 - :class:`HostTier`: tensors in host memory, ``cache.host_tier_bytes``.
-- :class:`DiskTier`: one file per entry under ``cache.disk_tier_dir``/``<fingerprint>``/``<group>``/, written by a
-  thread of its own (off the step), ``cache.disk_tier_bytes`` at most (0: only the disk bounds it). The fingerprint
+- :class:`DiskTier`: one file per entry under ``cache.disk_tier_dir``/``<fingerprint>``/``<group>``/, written off the
+  step (on the KV offload's copy worker, or by :meth:`DiskTier.put`'s thread of its own), ``cache.disk_tier_bytes`` at most (0: only the disk bounds it). The fingerprint
   names the model and the KV layout (:func:`fingerprint`), so a folder never serves another model's blocks; files
   left by an earlier server are found again at start (least recently used first by modification time). A file is
   ``MAGIC`` (its last byte the format version), a little-endian u32 header length, a JSON header (group, hash,
@@ -150,9 +150,7 @@ class DiskTier:
         self._warned: set[str] = set()
         self._prepare()
         self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._writer, name="inferhal-kv-disk", daemon=True)
-        self._thread.start()
-        atexit.register(_close_at_exit, weakref.ref(self))
+        self._thread: Optional[threading.Thread] = None  # put()'s writer, started by the first put()
 
     # ------------------------------------------------------------------ setup
 
@@ -258,10 +256,16 @@ class DiskTier:
     # ------------------------------------------------------------------ writes (the writer thread)
 
     def put(self, key: Key, t: torch.Tensor) -> None:
-        """Write ``t`` (not changed afterwards by the caller) to its file, on the writer thread."""
+        """Write ``t`` (not changed afterwards by the caller) to its file, on the writer thread (:meth:`write` writes
+        on the caller's: the KV offload's copy worker, :mod:`.copy_worker`)."""
         if key in self:
             self.touch(key)
             return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._writer, name="inferhal-kv-disk", daemon=True)
+                self._thread.start()
+                atexit.register(_close_at_exit, weakref.ref(self))
         self._queue.put((key, t))
 
     def _encode(self, key: Key, t: torch.Tensor) -> bytes:
@@ -281,35 +285,42 @@ class DiskTier:
             tmp.unlink(missing_ok=True)
             raise
 
+    def write(self, key: Key, t: torch.Tensor) -> bool:
+        """Write ``t`` to its file now, on this thread (a temporary name renamed into place, so a cut-short write
+        leaves no file a restart would read); False when it was not written (a failure is reported once per kind
+        of error, the block is simply not there)."""
+        if key in self:
+            self.touch(key)
+            return True
+        data = self._encode(key, t)
+        if self.capacity and len(data) > self.capacity:
+            return False
+        try:
+            self._write_file(self.path(key), data)
+        except OSError as e:
+            self.failures += 1
+            kind = e.strerror or type(e).__name__
+            if kind not in self._warned:
+                self._warned.add(kind)
+                log.warning("disk tier %s: cannot write a block (%s: %s); blocks that fail so are not kept "
+                            "there (a later hit on them recomputes)", self.dir, kind, e.filename or "")
+            return False
+        with self._lock:
+            self.index[key] = len(data)
+            self.nbytes += len(data)
+        self.stores += 1
+        if self.listener is not None:
+            self.listener.tier_stored(self.medium, key)
+        self._trim()
+        return True
+
     def _writer(self) -> None:
         while True:
             item = self._queue.get()
             try:
                 if item is None:
                     return
-                key, t = item
-                if key in self:
-                    continue
-                data = self._encode(key, t)
-                if self.capacity and len(data) > self.capacity:
-                    continue
-                try:
-                    self._write_file(self.path(key), data)
-                except OSError as e:
-                    self.failures += 1
-                    kind = e.strerror or type(e).__name__
-                    if kind not in self._warned:
-                        self._warned.add(kind)
-                        log.warning("disk tier %s: cannot write a block (%s: %s); blocks that fail so are not kept "
-                                    "there (a later hit on them recomputes)", self.dir, kind, e.filename or "")
-                    continue
-                with self._lock:
-                    self.index[key] = len(data)
-                    self.nbytes += len(data)
-                self.stores += 1
-                if self.listener is not None:
-                    self.listener.tier_stored(self.medium, key)
-                self._trim()
+                self.write(*item)
             except Exception:  # pragma: no cover - the writer must outlive one bad block
                 log.exception("disk tier: writing a block failed")
             finally:
@@ -332,7 +343,7 @@ class DiskTier:
         self._queue.join()
 
     def close(self) -> None:
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._queue.put(None)
             self._thread.join(timeout=30)
 

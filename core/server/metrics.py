@@ -20,7 +20,10 @@ KV tiers (``cache.host_tier_bytes``, ``cache.disk_tier_dir``; label ``tier``: ho
 ``inferhal_kv_tier_failures_total`` (tier files that failed a check or could not be written) and
 ``inferhal_kv_tier_saved_bytes_total`` (bytes copied down from the pool); ``inferhal_kv_tier_restore_seconds_total``
 (time bringing blocks back: taking them from a tier, a file read and check for the disk tier, and writing them into
-the pool) and ``inferhal_kv_tier_save_seconds_total`` (time copying blocks down, on the step thread).
+the pool) and ``inferhal_kv_tier_save_seconds_total`` (the step thread's time in saves: handing them to the copy
+worker, or running those it had to); gauge ``inferhal_kv_tier_pending_stores`` (pool blocks whose save to a tier has
+not finished: pinned, not free) and counter ``inferhal_kv_tier_store_wait_seconds_total`` (time allocations and steps
+waited for saves to finish: a pool with no other free block).
 
 Everything but the request counters is written by the engine thread; prometheus_client is thread-safe.
 """
@@ -79,7 +82,9 @@ class ServerMetrics:
         self.tier_failures = Counter("inferhal_kv_tier_failures", "KV tier files unusable or unwritten", tl, registry=r)
         self.tier_saved = c("inferhal_kv_tier_saved_bytes", "Bytes copied from the KV pool to its tiers")
         self.tier_restore_s = c("inferhal_kv_tier_restore_seconds", "Seconds bringing KV blocks back from the tiers")
-        self.tier_save_s = c("inferhal_kv_tier_save_seconds", "Seconds copying KV blocks down to the tiers")
+        self.tier_save_s = c("inferhal_kv_tier_save_seconds", "Step-thread seconds in KV saves to the tiers")
+        self.tier_pending = g("inferhal_kv_tier_pending_stores", "KV blocks whose save to a tier has not finished")
+        self.tier_wait_s = c("inferhal_kv_tier_store_wait_seconds", "Seconds allocations waited for KV tier saves")
         self._queried = self._hits = 0
 
     def finished(self, out, track, now: float, reason: Optional[str] = None) -> None:
@@ -128,8 +133,9 @@ class ServerMetrics:
                 if t[key] > seen:
                     child.inc(t[key] - seen)
                 self._seen[(name, key)] = t[key]
+        self.tier_pending.set(st.get("pending_stores", 0))
         for key, counter in (("saved_bytes", self.tier_saved), ("restore_s", self.tier_restore_s),
-                             ("save_s", self.tier_save_s)):
+                             ("save_s", self.tier_save_s), ("store_wait_s", self.tier_wait_s)):
             now = st.get(key, 0)
             if now > self._seen.get(key, 0):
                 counter.inc(now - self._seen.get(key, 0))

@@ -25,11 +25,12 @@ def _samples(m: ServerMetrics) -> dict:
     return out
 
 
-def _stats(blocks, restored, failures, saved, restore_s=0.0):
+def _stats(blocks, restored, failures, saved, restore_s=0.0, pending=0, wait_s=0.0):
     tier = {"blocks": blocks, "bytes": 100 * blocks, "restored": restored, "restored_bytes": 10 * restored,
             "evictions": 0, "failures": failures}
     return {"tiers": {"host": tier, "disk": dict(tier, failures=0)}, "saved": 0, "saved_bytes": saved,
-            "save_s": restore_s / 2, "load_s": 0.0, "restore_s": restore_s}
+            "save_s": restore_s / 2, "load_s": 0.0, "restore_s": restore_s, "pending_stores": pending,
+            "store_wait_s": wait_s}
 
 
 def test_tier_series_follow_the_engine():
@@ -52,3 +53,15 @@ def test_no_tiers_no_series_per_tier():
     m.engine_state(eng)
     got = _samples(m)
     assert not [k for k in got if k[1]] and got[("inferhal_kv_tier_saved_bytes_total", None)] == 0
+
+
+def test_pending_stores_and_the_time_waited_for_them():
+    m = ServerMetrics("tiny")
+    m.engine_state(_engine(_stats(5, 2, 1, 1000, pending=9, wait_s=0.5)))
+    got = _samples(m)
+    assert got[("inferhal_kv_tier_pending_stores", None)] == 9
+    assert got[("inferhal_kv_tier_store_wait_seconds_total", None)] == 0.5
+    m.engine_state(_engine(_stats(5, 2, 1, 1000, pending=0, wait_s=1.25)))
+    got = _samples(m)
+    assert got[("inferhal_kv_tier_pending_stores", None)] == 0  # a gauge: what is pending now
+    assert got[("inferhal_kv_tier_store_wait_seconds_total", None)] == 1.25  # a counter: the running total
