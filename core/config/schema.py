@@ -67,7 +67,9 @@ class ParallelConfig:
     tbo: bool = False
     # `inferhal serve` with parallel.dp > 1 (core/server/dp_serve.py): how new requests are placed on the DP ranks
     # (core/parallel/dp_balance.py): tokens_cache (the rank holding the longest cached prefix, unless its load in
-    # tokens exceeds the least loaded rank's by dp_balance_margin) | vllm (waiting * 4 + running) | round_robin
+    # tokens exceeds the least loaded rank's by dp_balance_margin; a request with a session key, prompt_cache_key or
+    # the X-Session-Id header, goes first to its key's rank within the same margin) | vllm (waiting * 4 + running)
+    # | round_robin (neither reads session keys)
     dp_balance: str = "tokens_cache"
     dp_balance_margin: int = 2048  # tokens (prompt tokens to prefill + KV tokens in use)
     restarts: int = 3  # `inferhal serve`, parallel.dp > 1: times the DP group is spawned again after a rank dies
@@ -76,7 +78,7 @@ class ParallelConfig:
 @dataclass
 class SchedulerConfig:
     max_num_seqs: int = 64  # per engine: with parallel.dp > 1, per DP rank (each rank has its own scheduler)
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int = 2048  # per engine: with parallel.dp > 1, per DP rank
     chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0 = no per-request cap inside a step
     policy: str = "fcfs"  # fcfs | priority

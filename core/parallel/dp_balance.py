@@ -14,20 +14,28 @@ Policies, per request in arrival order:
   (``parallel.dp_balance_margin``); otherwise, and for a prompt no rank holds, the least loaded rank.
   Load counts tokens: prompt tokens still to prefill plus tokens whose KV is in use, each request placed in
   the batch adding its prompt. A multi-turn session stays on its rank by prefix: the next turn's prompt
-  starts with the previous turn's prompt and answer, which that rank's cache holds.
+  starts with the previous turn's prompt and answer, which that rank's cache holds. A request carrying a
+  session key (``prompt_cache_key`` or ``X-Session-Id``, :mod:`~inferhal.core.server.protocol`) whose key was
+  placed before goes to that key's rank, ahead of any prefix, unless that rank's load exceeds the least loaded
+  rank's by more than ``margin`` tokens: then it is placed as above and its key moves to the rank it gets.
+  The key -> rank table (:class:`Sessions`) is a function of the placement sequence, so every rank keeps it
+  alike; it remembers the :data:`MAX_SESSIONS` keys placed last.
 - ``vllm``: vLLM's DP score ``waiting * 4 + running``, the lowest first (ties: the lowest rank); each
-  request placed counts as waiting. No cache, no tokens.
-- ``round_robin``: the ``n``-th request of the server's life goes to rank ``n mod dp``.
+  request placed counts as waiting. No cache, no tokens, no session keys.
+- ``round_robin``: the ``n``-th request of the server's life goes to rank ``n mod dp`` (no session keys).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 from inferhal.core.parallel.dp_frontend import common_blocks
 
 POLICIES = ("tokens_cache", "vllm", "round_robin")
+#: session keys a :class:`Sessions` table remembers (each at most MAX_SESSION_KEY characters, server/protocol.py)
+MAX_SESSIONS = 16_384
 
 
 @dataclass
@@ -48,9 +56,37 @@ class TokenLoad:
         return self.waiting * 4 + self.running
 
 
+class Sessions:
+    """Session key -> the rank its latest request was placed on, at most ``size`` keys (the least recently
+    placed one is forgotten first). Changed only by :func:`place`, so ranks placing alike keep equal tables."""
+
+    def __init__(self, size: int = MAX_SESSIONS) -> None:
+        if size < 1:
+            raise ValueError(f"a session table holds at least one key, not {size}")
+        self.size = int(size)
+        self._rank: OrderedDict[str, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._rank)
+
+    def get(self, key: str) -> Optional[int]:
+        return self._rank.get(key)
+
+    def put(self, key: str, rank: int) -> None:
+        self._rank[key] = rank
+        self._rank.move_to_end(key)
+        while len(self._rank) > self.size:
+            self._rank.popitem(last=False)
+
+    def items(self) -> list[tuple[str, int]]:
+        """(key, rank), least recently placed first."""
+        return list(self._rank.items())
+
+
 def place(policy: str, loads: Sequence[TokenLoad], cached_blocks: Sequence[Sequence[int]],
           block_hashes: Sequence[Sequence[bytes]], prompt_lens: Sequence[int], margin: int,
-          start: int = 0) -> list[int]:
+          start: int = 0, keys: Optional[Sequence[Optional[str]]] = None,
+          sessions: Optional[Sessions] = None) -> list[int]:
     """The rank of each new request.
 
     :param loads: per rank, its load before the placement.
@@ -59,6 +95,9 @@ def place(policy: str, loads: Sequence[TokenLoad], cached_blocks: Sequence[Seque
     :param prompt_lens: per request, its prompt tokens.
     :param margin: ``tokens_cache``: tokens a rank holding the prefix may carry beyond the least loaded one.
     :param start: ``round_robin``: requests placed before this batch.
+    :param keys: ``tokens_cache``: per request, its session key or None.
+    :param sessions: ``tokens_cache``: the key -> rank table, read and updated here (one table per server life,
+        changed by nothing else).
     """
     n = len(loads)
     if n == 0:
@@ -79,15 +118,22 @@ def place(policy: str, loads: Sequence[TokenLoad], cached_blocks: Sequence[Seque
     placed: list[list[int]] = [[] for _ in range(n)]  # per rank, the requests of this batch placed there
     out = []
     for i, hashes in enumerate(block_hashes):
-        hit = [max([cached_blocks[r][i]] + [common_blocks(hashes, block_hashes[j]) for j in placed[r]])
-               for r in range(n)]
+        key = keys[i] if keys is not None and sessions is not None else None
         least = min(range(n), key=lambda q: (tokens[q], q))
-        best = max(hit)
-        r = least
-        if best > 0:
-            holder = min((q for q in range(n) if hit[q] == best), key=lambda q: (tokens[q], q))
-            if tokens[holder] - tokens[least] <= margin:
-                r = holder
+        home = sessions.get(key) if key is not None else None
+        if home is not None and home < n and tokens[home] - tokens[least] <= margin:
+            r = home  # its session's rank
+        else:
+            hit = [max([cached_blocks[r][i]] + [common_blocks(hashes, block_hashes[j]) for j in placed[r]])
+                   for r in range(n)]
+            best = max(hit)
+            r = least
+            if best > 0:
+                holder = min((q for q in range(n) if hit[q] == best), key=lambda q: (tokens[q], q))
+                if tokens[holder] - tokens[least] <= margin:
+                    r = holder
+        if key is not None:
+            sessions.put(key, r)
         tokens[r] += int(prompt_lens[i])
         placed[r].append(i)
         out.append(r)

@@ -4,7 +4,9 @@ the serving placement (:mod:`.dp_balance`, ``parallel.dp_balance``) and the rank
 The server's front process hands every rank the same new requests in the same order (core/server/dp_rank.py);
 at the next step the ranks all-gather, as :class:`~.dp_engine.DPEngine` does, a checksum of the new requests,
 each rank's :class:`~.dp_balance.TokenLoad` and, per new request, the leading prompt blocks its prefix cache
-holds (an exact look-up in its pools, nothing allocated), and all run :func:`~.dp_balance.place` on it.
+holds (an exact look-up in its pools, nothing allocated), and all run :func:`~.dp_balance.place` on it, with the
+requests' session keys (``Request.session``) and the rank's :class:`~.dp_balance.Sessions` table, which therefore
+stays equal on every rank.
 
 :meth:`ServeDPEngine.gauges` is what the front shows per rank in ``/metrics`` (``dp_rank`` label): running,
 waiting, KV use, its load in tokens, and counters over its own requests (prompt tokens and prefix-cache hits of
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inferhal.core.parallel.dp_balance import TokenLoad, place
+from inferhal.core.parallel.dp_balance import Sessions, TokenLoad, place
 from inferhal.core.parallel.dp_engine import DPEngine, DPRank
 
 
@@ -38,6 +40,7 @@ class ServeDPEngine(DPEngine):
         super().__init__(engine, rank)
         self.policy, self.margin = policy, int(margin)
         self.num_placed = 0  # requests placed over the server's life (round_robin's position)
+        self.sessions = Sessions()  # session key -> its rank (tokens_cache), alike on every rank
         self.counts = {"prompt_tokens": 0, "cached_tokens": 0, "generation_tokens": 0, "finished": 0,
                        "prefix_placed": 0, "attn_tokens": 0}
 
@@ -57,7 +60,8 @@ class ServeDPEngine(DPEngine):
 
     def _choose(self, loads: list[list[int]], cached: list[list[int]], hashes: list[list[bytes]]) -> list[int]:
         ranks = place(self.policy, [TokenLoad(*ld) for ld in loads], cached, hashes,
-                      [r.num_prompt_tokens for r in self.pending], self.margin, self.num_placed)
+                      [r.num_prompt_tokens for r in self.pending], self.margin, self.num_placed,
+                      keys=[r.session for r in self.pending], sessions=self.sessions)
         self.num_placed += len(ranks)
         me = self.comm.layout.rank
         self.counts["prefix_placed"] += sum(1 for i, r in enumerate(ranks) if r == me and cached[r][i] > 0)

@@ -29,6 +29,7 @@ class Request:
     arrival: int = 0  # order of arrival (FCFS key and priority tie-break)
     eos_token_ids: tuple[int, ...] = ()
     extra_keys: tuple[Hashable, ...] = ()  # prefix-cache keys beyond the tokens (LoRA, mm hashes, salt)
+    session: Optional[str] = None  # a client's session key (server: prompt_cache_key / X-Session-Id; DP placement)
     all_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at the first admission

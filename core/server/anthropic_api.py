@@ -10,7 +10,8 @@ whole JSON at once) and ``content_block_stop``, then ``message_delta`` (``stop_r
 ``usage.output_tokens``) and ``message_stop``; the non-stream reply is built from the same blocks, so the
 two are equal. ``stop_reason``: ``end_turn``, ``stop_sequence``, ``max_tokens``, ``tool_use``, or the
 server's own ``timeout`` (the request's deadline) and ``abort``. Errors are Anthropic's shape
-(:meth:`~.errors.APIError.anthropic_body`); the key comes as ``x-api-key`` or a bearer token.
+(:meth:`~.errors.APIError.anthropic_body`); the key comes as ``x-api-key`` or a bearer token. A session key
+(placement on DP ranks, :mod:`.protocol`) comes in the ``X-Session-Id`` header.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from inferhal.core.server.anthropic_protocol import parse
 from inferhal.core.server.detok import Detokenizer
 from inferhal.core.server.errors import APIError
 from inferhal.core.server.openai_api import SSE_HEADERS, run_until_disconnect
+from inferhal.core.server.protocol import session_of
 from inferhal.core.server.service import Service
 
 STOP_REASONS = {"length": "max_tokens"}
@@ -95,6 +97,7 @@ async def messages(request: Request):
     svc = Service.of(request)
     svc.check_key(request)
     job = parse(await svc.read_json(request))
+    session_of(job, request.headers)
     ids, subs = await svc.start(job)
     msg_id = "msg_" + uuid.uuid4().hex[:24]
     detok = Detokenizer(svc.tok, job.sampling.get("stop", []))

@@ -117,10 +117,11 @@ class AsyncEngine:
         self.draining = True
 
     # -- requests (event loop side) ----------------------------------------------------------------
-    async def submit(self, prompt: Sequence[int], params,
-                     timeout_s: Optional[float] = None) -> tuple[str, asyncio.Queue]:
-        """Admit one request → (request id, its queue of :class:`Delta`). Raises ``UserError`` (bad
-        request), :class:`QueueFull`, :class:`Draining` or :class:`EngineDead`."""
+    async def submit(self, prompt: Sequence[int], params, timeout_s: Optional[float] = None,
+                     session: Optional[str] = None) -> tuple[str, asyncio.Queue]:
+        """Admit one request → (request id, its queue of :class:`Delta`); ``session``: its client's session key
+        (``Request.session``, read by DP placement). Raises ``UserError`` (bad request), :class:`QueueFull`,
+        :class:`Draining` or :class:`EngineDead`."""
         if not self.alive:
             raise EngineDead("the engine loop is not running")
         if self.draining:
@@ -143,7 +144,7 @@ class AsyncEngine:
         self.queued_tokens += n
         q: asyncio.Queue = asyncio.Queue()
         fut: Future = Future()
-        self._cmds.put(("add", (rid, list(prompt), params, q, fut, deadline)))
+        self._cmds.put(("add", (rid, list(prompt), params, q, fut, deadline, session)))
         try:
             await asyncio.wrap_future(fut)
         except BaseException:  # refused, or the caller was cancelled (its request may be added all the same)
@@ -203,11 +204,13 @@ class AsyncEngine:
     def _handle(self, kind: str, arg: Any) -> None:
         eng = self.engine
         if kind == "add":
-            rid, prompt, params, q, fut, deadline = arg
+            rid, prompt, params, q, fut, deadline, session = arg
             if not fut.set_running_or_notify_cancel():  # its submitter is gone already: never added
                 return
             try:
                 req = eng.make_request(prompt, params, request_id=rid)
+                if session is not None:
+                    req.session = session
                 eng.add(req)
             except (UserError, ValueError, EngineDead) as exc:  # (EngineDead: a router with no live instance)
                 fut.set_exception(exc)
@@ -291,7 +294,7 @@ class AsyncEngine:
                 kind, arg = self._cmds.get_nowait()
             except queue.Empty:
                 break
-            if kind == "add" and not arg[4].done():  # (rid, prompt, params, queue, future, deadline)
+            if kind == "add" and not arg[4].done():  # (rid, prompt, params, queue, future, deadline, session)
                 arg[4].set_exception(why)
 
     def _update_gauges(self) -> None:

@@ -7,7 +7,8 @@ becomes a DP attention × EP MoE rank (:func:`~inferhal.core.parallel.dp_engine.
 what the front needs to validate and tokenize without weights: :func:`~inferhal.core.disagg.instance.hello`)
 and serves the front, one message at a time:
 
-- ``("step", (adds, aborts))``, sent to every rank alike: add the new requests ``(id, prompt ids, params)``
+- ``("step", (adds, aborts))``, sent to every rank alike: add the new requests ``(id, prompt ids, params,
+  session key)``
   (each rank checks and queues them all; they are placed at the step), abort ``aborts`` (freed on the rank
   holding them), then run one step of the group when any rank has work (a rank without requests joins the
   step's MoE exchanges empty). Answer ``("stepped", (outputs, gauges, busy, failed))``: rank 0 every rank's
@@ -55,9 +56,11 @@ def serve_front(dpe: Any, conn: Any) -> None:
             continue
         adds, aborts = arg
         failed = []
-        for rid, prompt, params in adds:
+        for rid, prompt, params, session in adds:
             try:
-                dpe.add(eng.make_request(prompt, params, request_id=rid))
+                req = eng.make_request(prompt, params, request_id=rid)
+                req.session = session  # placement keeps a session on its rank (dp_balance.Sessions)
+                dpe.add(req)
             except (UserError, ValueError) as exc:  # the same on every rank: no rank queues it
                 failed.append((rid, str(exc)))
         if aborts:

@@ -49,6 +49,7 @@ class _Lost(Exception):
 class _Rec:
     prompt: list
     params: Any
+    session: Optional[str] = None  # its client's session key (placement)
     last: Any = None  # its latest output, as its stream knows it
 
 
@@ -76,7 +77,7 @@ class DPGroup(Fronted):
         self._cfg = OmegaConf.to_container(cfg, resolve=True)
         self.requests: dict[str, _Rec] = {}
         self._resumed: dict[str, Any] = {}  # request id -> its output as streamed when it was placed again
-        self._adds: list[tuple] = []  # (id, prompt ids, params) to hand the ranks at the next step
+        self._adds: list[tuple] = []  # (id, prompt ids, params, session key) to hand the ranks at the next step
         self._aborts: list[str] = []
         self._early: list = []  # outputs for the next step() (requests ended while the group was down)
         self.ranks: list[_Rank] = []
@@ -131,8 +132,8 @@ class DPGroup(Fronted):
             raise UserError(f"request id {rid!r} is already in use")
         if self.state == "dead" and self.restarts >= self.max_restarts:
             raise EngineDead(f"the DP group is down ({self.why}) with no restart left")
-        self.requests[rid] = _Rec(list(req.prompt_token_ids), req.params)
-        self._adds.append((rid, list(req.prompt_token_ids), req.params))
+        self.requests[rid] = _Rec(list(req.prompt_token_ids), req.params, req.session)
+        self._adds.append((rid, list(req.prompt_token_ids), req.params, req.session))
         return rid
 
     def abort(self, request_ids: Iterable[str]) -> list:
@@ -319,7 +320,7 @@ class DPGroup(Fronted):
         params = dataclasses.replace(rec.params, max_tokens=rec.params.max_tokens - len(done)) if done else rec.params
         if done:
             self._resumed[rid] = rec.last
-        self._adds.append((rid, rec.prompt + done, params))
+        self._adds.append((rid, rec.prompt + done, params, rec.session))
 
     def _ended(self, rid: str, rec: _Rec) -> Any:
         self._resumed.pop(rid, None)

@@ -18,7 +18,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from inferhal.core.server.detok import Detokenizer, completion_logprobs, logprob_entries
-from inferhal.core.server.protocol import APIError, Job, parse
+from inferhal.core.server.protocol import APIError, Job, parse, session_of
 from inferhal.core.server.service import Service
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -36,6 +36,7 @@ async def _complete(request: Request, chat: bool):
     svc = Service.of(request)
     svc.check_key(request)
     job = parse(await svc.read_json(request), chat)
+    session_of(job, request.headers)
     ids, subs = await svc.start(job)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())

@@ -10,7 +10,10 @@ or text parts; :mod:`.chat_messages`), ``tools`` / ``tool_choice`` / ``parallel_
 limit for chat), ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``, ``stop`` (up to 4 strings),
 ``n``, ``logprobs`` / ``top_logprobs`` (at most 20), ``stream``, ``stream_options.include_usage``,
 ``ignore_eos``, ``timeout_s`` (this request's deadline in seconds from its arrival; past it the request
-ends with finish reason ``timeout``), and structured outputs: ``response_format`` (``text``,
+ends with finish reason ``timeout``), ``prompt_cache_key`` (OpenAI's field: a session key, at most
+:data:`MAX_SESSION_KEY` characters; with DP ranks the server keeps a session's requests on one rank, else it
+changes nothing; clients that cannot set the body send the ``X-Session-Id`` header, which the body's field
+overrides), and structured outputs: ``response_format`` (``text``,
 ``json_object``, ``json_schema`` with ``json_schema.schema``) or vLLM's ``structured_outputs`` (one of
 ``json``, ``json_object``, ``regex``, ``choice``, ``grammar``); an invalid schema or regex is a 400.
 A field that would change the output but is not implemented (penalties, ``logit_bias``, the deprecated
@@ -32,6 +35,10 @@ from inferhal.core.server.tools.spec import openai_tools
 MAX_LOGPROBS = 20
 MAX_STOP = 4
 MAX_N = 16
+#: the longest session key (``prompt_cache_key``, ``X-Session-Id``), in characters: our bound (one public OpenAI
+#: client, elph-ai's openai_prompt_cache.rs, clamps keys to 64 characters, which this admits)
+MAX_SESSION_KEY = 256
+SESSION_HEADER = "X-Session-Id"
 #: fields whose non-default value is refused: field → the value that means "off"
 _UNSUPPORTED = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None,
                 "functions": None, "function_call": None, "echo": False, "suffix": None, "best_of": 1}
@@ -60,6 +67,7 @@ class Job:
     template_kwargs: dict = field(default_factory=dict)  # chat_template_kwargs
     thinking: Optional[bool] = None  # chat: whether the output starts in reasoning (set with the prompt)
     timeout_s: Optional[float] = None  # the request's deadline, from its arrival (None: the server's default)
+    session: Optional[str] = None  # the client's session key (prompt_cache_key, else the X-Session-Id header)
 
 
 def _bad(msg: str, param: str) -> APIError:
@@ -137,6 +145,23 @@ def _structured(body: dict) -> Optional[Any]:
     raise _bad("'response_format.type' must be one of text, json_object, json_schema", "response_format")
 
 
+def session_key(value: Any, param: str) -> Optional[str]:
+    """A session key as sent in ``param`` (``prompt_cache_key``, ``X-Session-Id``): None, or a non-empty string of
+    at most :data:`MAX_SESSION_KEY` characters (anything else is a 400 naming ``param``)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_SESSION_KEY:
+        raise _bad(f"'{param}' must be a non-empty string of at most {MAX_SESSION_KEY} characters", param)
+    return value
+
+
+def session_of(job: Job, headers: Any) -> None:
+    """``job.session``: the body's key if it sent one, else the ``X-Session-Id`` header's (``headers``: the
+    request's, case-insensitive)."""
+    if job.session is None:
+        job.session = session_key(headers.get(SESSION_HEADER), SESSION_HEADER)
+
+
 def timeout_of(body: dict) -> Optional[float]:
     """The request's ``timeout_s`` (seconds > 0): past it the request ends with finish reason ``timeout``."""
     return _num(body, "timeout_s", 0.0, 1e9, lo_open=True)
@@ -211,6 +236,7 @@ def parse(body: Any, chat: bool) -> Job:
         job.structured_field = structured_field(body)
     job.n = _int(body, "n", 1, MAX_N) or 1
     job.timeout_s = timeout_of(body)
+    job.session = session_key(body.get("prompt_cache_key"), "prompt_cache_key")
     if chat:
         lp = body.get("logprobs")
         if lp is not None and not isinstance(lp, bool):

@@ -156,7 +156,8 @@ class Service:
         subs: list[tuple[str, asyncio.Queue]] = []
         try:
             for i in range(job.n):
-                subs.append(await self.engine.submit(ids, self.sampling(job, len(ids), i), job.timeout_s))
+                subs.append(await self.engine.submit(ids, self.sampling(job, len(ids), i), job.timeout_s,
+                                                     session=job.session))
         except BaseException as exc:
             for rid, _ in subs:
                 self.engine.abort(rid)

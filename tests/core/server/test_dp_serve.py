@@ -5,7 +5,8 @@
 The official ``openai`` client gets the single process's greedy text from every route, streamed and not,
 under a JSON schema too, with requests running on both ranks at once; ``/health`` lists the ranks, ``/metrics``
 carries each rank's series and the balance figure; a second turn of a conversation lands on the rank holding
-its first turn's KV; a client that hangs up mid-stream leaves no KV held on any rank. ``parallel=dep4`` gives the
+its first turn's KV, and two sessions with session keys stay on their ranks where prefix placement would move
+them; a bad session key is a 400 naming it; a client that hangs up mid-stream leaves no KV held on any rank. ``parallel=dep4`` gives the
 same text, and so does ``eplb=default`` rebalancing every 10 steps, with each rank's expert load per layer in
 ``/metrics``. ``inferhal serve parallel=dep2`` as a user runs it ends with every rank process on SIGTERM. A rank killed mid-stream (SIGKILL): ``/health`` answers 503 while the group restarts,
 every stream ends with the single process's text (its requests placed again from their prompt and the tokens
@@ -181,6 +182,85 @@ def test_the_next_turn_of_a_conversation_lands_on_the_rank_holding_its_prefix(de
     gained = {r: hits1[r] - hits0.get(r, 0) for r in hits1}
     assert max(gained.values()) >= 9 * 16, gained  # the first turn's blocks, found where it ran
     assert sum(placed1.values()) - sum(placed0.values()) == 1
+
+
+def served_on(url, send):
+    """``send()``'s result and the one rank whose finished prompt tokens grew while it ran (one request at a time)."""
+    before = per_rank(get(url, "/metrics")[1], "inferhal_dp_prompt_tokens_total")
+    got = send()
+    after = per_rank(get(url, "/metrics")[1], "inferhal_dp_prompt_tokens_total")
+    grew = [r for r in after if after[r] > before.get(r, 0.0)]
+    assert len(grew) == 1, (before, after)
+    return got, grew[0]
+
+
+def test_session_keys_keep_two_sessions_on_their_ranks_where_prefix_placement_would_move_them(dep2):
+    """Two sessions start on different ranks (the second arrives while the first runs); their next turns share no
+    prefix with their first, and one of them starts with the other session's first prompt, cached on the other
+    rank: prefix placement sends it there (the keyless control), its key keeps it home, through
+    ``prompt_cache_key`` (named on chat, ``extra_body`` on completions) and the ``X-Session-Id`` header on
+    Anthropic's route."""
+    anthropic = pytest.importorskip("anthropic")
+    url, _ = dep2
+    tag = str(time.monotonic_ns())  # keys and prompts of their own (the module's server has served others)
+    key = {s: f"session-{s}-{tag}" for s in "ab"}
+    first = {"a": f"Alpha {tag}: the first session opens with this prompt. ",
+             "b": f"Beta {tag}: the other one, shorter. "}
+    c = client(url)
+    stream = c.completions.create(model=MODEL, prompt=first["a"], max_tokens=60, temperature=0, stream=True,
+                                  extra_body={"prompt_cache_key": key["a"], "ignore_eos": True})
+    before = per_rank(get(url, "/metrics")[1], "inferhal_dp_prompt_tokens_total")
+    next(iter(stream))  # "a" runs, holding its rank's load, while "b" is placed
+    b1 = c.completions.create(model=MODEL, prompt=first["b"], max_tokens=8, temperature=0,
+                              extra_body={"prompt_cache_key": key["b"]})
+    for _ in stream:
+        pass
+    after = per_rank(get(url, "/metrics")[1], "inferhal_dp_prompt_tokens_total")
+    grew = {r: after[r] - before.get(r, 0.0) for r in after}
+    on_b = [r for r, v in grew.items() if v == b1.usage.prompt_tokens]
+    assert len(on_b) == 1 and grew[1 - on_b[0]] > 0, grew  # one session on each rank
+    home = {"b": on_b[0], "a": 1 - on_b[0]}
+    assert home["b"] == 1  # the idle server's choice (the least loaded, then the lowest rank) is 0: "b" is away
+
+    # "b"'s next turn starts with "a"'s first prompt: rank 0's prefix cache holds its leading blocks
+    turn2 = first["a"] + f"Beta {tag} again, on another topic."
+    _, keyless = served_on(url, lambda: complete(url, turn2, max_tokens=4))
+    assert keyless == home["a"]  # the control: by prefix alone it leaves its session's rank
+    _, on = served_on(url, lambda: complete(url, turn2, max_tokens=4, extra_body={"prompt_cache_key": key["b"]}))
+    assert on == home["b"]
+    msgs = [{"role": "user", "content": f"Beta {tag}, a new question."}]
+    _, on = served_on(url, lambda: c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0,
+                                                             prompt_cache_key=key["b"]))
+    assert on == home["b"]
+    _, on = served_on(url, lambda: complete(url, f"Alpha {tag} goes on.", max_tokens=4,
+                                            extra_body={"prompt_cache_key": key["a"]}))
+    assert on == home["a"]
+    claude = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=120)
+    turn3 = [{"role": "user", "content": first["a"] + "And a third turn for Beta."}]
+    _, on = served_on(url, lambda: claude.messages.create(model=MODEL, max_tokens=4, messages=turn3,
+                                                          extra_body={"temperature": 0},
+                                                          extra_headers={"X-Session-Id": key["b"]}))
+    assert on == home["b"]
+
+
+def test_a_bad_session_key_is_a_400_naming_it_and_one_engine_accepts_a_good_one(single, dep2):
+    import openai
+
+    for url in (single[0], dep2[0]):
+        with pytest.raises(openai.BadRequestError) as err:
+            complete(url, "Hi", max_tokens=2, extra_body={"prompt_cache_key": "k" * 257})
+        assert err.value.body["param"] == "prompt_cache_key" and "at most 256 characters" in err.value.message
+        with pytest.raises(openai.BadRequestError) as err:
+            chat(url, "Hi", prompt_cache_key="")
+        assert err.value.body["param"] == "prompt_cache_key"
+        req = urllib.request.Request(url + "/v1/messages", data=json.dumps({"model": MODEL, "max_tokens": 2, "messages": [
+            {"role": "user", "content": "Hi"}]}).encode(), headers={"Content-Type": "application/json",
+                                                                    "X-Session-Id": "s" * 300})
+        with pytest.raises(urllib.error.HTTPError) as http:
+            urllib.request.urlopen(req, timeout=60)
+        assert http.value.code == 400 and "X-Session-Id" in http.value.read().decode()
+    assert chat(single[0], "Say hi", prompt_cache_key="conversation-7") == chat(single[0], "Say hi")
+    assert complete(single[0], PROMPTS[0], extra_body={"prompt_cache_key": "k" * 256}) == complete(single[0], PROMPTS[0])
 
 
 def test_eplb_rebalances_keep_the_text_and_metrics_carry_expert_load_per_rank_and_layer(model_dir, single):
