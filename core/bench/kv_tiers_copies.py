@@ -6,7 +6,8 @@ sessions: ``sync`` runs every save on the step thread before the step, as the ti
 runs the same sessions (a turn of ``prompt`` random tokens, ``others`` other prompts that evict its blocks, then
 the next turn on its whole history) on both engines, the order alternating by repeat, and records per engine the
 step thread's seconds in saves (``save_s``), the seconds the saves took wherever they ran (``store_s``), the time
-allocations and steps waited for saves (``store_wait_s``) and the steps' busy time; the ratio async / sync is
+allocations and steps waited for saves (``store_wait_s``), the steps' busy time and the prompt tokens found cached
+(pinned blocks are freed later, which may move the pool's evictions); the ratio async / sync is
 taken per repeat and its median reported. Both engines' tokens must be equal (else the run fails).
 
 ``python -m inferhal.core.bench.kv_tiers_copies [model] [repeats] [prompt] [json] [override ...]`` (overrides
@@ -44,15 +45,15 @@ def _engines(model: str, blocks: int, overrides: list[str]) -> dict[str, Any]:
     return out
 
 
-def _session(llm: Any, repeat: int, prompt: int, others: int, vocab: int, params: SamplingParams) -> list:
+def _session(llm: Any, repeat: int, prompt: int, others: int, vocab: int, params: SamplingParams) -> tuple:
+    """→ (every request's tokens, prompt tokens found cached)."""
     turn1 = _prompt(prompt, 1000 * repeat, vocab)
-    first = llm.generate([turn1], params)[0]
-    outs = [first.token_ids]
+    outs = [llm.generate([turn1], params)[0]]
     for k in range(others):
-        outs.append(llm.generate([_prompt(prompt, 1000 * repeat + 1 + k, vocab)], params)[0].token_ids)
-    outs.append(llm.generate([turn1 + first.token_ids + _prompt(prompt // 8, 1000 * repeat + 99, vocab)],
-                             params)[0].token_ids)
-    return outs
+        outs.append(llm.generate([_prompt(prompt, 1000 * repeat + 1 + k, vocab)], params)[0])
+    outs.append(llm.generate([turn1 + outs[0].token_ids + _prompt(prompt // 8, 1000 * repeat + 99, vocab)],
+                             params)[0])
+    return [o.token_ids for o in outs], sum(o.num_cached_tokens for o in outs)
 
 
 def measure(model: str = "deepseek_v4_tiny", repeats: int = 5, prompt: int = 300, others: int = 3,
@@ -71,12 +72,12 @@ def measure(model: str = "deepseek_v4_tiny", repeats: int = 5, prompt: int = 300
         for mode in order:
             eng = engines[mode].engine
             before, busy0, t0 = eng.kv_offload.stats(), eng.executor.busy_s, time.perf_counter()
-            tokens = _session(engines[mode], rep, prompt, others, vocab, params)
+            tokens, cached = _session(engines[mode], rep, prompt, others, vocab, params)
             wall = time.perf_counter() - t0
             eng.kv_offload.flush()
             after = eng.kv_offload.stats()
             rec[mode] = {k: after[k] - before[k] for k in FIELDS}
-            rec[mode].update(busy_s=eng.executor.busy_s - busy0, wall_s=wall, tokens=tokens)
+            rec[mode].update(busy_s=eng.executor.busy_s - busy0, wall_s=wall, tokens=tokens, cached_tokens=cached)
         if rec["sync"]["tokens"] != rec["async"]["tokens"]:
             raise AssertionError(f"repeat {rep}: the asynchronous saves changed the tokens")
         rec["ratio_save_s"] = rec["async"]["save_s"] / max(rec["sync"]["save_s"], 1e-12)
