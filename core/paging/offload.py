@@ -210,7 +210,8 @@ class KVOffload:
         self.load_s += time.perf_counter() - t1
 
     def _save(self, stores: Sequence[Store]) -> None:
-        """Copy the blocks of ``stores`` down (the worker, or the step thread for urgent ones)."""
+        """Copy the blocks of ``stores`` down (the worker, or the step thread for urgent ones); each block is
+        unpinned once gathered, before the tiers' puts and file writes."""
         t0 = time.perf_counter()
         try:
             by_group: dict[str, list[Store]] = {}
@@ -218,6 +219,7 @@ class KVOffload:
                 by_group.setdefault(st.group, []).append(st)
             for group, items in by_group.items():
                 blocks = self.copier.gather(group, self.layers[group], [st.block_id for st in items])
+                self.pending.finished(items)  # the copies are ours now: the blocks may be handed out again
                 for st, data in zip(items, blocks):
                     key = (group, st.hash)
                     if self.host is not None:

@@ -138,9 +138,9 @@ class PendingStores:
         return urgent, later
 
     def finished(self, stores: Iterable[Store]) -> None:
-        """The saves are over (written, or failed: then the block is simply not in the tier)."""
+        """The saves no longer read their blocks (gathered, or failed: then the block is simply not in the tier)."""
         for st in stores:
-            if st.pinned:
+            if st.pinned and not st.done.is_set():
                 self._finished.append(st)
             st.done.set()
 
