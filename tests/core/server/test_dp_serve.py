@@ -395,3 +395,29 @@ def test_deterministic_mtp_gives_the_single_process_tokens_and_logprobs(model_di
         _, text = get(url, "/metrics")
     assert got == want
     assert sum(series(text, "inferhal_spec_decode_num_draft_tokens_total").values()) > 0
+
+
+def test_aborting_a_request_placed_again_after_a_restart_lists_its_tokens_once():
+    """DPGroup's bookkeeping alone (no rank processes): a request placed again from its prompt plus the tokens it
+    streamed, then aborted, ends with each token once (the router's abort listed earlier tokens twice)."""
+    from types import SimpleNamespace
+
+    from inferhal.core.engine.outputs import CompletionOutput, RequestOutput
+    from inferhal.core.sampling.params import SamplingParams
+    from inferhal.core.server.dp_serve import DPGroup, _Rec
+
+    def out(tokens, new):
+        return RequestOutput("r", None, [1, 2, 3], [CompletionOutput(0, "", list(tokens), None, [])],
+                             new_token_ids=list(new))
+
+    group = DPGroup.__new__(DPGroup)
+    group.requests, group._resumed, group._adds, group._aborts, group._early = {}, {}, [], [], []
+    group.state, group.busy, group.metrics, group.ranks = "live", False, None, [SimpleNamespace(gauges={})]
+    group.requests["r"] = _Rec([1, 2, 3], SamplingParams(max_tokens=10), "key", last=out([10, 11], [11]))
+    group._again("r")  # the new group gets it from its prompt and the two tokens streamed
+    assert group._adds == [("r", [1, 2, 3, 10, 11], SamplingParams(max_tokens=8), "key")]
+    group._exchange = lambda msg: [([out([12], [12])], {}, True, [])]
+    assert [o.outputs[0].token_ids for o in group.step()] == [[10, 11, 12]]
+    final, = group.abort(["r"])
+    assert final.finished and final.outputs[0].finish_reason == "abort"
+    assert final.outputs[0].token_ids == [10, 11, 12] and group._aborts == ["r"] and not group._resumed
