@@ -1,5 +1,6 @@
 """Drive a CausalLM without the engine: a contiguous block allocator, TorchKVStorage and
-build_attn_batches, prefill then greedy decode of a batch of prompts."""
+build_attn_batches, prefill then greedy decode of a batch of prompts; and how fidelity tests read the transformers
+oracle's answers (tests/fixtures/transformers_oracle.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from inferhal.backends.reference.device import TorchKVStorage
 from inferhal.core.backend import KVGroupLayout, KVStorageRequest
 from inferhal.core.models.base import ForwardBatch
 from inferhal.core.paging.batch import SeqSlice, build_attn_batches
+from transformers_oracle import decided
 
 
 class ContiguousKV:
@@ -66,56 +68,6 @@ def greedy(model, prompts: Sequence[Sequence[int]], max_new: int, block_size: in
     return out, all_logits
 
 
-_ORACLE = """
-import sys, os, torch, transformers
-job = torch.load(sys.argv[1])
-m = transformers.AutoModelForCausalLM.from_pretrained(os.path.dirname(job["path"]), gguf_file=os.path.basename(job["path"]),
-                                                      dtype=getattr(torch, job["dtype"])).eval()
-out = []
-with torch.no_grad():
-    for ids in job["prompts"]:
-        o = m.generate(torch.tensor([list(ids)]), max_new_tokens=job["max_new"], do_sample=False, output_logits=True,
-                       return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
-        out.append((o.sequences[0, len(ids):].tolist(), torch.stack([lg[0] for lg in o.logits]).float()))
-torch.save(out, sys.argv[2])
-"""
-
-
-def transformers_greedy(gemma_path: str, prompts: Sequence[Sequence[int]], max_new: int, dtype: torch.dtype):
-    """transformers loading the same GGUF (``gguf_file=``) in ``dtype``: per prompt, its greedy tokens and
-    each step's logits ``[steps, vocab]`` (fp32), one prompt at a time. Runs in a child process, so the
-    oracle's memory (3.3 GB at its peak for fp32) never adds to the test process's models. Skips when
-    transformers or accelerate (which it needs to load a GGUF) is missing."""
-    import os
-    import subprocess
-    import sys
-    import tempfile
-
-    import pytest
-
-    pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
-    with tempfile.TemporaryDirectory() as d:
-        job, res = os.path.join(d, "job.pt"), os.path.join(d, "out.pt")
-        torch.save({"path": gemma_path, "prompts": [list(p) for p in prompts], "max_new": max_new,
-                    "dtype": str(dtype).replace("torch.", "")}, job)
-        run = subprocess.run([sys.executable, "-c", _ORACLE, job, res], capture_output=True, text=True, timeout=1800)
-        if run.returncode:
-            raise RuntimeError(f"the transformers oracle failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
-        return torch.load(res)
-
-
-def decided(want_logits, tie: float) -> int:
-    """The greedy steps before the oracle's first near-tie: a step whose top-2 logit margin is under ``tie``,
-    which two computations each within ``tie / 2`` of the oracle's logits can split on (where such steps fall
-    depends on the host's summation order, so fidelity tests compare tokens only before it)."""
-    for s, logits in enumerate(want_logits):
-        top = logits.topk(2).values
-        if float(top[0] - top[1]) < tie:
-            return s
-    return len(want_logits)
-
-
 def agreed(toks: Sequence[int], want: Sequence[int]) -> int:
     """How many leading tokens two greedy runs share."""
     return next((s for s, (a, b) in enumerate(zip(toks, want)) if a != b), min(len(toks), len(want)))
@@ -124,5 +76,5 @@ def agreed(toks: Sequence[int], want: Sequence[int]) -> int:
 def assert_enough_decided(oracle, tie: float, min_fraction: float) -> None:
     """At least ``min_fraction`` of the oracle's steps come before its prompts' near-ties (else the prompts
     prove little)."""
-    n, total = sum(decided(logits, tie) for _, logits in oracle), sum(len(logits) for _, logits in oracle)
+    n, total = sum(decided(steps, tie) for _, steps in oracle), sum(len(steps) for _, steps in oracle)
     assert n >= min_fraction * total, f"only {n} of {total} greedy steps come before a near-tie (margin < {tie})"

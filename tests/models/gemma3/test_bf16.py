@@ -22,8 +22,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import ContiguousKV, greedy, step, transformers_greedy
+from harness import ContiguousKV, greedy, step
 from prompts import PROMPTS
+from transformers_oracle import transformers_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -77,12 +78,10 @@ def gemma_bf16(request, gemma_path, fp32_logits):
 
 @pytest.fixture(scope="module")
 def hf_bf16(gemma_path, prompt_ids):
-    """transformers-bf16 greedy tokens and each step's top-2 logit margin, per prompt."""
-    out = []
-    for toks, logits in transformers_greedy(gemma_path, prompt_ids, MAX_NEW, torch.bfloat16):
-        top2 = logits.topk(2, dim=-1).values  # [steps, 2]
-        out.append((toks, (top2[:, 0] - top2[:, 1]).tolist()))
-    return out
+    """transformers-bf16 greedy tokens and each step's top-2 logit margin, per prompt (stored:
+    tests/fixtures/transformers_oracle.py)."""
+    answer = transformers_greedy("gemma3_270m-bf16", gemma_path, prompt_ids, MAX_NEW, torch.bfloat16, 2 * TIE, TIE)
+    return [(toks, [steps.margin(s) for s in range(len(steps))]) for toks, steps in answer]
 
 
 def _loops(toks: list[int], max_period: int = 4) -> bool:

@@ -8,7 +8,8 @@
   compared (measured on AMD EPYC: no near-tie in these prompts, every token equal); at least
   ``MIN_DECIDED`` of the steps must be decided, or the test would prove little.
 - Logits: every step's fp32 logits (prefill and decode, our model through the paged harness) are
-  within ``LOGIT_ATOL`` of transformers'. Both dequantise the same GGUF to bit-identical fp32
+  within ``LOGIT_ATOL`` of transformers' at transformers' top-64 tokens, and no other token of ours rises above
+  transformers' 64th logit by more (transformers' answers are stored: tests/fixtures/transformers_oracle.py). Both dequantise the same GGUF to bit-identical fp32
   weights (see ``test_dequant``) and compute in fp32, so the differences come only from reduction
   order (MKL GEMM blocking for different row counts, SDPA vs our per-sequence softmax, the fp32 sum
   order of RMSNorm). Measured: max |diff| 9.8e-5 over the 10 prompts x 32 steps, on logits up to
@@ -22,8 +23,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import agreed, assert_enough_decided, decided, greedy, transformers_greedy
+from harness import agreed, assert_enough_decided, decided, greedy
 from prompts import PROMPTS, long_prompt
+from transformers_oracle import max_diff, transformers_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -43,8 +45,8 @@ def prompt_ids(gemma):
 
 @pytest.fixture(scope="module")
 def oracle(gemma_path, prompt_ids):
-    """transformers' greedy tokens and per-step logits, computed once per session (~2 min)."""
-    return transformers_greedy(gemma_path, prompt_ids, MAX_NEW, torch.float32)
+    """transformers' greedy tokens and per-step top-64 logits (stored; a run takes ~90 s and 3.2 GB)."""
+    return transformers_greedy("gemma3_270m-fp32", gemma_path, prompt_ids, MAX_NEW, torch.float32, LOGIT_ATOL, TIE)
 
 
 NGRAM = ("spec=ngram", "spec.num_speculative_tokens=3", "spec.disable_by_batch_size=0")
@@ -76,7 +78,7 @@ def test_logits_close_to_transformers_at_every_step(gemma, prompt_ids, oracle):
 
     def compare(s, logits):  # each step's logits checked as they come (none kept)
         for b, (_, want_logits) in enumerate(oracle):
-            diffs[b, s] = float((logits[b] - want_logits[s]).abs().max())
+            diffs[b, s] = max_diff(logits[b], want_logits, s)
 
     toks, _ = greedy(model, prompt_ids, MAX_NEW, each=compare)
     worst = 0.0
