@@ -7,7 +7,8 @@ Options:
   Without the option, the ``pytest_inferhal_default_backends`` hook (e.g. in a conftest) decides, else
   ``reference``.
 - ``--inferhal-level=quick|full``: the case sweep (default ``quick``).
-- ``--inferhal-reruns=N``: determinism reruns per case (default 2).
+- ``--inferhal-reruns=N``: determinism reruns per case (default 2; 1 for a backend in a kernel interpreter, which runs
+  each program serially on the CPU: a second rerun there repeats the first).
 
 Fixtures: ``inferhal_backend`` (the :class:`~inferhal.core.registry.ActiveBackend` under test),
 ``inferhal_reference`` (the oracle), ``inferhal_case`` (an :class:`~inferhal.core.qualify.cases.OpCase`
@@ -63,7 +64,23 @@ def pytest_addoption(parser):
     g.addoption("--inferhal-backend", action="append", default=[], metavar="NAME[:interpret][:strict]",
                 help="installed backend(s) to run the conformance suite against (repeatable)")
     g.addoption("--inferhal-level", default="quick", choices=("quick", "full"), help="case sweep (default quick)")
-    g.addoption("--inferhal-reruns", type=int, default=2, help="determinism reruns per case (default 2)")
+    g.addoption("--inferhal-reruns", type=int, default=None,
+                help="determinism reruns per case (default 2; 1 in a kernel interpreter)")
+
+
+#: determinism reruns per case unless ``--inferhal-reruns`` says otherwise (a backend in a kernel interpreter: 1)
+DEFAULT_RERUNS = 2
+
+
+def reruns_for(state: "KitState", backend) -> int:
+    """The determinism reruns of ``backend``'s cases: ``--inferhal-reruns``, else :data:`DEFAULT_RERUNS`, or 1 where
+    the backend runs in a kernel interpreter (its programs run serially on the CPU, so a second rerun repeats the
+    first; the interleaved call on other inputs, which shows state carried between calls, still runs)."""
+    from inferhal.core.profile import ExecLevel
+
+    if state.reruns is not None:
+        return state.reruns
+    return 1 if backend.profile.exec_level == ExecLevel.INTERPRETER else DEFAULT_RERUNS
 
 
 class KitState:
@@ -74,7 +91,7 @@ class KitState:
         self.config = config
         self.specs = [BackendSpec.parse(s, True) for s in raw]
         self.level = config.getoption("inferhal_level")
-        self.reruns = config.getoption("inferhal_reruns")
+        self.reruns = config.getoption("inferhal_reruns")  # None: DEFAULT_RERUNS, by execution level
         self.registry = None
         self.active: dict[str, object] = {}
         self.errors: dict[str, str] = {}
@@ -128,7 +145,8 @@ def pytest_report_header(config):
     state = config.stash.get(_KEY, None)
     if state is None or state.registry is None:
         return None
-    lines = [f"inferhal kit: level={state.level} reruns={state.reruns}"]
+    reruns = state.reruns if state.reruns is not None else f"{DEFAULT_RERUNS} (1 in an interpreter)"
+    lines = [f"inferhal kit: level={state.level} reruns={reruns}"]
     for spec in state.specs:
         a = state.active.get(spec.id)
         if a is None:

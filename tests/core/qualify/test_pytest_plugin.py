@@ -1,0 +1,21 @@
+"""The kit's pytest plugin: how many determinism reruns a backend's cases get."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from inferhal.core.profile import ExecLevel
+from inferhal.core.qualify.pytest_plugin import DEFAULT_RERUNS, reruns_for
+
+
+def _backend(level: ExecLevel):
+    return SimpleNamespace(profile=SimpleNamespace(exec_level=level))
+
+
+def test_an_interpreter_reruns_once_a_device_by_default_and_the_option_wins():
+    state = SimpleNamespace(reruns=None)
+    assert reruns_for(state, _backend(ExecLevel.INTERPRETER)) == 1
+    assert reruns_for(state, _backend(ExecLevel.DEVICE)) == DEFAULT_RERUNS == 2
+    state.reruns = 5  # --inferhal-reruns=5
+    assert reruns_for(state, _backend(ExecLevel.INTERPRETER)) == 5
+    assert reruns_for(state, _backend(ExecLevel.DEVICE)) == 5
