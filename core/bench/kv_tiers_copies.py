@@ -96,7 +96,10 @@ def main(argv: list[str]) -> int:
     model = argv[0] if argv else "deepseek_v4_tiny"
     repeats = int(argv[1]) if len(argv) > 1 else 5
     prompt = int(argv[2]) if len(argv) > 2 else 300
+    from inferhal.core.bench.stamp import stamp
+
     res = measure(model, repeats, prompt, overrides=argv[4:] or None)
+    res["stamp"] = stamp()  # commit, date, host, command (docs/perf/README.md)
     text = json.dumps(res, indent=1)
     if len(argv) > 3:
         with open(argv[3], "w") as f:
