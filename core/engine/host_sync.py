@@ -18,6 +18,11 @@ width), which no fake could honour without the sync.
 
 ``torch.tensor``/``torch.as_tensor`` of host data inside the step count as reads too: a graph would keep
 the values of the capture.
+
+``HostSyncGuard(backend_fatal=True)`` raises for a backend's reads too (a device backend's launch code that
+must stay capturable: tests/backends/cuda_sm100/test_host_reads.py); :meth:`HostSyncGuard.report` lists the
+counted reads by place. One read counts once: the aten op a host method issues (``int(t)`` dispatches
+``_local_scalar_dense``) is not counted again.
 """
 
 from __future__ import annotations
@@ -71,6 +76,11 @@ class _Functions(TorchFunctionMode):
         if name in HOST_METHODS or (name in HOST_FUNCTIONS and func in (torch.tensor, torch.as_tensor)
                                     and not isinstance(args[0] if args else None, torch.Tensor)):
             self.guard.seen(f"{name}()")
+            self.guard._within += 1  # the aten read this method issues is the same read
+            try:
+                return func(*args, **(kwargs or {}))
+            finally:
+                self.guard._within -= 1
         return func(*args, **(kwargs or {}))
 
 
@@ -82,7 +92,9 @@ class _Dispatch(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = func._schema.name.split("::")[-1]
-        if name in DATA_DEPENDENT:
+        if self.guard._within:  # inside a host method already counted
+            pass
+        elif name in DATA_DEPENDENT:
             self.guard.seen(f"aten.{name}")
         elif name == "repeat_interleave" and kwargs.get("output_size") is None \
                 and func._overloadname in ("Tensor", "self_Tensor"):  # repeats from a tensor
@@ -95,12 +107,19 @@ class _Dispatch(TorchDispatchMode):
 
 class HostSyncGuard:
     """``with HostSyncGuard(): step()``: raises :class:`HostSyncError` at the first host read core code makes
-    (see the module docstring); ``backend_reads`` counts the reads each backend op location made."""
+    (see the module docstring); ``backend_reads`` counts the reads each backend op location made
+    (``"what at path:line function"``). ``backend_fatal``: raise at a backend's read as well."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend_fatal: bool = False) -> None:
         self.backend_reads: collections.Counter[str] = collections.Counter()
+        self.backend_fatal = backend_fatal
         self._modes: list[Any] = []
         self._busy = False
+        self._within = 0
+
+    def report(self) -> list[str]:
+        """The backend's counted reads, one line each (``count  what at path:line function``), by place."""
+        return [f"{n:4d}  {k}" for k, n in sorted(self.backend_reads.items(), key=lambda kv: kv[0].split(" at ")[::-1])]
 
     def seen(self, what: str) -> None:
         if self._busy:  # a read made while the guard formats its own message
@@ -110,7 +129,7 @@ class HostSyncGuard:
             where, in_backend = _where()
         finally:
             self._busy = False
-        if in_backend:
+        if in_backend and not self.backend_fatal:
             self.backend_reads[f"{what} at {where}"] += 1
             return
         raise HostSyncError(f"host synchronisation in a step: {what} at {where}")
