@@ -25,7 +25,8 @@ import triton.language as tl
 from inferhal.core.ops.params import AttnBatch, AttnParams
 from inferhal.kernels import attn_split
 from inferhal.kernels.attn_split import online_block_t, range_split, split_start, store_partial
-from inferhal.kernels.common import dot_operand, interp, launch, query_span, round_to, softmax_out, tl_dtype
+from inferhal.kernels.common import (dot_operand, interp, launch, query_span, round_to, seq_of_token, softmax_out,
+                                     tl_dtype)
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
 
@@ -130,21 +131,17 @@ def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: Att
     out = torch.zeros((t, h, d), dtype=q.dtype, device=q.device)
     if t == 0:
         return out
-    qsl = batch.query_start_loc.long()
-    counts = qsl[1:] - qsl[:-1]
-    seq_of_token = torch.repeat_interleave(torch.arange(batch.num_seqs, device=q.device), counts)
-    if seq_of_token.numel() != t:
-        raise ValueError(f"attn.paged: query_start_loc covers {seq_of_token.numel()} tokens, q has {t}")
+    tok_seq = seq_of_token(batch, t, q.device, "attn.paged")
     rep = h // hk
     bt = batch.block_table.contiguous()
     stride_ckv = 0 if p.shared_kv else kv_cache.stride(2)
     stride_ch = kv_cache.stride(-2)
     if decode == "split":
-        return _split(q, kv_cache, batch, p, sinks, target, out, seq_of_token, bt, stride_ckv, stride_ch)
+        return _split(q, kv_cache, batch, p, sinks, target, out, tok_seq, bt, stride_ckv, stride_ch)
     cfg = config("attn_paged", target)
     bh = max(16, next_pow2(rep))  # all query heads of one KV head in one tile (tl.dot needs M >= 16)
     launch(attn_paged_kernel, (t, hk),
-        q, kv_cache, out, sinks.float().contiguous() if sinks is not None else q, bt, seq_of_token.contiguous(),
+        q, kv_cache, out, sinks.float().contiguous() if sinks is not None else q, bt, tok_seq.contiguous(),
         batch.positions.contiguous(), batch.seq_lens.contiguous(), rep, d, kv_cache.shape[1], q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1), stride_ckv, stride_ch, bt.stride(0),
         float(p.scale), float(p.softcap), int(p.window),
@@ -154,7 +151,7 @@ def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: Att
     return out
 
 
-def _split(q, kv_cache, batch, p, sinks, target, out, seq_of_token, bt, stride_ckv, stride_ch):
+def _split(q, kv_cache, batch, p, sinks, target, out, tok_seq, bt, stride_ckv, stride_ch):
     t, h, d = q.shape
     hk = p.num_kv_heads
     rep = h // hk
@@ -166,7 +163,7 @@ def _split(q, kv_cache, batch, p, sinks, target, out, seq_of_token, bt, stride_c
     for t0 in range(0, t, sp.chunk):
         rows = min(sp.chunk, t - t0)
         launch(attn_paged_split_kernel, sp.grid(rows),
-            q, kv_cache, acc, ml, bt, seq_of_token.contiguous(), batch.positions.contiguous(),
+            q, kv_cache, acc, ml, bt, tok_seq.contiguous(), batch.positions.contiguous(),
             batch.seq_lens.contiguous(), t0, rep, sp.groups // hk, d, kv_cache.shape[1], sp.nsw, cfg["SPLIT"],
             q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), stride_ckv, stride_ch, bt.stride(0),
             *attn_split.partial_strides(acc, ml), float(p.scale), float(p.softcap), int(p.window),

@@ -148,3 +148,46 @@ def rows(x):
     """``x [..., K]`` as a 2-D ``[M, K]`` tensor whose last dimension is contiguous (a copy only where it is not)."""
     x2 = x.reshape(-1, x.shape[-1])
     return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+# ---------------------------------------------------------------------------------- host side, no device reads
+# A CUDA graph replays what a step launched; launch code that reads a device value on the host cannot be
+# captured (core/engine/host_sync.py counts such reads; tests/backends/cuda_sm100/test_host_reads.py).
+
+
+def host_round(x: float, dtype) -> float:
+    """``float(torch.tensor(x, dtype=dtype))`` without a tensor: a Python float rounded to fp32 and then to
+    ``dtype`` (bf16/fp16: nearest even), as torch converts a Python scalar."""
+    import math
+    import struct
+
+    import torch
+
+    if dtype == torch.float64:
+        return float(x)
+    try:
+        f = struct.unpack("<f", struct.pack("<f", x))[0]
+        if dtype == torch.float16:
+            return struct.unpack("<e", struct.pack("<e", f))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+    if dtype == torch.bfloat16 and math.isfinite(f):
+        b = struct.unpack("<I", struct.pack("<f", f))[0]
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000  # nearest even on the upper 16 bits
+        return struct.unpack("<f", struct.pack("<I", b))[0]
+    if dtype in (torch.float32, torch.bfloat16):
+        return f
+    raise TypeError(f"host_round: no rounding to {dtype}")
+
+
+def seq_of_token(batch, t: int, device, op: str):
+    """[t] int64: the sequence of each flat token, from ``batch.query_start_loc``, sized by the host's ``t``
+    (``output_size``: no read of the counts' sum)."""
+    import torch
+
+    qsl = batch.query_start_loc.long()
+    try:
+        return torch.repeat_interleave(torch.arange(batch.num_seqs, device=device), qsl[1:] - qsl[:-1],
+                                       output_size=t)
+    except RuntimeError as exc:  # the CPU checks the sum; a device trusts it
+        raise ValueError(f"{op}: query_start_loc's token counts do not add up to q's {t} tokens") from exc

@@ -135,10 +135,11 @@ def attn_compress(state_cache: torch.Tensor, batch: AttnBatch, rows: torch.Tenso
         return out
     rows = rows.long().contiguous()
     pos = batch.positions.long()[rows]
-    bad = torch.nonzero((pos + 1) % m).flatten()
-    if bad.numel():
-        k = int(bad[0])
-        raise ValueError(f"attn.compress: row {int(rows[k])} at position {int(pos[k])} does not close a window of {m}")
+    try:  # checked on the device (asynchronously there): no host read of the positions
+        torch._assert_async(((pos + 1) % m == 0).all(), f"attn.compress: a row does not close a window of {m}")
+    except RuntimeError as exc:  # the CPU checks at once
+        raise ValueError(f"attn.compress: a row's position + 1 is not a multiple of {m}: it does not close a "
+                         f"window of {m}") from exc
     seq = torch.searchsorted(batch.query_start_loc[1:].long().to(rows.device), rows, right=True)
     cfg = config("attn_compress", target)
     bias = position_bias.float().contiguous()

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from inferhal.kernels.common import interp, round_to, tl_dtype
+from inferhal.kernels.common import host_round, interp, round_to, tl_dtype
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
 
@@ -38,7 +38,7 @@ def embed(ids: torch.Tensor, table: torch.Tensor, scale: float = 1.0, *, target:
     if flat.numel() and d:
         cfg = config("embed", target)
         bd = min(cfg["BLOCK_D"], next_pow2(d))
-        s = float(torch.tensor(scale, dtype=table.dtype).float())  # the reference's scale, rounded to the dtype
+        s = host_round(scale, table.dtype)  # the reference's scale, rounded to the dtype (on the host)
         embed_kernel[(flat.numel(), triton.cdiv(d, bd))](flat.contiguous(), tab, y, d, tab.stride(0), y.stride(0), s,
                                                          HAS_SCALE=scale != 1.0, DTYPE=tl_dtype(table.dtype),
                                                          BLOCK_D=bd, INTERP=interp(), num_warps=cfg["num_warps"])

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from inferhal.core.ops.params import AttnBatch, IndexerParams
-from inferhal.kernels.common import dot_operand, interp, launch
+from inferhal.kernels.common import dot_operand, interp, launch, seq_of_token
 from inferhal.kernels.kv_records import (check_record_cache, decode_tile, load_records, record_args,
                                          record_row_scale, tile_args)
 from inferhal.kernels.tuning import DECODES
@@ -152,10 +152,7 @@ def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, w
         q = q.contiguous()
     if key_cache.stride(-1) != 1:
         raise ValueError("indexer.scores: key_cache entries must be contiguous along Di")
-    qsl = batch.query_start_loc.long()
-    seq_of_token = torch.repeat_interleave(torch.arange(batch.num_seqs, device=q.device), qsl[1:] - qsl[:-1])
-    if seq_of_token.numel() != t:
-        raise ValueError(f"indexer.scores: query_start_loc covers {seq_of_token.numel()} tokens, q has {t}")
+    tok_seq = seq_of_token(batch, t, q.device, "indexer.scores")
     w = weights.contiguous()
     bt = batch.block_table.contiguous()
     if decode == "split":
@@ -163,7 +160,7 @@ def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, w
         bn, bd = cfg["BLOCK_N"], max(16, next_pow2(di))
         tiles = split_tiles(t, triton.cdiv(width, bn), cfg)
         launch(indexer_split_kernel, (t, triton.cdiv(width, tiles * bn)),
-            q, key_cache, w, out, bt, seq_of_token, batch.positions.contiguous(), batch.seq_lens.contiguous(),
+            q, key_cache, w, out, bt, tok_seq, batch.positions.contiguous(), batch.seq_lens.contiguous(),
             hi, di, key_cache.shape[1], batch.tokens_per_slot, width, tiles, q.stride(0), q.stride(1),
             key_cache.stride(0), key_cache.stride(1), w.stride(0), out.stride(0), bt.stride(0), float(p.scale),
             float(p.weight_scale), PREC="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_H=max(16, next_pow2(hi)),
@@ -173,7 +170,7 @@ def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, w
     cfg = config("indexer_scores", target)
     bn = cfg["BLOCK_N"]
     launch(indexer_scores_kernel, (t, triton.cdiv(width, bn)),
-        q, key_cache, w, out, bt, seq_of_token, batch.positions.contiguous(), batch.seq_lens.contiguous(),
+        q, key_cache, w, out, bt, tok_seq, batch.positions.contiguous(), batch.seq_lens.contiguous(),
         hi, di, key_cache.shape[1], batch.tokens_per_slot, width, q.stride(0), q.stride(1), key_cache.stride(0),
         key_cache.stride(1), w.stride(0), out.stride(0), bt.stride(0), float(p.scale), float(p.weight_scale),
         PREC="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_H=max(16, next_pow2(hi)), BLOCK_N=bn,

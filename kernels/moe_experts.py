@@ -4,8 +4,10 @@ dequantised in registers when they are fp32) expert weights.
 
 Plan of one call:
 
-1. host: the (token, choice) pairs are grouped by expert and each group padded to ``BLOCK_M`` rows
-   (:func:`align_pairs`); every M-tile then belongs to one expert (``tile_expert``);
+1. launch side, on the device (no host read): the (token, choice) pairs are grouped by expert and each
+   group padded to ``BLOCK_M`` rows (:func:`align_pairs`); every M-tile then belongs to one expert
+   (``tile_expert``); the grid has :func:`~inferhal.kernels.moe_pairs.max_tiles` M-tiles, a bound from the
+   pair count alone, and the programs past the step's own tiles (expert -1) return at once;
 2. ``moe_gate_up_kernel``: per (M-tile, N-tile of I) both GEMMs x @ W_gate^T and x @ W_up^T share the
    loads of x, and the epilogue applies the clamp and SiLU(gate) * up -> h[Mpad, I];
 3. ``moe_down_kernel``: h @ W_down^T per tile, times the routing weight, into one fp32 row per pair;
@@ -83,6 +85,8 @@ def moe_gate_up_kernel(x_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, h_ptr, D, I, 
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr,
                        SCALE_ROW: tl.constexpr = False):
     rows, pair, rvalid, tok, e = tile_pairs(pair_ptr, tile_e_ptr, TOPK, BLOCK_M)
+    if e < 0:  # past the step's tiles (align_pairs sizes the grid by a bound)
+        return
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # columns of h (rows of W_gate; W_up at +I)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -120,6 +124,8 @@ def moe_down_kernel(h_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, rw_ptr, y_ptr, D
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr,
                     SCALE_ROW: tl.constexpr = False):
     rows, pair, rvalid, _, e = tile_pairs(pair_ptr, tile_e_ptr, 1, BLOCK_M)
+    if e < 0:  # past the step's tiles (align_pairs sizes the grid by a bound)
+        return
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns (rows of W_down)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):

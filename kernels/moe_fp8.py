@@ -64,6 +64,8 @@ def moe_gate_up_w8a8_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr,
                             limit, DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
     rows, pair, rvalid, tok, e = tile_pairs(pair_ptr, tile_e_ptr, TOPK, BLOCK_M)
+    if e < 0:  # past the step's tiles (align_pairs sizes the grid by a bound)
+        return
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # columns of h (rows of W_gate; W_up at +I)
     nm = rn < I
     # gate, then up: one K loop each (x's codes read twice, from L2) so that one accumulator and one partial
@@ -92,6 +94,8 @@ def moe_down_w8a8_kernel(hq_ptr, hs_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, rw
                          stride_hs, s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, DTYPE: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
     rows, pair, rvalid, _, e = tile_pairs(pair_ptr, tile_e_ptr, 1, BLOCK_M)
+    if e < 0:  # past the step's tiles (align_pairs sizes the grid by a bound)
+        return
     r64 = rows.to(tl.int64)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns (rows of W_down)
     nm = rn < D

@@ -34,7 +34,8 @@ import triton.language as tl
 from inferhal.core.ops.params import AttnBatch, AttnParams
 from inferhal.kernels import attn_split
 from inferhal.kernels.attn_split import online_block_t, range_split, split_start, store_partial
-from inferhal.kernels.common import dot_operand, interp, launch, query_span, round_to, softmax_out, tl_dtype
+from inferhal.kernels.common import (dot_operand, interp, launch, query_span, round_to, seq_of_token, softmax_out,
+                                     tl_dtype)
 from inferhal.kernels.kv_records import check_record_cache, decode_tile, load_records, record_args, tile_args
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
@@ -202,10 +203,7 @@ def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, 
         return out
     if q.stride(-1) != 1:
         q = q.contiguous()
-    qsl = batch.query_start_loc.long()
-    seq_of_token = torch.repeat_interleave(torch.arange(batch.num_seqs, device=q.device), qsl[1:] - qsl[:-1])
-    if seq_of_token.numel() != t:
-        raise ValueError(f"attn.sparse_topk: query_start_loc covers {seq_of_token.numel()} tokens, q has {t}")
+    tok_seq = seq_of_token(batch, t, q.device, "attn.sparse_topk")
     bt = batch.block_table.contiguous()
     if has_comp:
         idx = topk_idx.contiguous()
@@ -217,7 +215,7 @@ def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, 
     sink_arg = sinks.float().contiguous() if sinks is not None else None
     common = dict(DTYPE=tl_dtype(q.dtype), PREC="ieee" if q.dtype == torch.float32 else "tf32",
                   BLOCK_D=max(16, next_pow2(d)), INTERP=interp(), **record_args(fmt))
-    ptrs = (bt, cbt, seq_of_token, batch.positions.contiguous(), batch.seq_lens.contiguous(), clen)
+    ptrs = (bt, cbt, tok_seq, batch.positions.contiguous(), batch.seq_lens.contiguous(), clen)
     if decode == "single":
         cfg = config("attn_sparse", target)
         launch(sparse_attn_kernel, (t,),

@@ -42,3 +42,20 @@ def test_launch_raises_what_fewer_stages_cannot_fix(fits, resource):
     k = FakeKernel(fits=fits, resource=resource)
     with pytest.raises(OutOfResources, match=resource):
         common.launch(k, (1,), num_stages=2)
+
+
+def test_host_round_rounds_as_torch_does():
+    """embed's scale is rounded to the table's dtype on the host (no tensor, no host read in a step): the same
+    value as torch's conversion of a Python float, ties and overflow included."""
+    import random
+
+    import torch
+
+    rng = random.Random(0)
+    values = [0.0, -0.0, 1.0, 25.298221281347036, 2.0 ** -140, 65504.0, 65520.0, 1e39, -1e39, 3.4e38,
+              1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, 1.0 + 2 ** -11, 1.0 + 3 * 2 ** -11]  # ties: bf16 and fp16
+    values += [rng.uniform(-1, 1) * 10 ** rng.randint(-8, 8) for _ in range(2000)]
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        for v in values:
+            want = float(torch.tensor(v, dtype=dtype).float() if dtype != torch.float64 else torch.tensor(v, dtype=dtype))
+            assert common.host_round(v, dtype) == want, (v, dtype)

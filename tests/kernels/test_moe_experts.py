@@ -10,13 +10,15 @@ scale), so they get the same tolerance as bf16. fp32 activations use IEEE dots (
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inferhal.backends.reference.moe import moe_experts as ref_experts
 from inferhal.core.ops.quantize import quantize_fp4_group, quantize_fp8_block
 from inferhal.core.ops.params import ExpertsParams
 from inferhal.core.ops.quant import QuantWeight
 from inferhal.kernels.moe_experts import moe_experts
-from inferhal.kernels.moe_pairs import align_pairs
+from inferhal.kernels.moe_pairs import align_pairs, max_tiles
 
 
 def setup(t, d, inter, e, k, seed, dtype):
@@ -91,8 +93,33 @@ def test_fp4_experts(t, d, inter, e, k, scales, close):
 def test_align_pairs_groups_by_expert():
     ids = torch.tensor([[2, 0], [2, 5], [-1, 0]])
     pairs, tiles = align_pairs(ids, num_experts=3, block_m=2)
-    assert tiles.tolist() == [0, 2]  # expert 0: pairs 1, 5; expert 2: pairs 0, 2; 5 and -1 are dropped
-    assert pairs.tolist() == [1, 5, 0, 2]
+    # expert 0: pairs 1, 5; expert 2: pairs 0, 2; 5 and -1 are dropped; then the bound's spare tiles
+    assert max_tiles(6, 3, 2) == 6
+    assert tiles.tolist() == [0, 2, -1, -1, -1, -1]
+    assert pairs.tolist() == [1, 5, 0, 2] + [-1] * 8
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(-2, 9), min_size=1, max_size=4), min_size=0, max_size=40),
+       st.integers(1, 8), st.sampled_from([1, 2, 4, 16]))
+def test_align_pairs_matches_a_plain_grouping_within_its_bound(rows, num_experts, block_m):
+    """Against a plain Python grouping: the same tiles (experts in order, each group's pairs in flat order,
+    padded with -1 to block_m), then spare tiles (expert -1, rows -1) up to max_tiles, which never falls short."""
+    k = len(rows[0]) if rows else 1
+    ids = torch.tensor([(r * k)[:k] for r in rows], dtype=torch.long).reshape(-1, k)
+    want_pairs, want_tiles = [], []
+    for e in range(num_experts):
+        group = [i for i, x in enumerate(ids.reshape(-1).tolist()) if x == e]
+        for t0 in range(0, len(group), block_m):
+            chunk = group[t0:t0 + block_m]
+            want_pairs += chunk + [-1] * (block_m - len(chunk))
+            want_tiles.append(e)
+    bound = max_tiles(ids.numel(), num_experts, block_m)
+    assert len(want_tiles) <= bound
+    pairs, tiles = align_pairs(ids, num_experts, block_m)
+    assert tiles.dtype == pairs.dtype == torch.int32
+    assert tiles.tolist() == want_tiles + [-1] * (bound - len(want_tiles))
+    assert pairs.tolist() == want_pairs + [-1] * (bound * block_m - len(want_pairs))
 
 
 def test_bad_shapes():

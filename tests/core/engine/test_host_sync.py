@@ -98,7 +98,8 @@ def test_tiny_v4_with_mtp_drafts():
     assert all(len(o.token_ids) == 6 for o in out)
 
 
-def _decoder(cfg, seed: int = 0) -> DecoderForCausalLM:
+def _decoder(cfg, seed: int = 0, ops=None) -> DecoderForCausalLM:
+    """A tiny random GGUF-style decoder of ``cfg`` over ``ops`` (the reference backend's by default)."""
     g = torch.Generator().manual_seed(seed)
     r = lambda *shape, s=0.08: torch.randn(*shape, generator=g) * s  # noqa: E731
     hd, hid, i = cfg.head_dim, cfg.hidden_size, cfg.intermediate_size
@@ -110,7 +111,7 @@ def _decoder(cfg, seed: int = 0) -> DecoderForCausalLM:
                            post_attn_norm=r(hid, s=0.3) if norms else None,
                            post_ffn_norm=r(hid, s=0.3) if norms else None)
               for _ in range(cfg.num_layers)]
-    ops = tiny_backend().ops
+    ops = ops if ops is not None else tiny_backend().ops
     return DecoderForCausalLM(cfg, ops, r(cfg.vocab_size, hid), layers, r(hid, s=0.3), 128)
 
 
