@@ -20,7 +20,7 @@ width), which no fake could honour without the sync.
 the values of the capture.
 
 ``HostSyncGuard(backend_fatal=True)`` raises for a backend's reads too (a device backend's launch code that
-must stay capturable: tests/backends/cuda_sm100/test_host_reads.py); :meth:`HostSyncGuard.report` lists the
+must stay capturable: its tests under tests/backends/ run it so); :meth:`HostSyncGuard.report` lists the
 counted reads by place. One read counts once: the aten op a host method issues (``int(t)`` dispatches
 ``_local_scalar_dense``) is not counted again.
 """
