@@ -14,8 +14,7 @@ from inferhal.core.profile import DeviceProfile, ExecLevel
 
 
 def test_case(inferhal_backend, inferhal_reference, inferhal_case, inferhal_kit):
-    from inferhal.core.qualify.pytest_plugin import reruns_for
-    from inferhal.core.qualify.runner import QualifyOptions, claimed_ops, run_case
+    from inferhal.core.qualify.runner import QualifyOptions, claimed_ops, reruns_for, run_case
 
     level = claimed_ops(inferhal_backend)[inferhal_case.op_id]
     opts = QualifyOptions(level=inferhal_kit.level, reruns=reruns_for(inferhal_kit, inferhal_backend), progress=False)

@@ -68,21 +68,6 @@ def pytest_addoption(parser):
                 help="determinism reruns per case (default 2; 1 in a kernel interpreter)")
 
 
-#: determinism reruns per case unless ``--inferhal-reruns`` says otherwise (a backend in a kernel interpreter: 1)
-DEFAULT_RERUNS = 2
-
-
-def reruns_for(state: "KitState", backend) -> int:
-    """The determinism reruns of ``backend``'s cases: ``--inferhal-reruns``, else :data:`DEFAULT_RERUNS`, or 1 where
-    the backend runs in a kernel interpreter (its programs run serially on the CPU, so a second rerun repeats the
-    first; the interleaved call on other inputs, which shows state carried between calls, still runs)."""
-    from inferhal.core.profile import ExecLevel
-
-    if state.reruns is not None:
-        return state.reruns
-    return 1 if backend.profile.exec_level == ExecLevel.INTERPRETER else DEFAULT_RERUNS
-
-
 class KitState:
     """Per-session: the selected backends (or why one could not be selected) and the oracle."""
 
@@ -145,6 +130,8 @@ def pytest_report_header(config):
     state = config.stash.get(_KEY, None)
     if state is None or state.registry is None:
         return None
+    from inferhal.core.qualify.runner import DEFAULT_RERUNS
+
     reruns = state.reruns if state.reruns is not None else f"{DEFAULT_RERUNS} (1 in an interpreter)"
     lines = [f"inferhal kit: level={state.level} reruns={reruns}"]
     for spec in state.specs:

@@ -33,6 +33,20 @@ RUNNABLE = (ExecLevel.DEVICE, ExecLevel.INTERPRETER)
 EXIT_PASS, EXIT_FAIL, EXIT_INCOMPLETE = 0, 1, 3
 
 
+#: determinism reruns per case unless ``--inferhal-reruns`` says otherwise (a backend in a kernel interpreter: 1)
+DEFAULT_RERUNS = 2
+
+
+def reruns_for(state, backend) -> int:
+    """The determinism reruns of ``backend``'s cases in the kit's pytest run (``state``: its session state):
+    ``--inferhal-reruns``, else :data:`DEFAULT_RERUNS`, or 1 where
+    the backend runs in a kernel interpreter (its programs run serially on the CPU, so a second rerun repeats the
+    first; the interleaved call on other inputs, which shows state carried between calls, still runs)."""
+    if state.reruns is not None:
+        return state.reruns
+    return 1 if backend.profile.exec_level == ExecLevel.INTERPRETER else DEFAULT_RERUNS
+
+
 @dataclass(frozen=True)
 class QualifyOptions:
     level: str = "quick"

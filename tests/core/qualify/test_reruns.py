@@ -1,11 +1,11 @@
-"""The kit's pytest plugin: how many determinism reruns a backend's cases get."""
+"""core/qualify/runner.py: how many determinism reruns the kit gives a backend's cases."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 from inferhal.core.profile import ExecLevel
-from inferhal.core.qualify.pytest_plugin import DEFAULT_RERUNS, reruns_for
+from inferhal.core.qualify.runner import DEFAULT_RERUNS, reruns_for
 
 
 def _backend(level: ExecLevel):
