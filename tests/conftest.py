@@ -16,13 +16,14 @@ TESTS = Path(__file__).parent
 MAX_WORKERS = 4
 #: test paths that load real models (Gemma 3 270M, SmolLM2) or start model servers: they share one worker and run
 #: one after another there, as in a single process, while the other workers take the tiny models and kernels.
-#: Each package loads its model once for its tests (package-scoped fixtures) and the transformers oracles run
-#: beside it: two such at once would add their peaks, and one package on two workers would load its model twice
+#: Each package loads its model once for its tests (package-scoped fixtures; transformers' answers are stored,
+#: tests/fixtures/transformers_oracle.py): two such at once would add their peaks, and one package on two workers
+#: would load its model twice
 ONE_WORKER = {path: "real_models" for path in (
     "models/gemma3", "models/llama", "models/gguf", "backends/reference/test_batch_invariant_gemma3.py",
     "core/server", "core/disagg/test_router.py", "core/bench/test_serve_bench.py",
     "core/bench/test_structured_bench.py", "core/structured/test_engine.py", "core/engine/test_cli.py",
-    "core/bench/test_soak.py")}
+    "core/bench/test_soak.py", "core/config/test_context.py")}
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -1,17 +1,15 @@
-"""The default job: ``inferhal generate`` (default prompt), ``prompt=...`` and chat ``messages=[...]`` print
-real Gemma 3 text, the same text the Python API produces for the same prompt."""
+"""The default job: ``inferhal generate`` with ``prompt=...`` and chat ``messages=[...]`` prints real Gemma 3 text,
+the same text the Python API produces for the same prompt (the command as a process, default prompt:
+test_default_job_process.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 import io
-import os
-import subprocess
-import sys
 
 from inferhal.core.cli.main import compose
-from inferhal.core.cli.generate import DEFAULT_PROMPT, generate
+from inferhal.core.cli.generate import generate
 
 pytestmark = pytest.mark.slow
 SMALL = ["sampling.max_tokens=8", "cache.num_blocks=128", "model.max_model_len=512"]
@@ -50,14 +48,6 @@ def test_generate_prompt_prints_the_engine_text(llm, _cli):
     out = _cli("prompt=The capital of France is")
     want = _greedy(llm, llm.tokenizer.encode("The capital of France is"))
     assert want.strip() and out.startswith("The capital of France is" + want)
-
-
-def test_default_generate_command_prints_text_for_the_default_prompt(llm):
-    exe = os.path.join(os.path.dirname(sys.executable), "inferhal")
-    run = subprocess.run([exe, "generate", *SMALL], capture_output=True, text=True, timeout=600, cwd="/")
-    assert run.returncode == 0, run.stderr
-    out = run.stdout
-    assert out.startswith(DEFAULT_PROMPT + _greedy(llm, llm.tokenizer.encode(DEFAULT_PROMPT)))
 
 
 def test_chat_messages_go_through_the_gemma_turn_format(llm, _cli):
