@@ -3,6 +3,8 @@
 score[t, s] = sum_h weights[t, h] * weight_scale * relu(q[t, h] . key[s]) * scale over the paged
 compressed keys of token t's sequence; -inf where entry s is not yet closed for t
 (s >= (pos + 1) // m) or past the sequence (s >= seq_len), so ``topk.select`` pads those with -1.
+The width S is the block table's reach (its columns x BS), read from shapes: the launch reads no device
+value, and a tile wholly past a token's visible entries only stores -inf.
 
 One program per (query token, tile of ``BLOCK_N`` entries): the tile's keys (gathered through the block
 table) times all indexer heads of the token, ``keys[BLOCK_N, Di] @ q^T[Di, Hi]`` on the tensor cores
@@ -125,8 +127,10 @@ def indexer_split_kernel(q_ptr, k_ptr, w_ptr, o_ptr, bt_ptr, seq_ptr, pos_ptr, l
 
 def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, weights: torch.Tensor,
                    p: IndexerParams, *, target: str | None = None, decode: str = "split") -> torch.Tensor:
-    """``indexer.scores``: q[T, Hi, Di], key_cache[NB, BS, Di], weights[T, Hi] -> scores[T, S] fp32.
-    ``decode``: ``split`` (runs of tiles per program) or ``single`` (a program per tile)."""
+    """``indexer.scores``: q[T, Hi, Di], key_cache[NB, BS, Di], weights[T, Hi] -> scores[T, S] fp32 with
+    S = block_table.shape[1] * BS (host-known, fixed under a CUDA graph's padded table); tiles past a token's
+    visible entries load nothing and store -inf. ``decode``: ``split`` (runs of tiles per program) or
+    ``single`` (a program per tile)."""
     if decode not in DECODES:
         raise ValueError(f"indexer.scores: decode={decode!r}; known: {', '.join(DECODES)}")
     if q.dim() != 3:
@@ -144,9 +148,9 @@ def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, w
         raise ValueError(f"indexer.scores: key_cache must be [NB, BS, {di}], got {tuple(key_cache.shape)}")
     if weights.shape != (t, hi):
         raise ValueError(f"indexer.scores: weights must be [T, Hi]=({t}, {hi}), got {tuple(weights.shape)}")
-    width = int(batch.seq_lens.max()) if batch.num_seqs else 0
+    width = batch.block_table.shape[1] * key_cache.shape[1]  # the table's reach: a shape, no device read
     out = torch.empty((t, width), dtype=torch.float32, device=q.device)
-    if t == 0 or width == 0:
+    if t == 0 or width == 0 or batch.num_seqs == 0:
         return out.fill_(float("-inf"))
     if q.stride(-1) != 1:
         q = q.contiguous()

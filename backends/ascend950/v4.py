@@ -74,8 +74,10 @@ class V4Ops:
     # ------------------------------------------------------------------------------------ indexer.scores
 
     def indexer_scores(self, q: torch.Tensor, key_cache: torch.Tensor, batch, weights: torch.Tensor, p) -> torch.Tensor:
-        # q: [T, Hi, Di]; key_cache: [NB, BS, Di] (or [NB, BS, 4 + Di] uint8 fp8_index records) -> scores [T, S] fp32
+        # q: [T, Hi, Di]; key_cache: [NB, BS, Di] (or [NB, BS, 4 + Di] uint8 fp8_index records) -> scores [T, S] fp32,
+        # S = the block table's reach (block_table.shape[1] * BS); the operator returns max(seq_lens) of them
         t, hi, di = q.shape
+        out_w = batch.block_table.shape[1] * key_cache.shape[1]
         width = int(batch.seq_lens.max()) if batch.num_seqs else 0
         fmt = p.key_format
         why = ""
@@ -93,7 +95,7 @@ class V4Ops:
             self._fallback("indexer.scores", why)
             return ref_ds.indexer_scores(q, key_cache, batch, weights, p)
         if t == 0 or width == 0:
-            return torch.full((t, width), float("-inf"), device=q.device)
+            return torch.full((t, out_w), float("-inf"), device=q.device)
         heads = next(h for h in INDEXER_HEADS if h >= hi)
         lens = batch.seq_lens.long()
         cols = torch.arange(width, device=q.device)
@@ -121,12 +123,11 @@ class V4Ops:
             seq = token_seqs(batch.query_start_loc, t)
             start = (cu_k.long() - lens)[seq]  # [T]
             val = val * key_scale[(start[:, None] + idx.clamp(min=0)).clamp(max=key_scale.numel() - 1)]
-        scores = torch.full((t, width + 1), float("-inf"), device=q.device)
-        scores.scatter_(1, torch.where(idx >= 0, idx, width), torch.where(idx >= 0, val, float("-inf")))
-        visible = cols[None, :] < ((batch.positions.long() + 1) // batch.tokens_per_slot)[:, None]
+        scores = torch.full((t, out_w + 1), float("-inf"), device=q.device)  # columns past max(seq_lens) stay -inf
+        scores.scatter_(1, torch.where(idx >= 0, idx, out_w), torch.where(idx >= 0, val, float("-inf")))
         seq = token_seqs(batch.query_start_loc, t)
-        visible &= cols[None, :] < lens[seq][:, None]
-        return scores[:, :width].masked_fill(~visible, float("-inf"))
+        n = torch.minimum((batch.positions.long() + 1) // batch.tokens_per_slot, lens[seq])  # [T] visible entries
+        return scores[:, :out_w].masked_fill(torch.arange(out_w, device=q.device)[None, :] >= n[:, None], float("-inf"))
 
     # ------------------------------------------------------------------------------------ attn.sparse_topk
 

@@ -114,10 +114,10 @@ BATCH_INVARIANCE: dict = {
     "mhc.post": _bi("one program per (token, D-tile), elementwise mixing: no reduction over tokens"),
     "spec.verify": _bi("one program per request, the same Philox keys as sample"),
     "attn.compress": _bi("one program per compressed entry of its own sequence, fixed BLOCK_C channel tiles"),
-    "indexer.scores": _bi("split (default): one program per (token, run of BLOCK_N-entry tiles of its own "
-                          "sequence), the run's length chosen from the launch's work but each tile the same dot "
-                          "(no score sums across tiles); single: one program per tile; output columns past the "
-                          "row's own entries are -inf padding to the batch's widest row"),
+    "indexer.scores": _bi("split (default): one program per (token, BLOCK_N-entry tiles of its own sequence "
+                          "dealt round-robin), how many a program takes chosen from the launch's work but each "
+                          "tile the same dot (no score sums across tiles); single: one program per tile; output "
+                          "columns past the row's own entries are -inf up to the block table's reach"),
     "attn.sparse_topk": _bi("split (default): a program per (token, head group, split): the window cut at "
                             "lengths from the token's own key count, its top-k row every SPLIT entries, merged "
                             "in split order (empty splits add exact zeros); single: one program per token over "

@@ -60,16 +60,18 @@ def attn_compress(state_cache: torch.Tensor, batch: AttnBatch, rows: torch.Tenso
 
 def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, weights: torch.Tensor,
                    p: IndexerParams, *, fixed_order: bool = False) -> torch.Tensor:
-    # q: [T, Hi, Di]; key_cache: [NB, BS, Di]; weights: [T, Hi] -> scores [T, S] fp32, S = max entries
+    # q: [T, Hi, Di]; key_cache: [NB, BS, Di]; weights: [T, Hi] -> scores [T, S] fp32, S = the block table's
+    # reach (block_table.shape[1] * BS, known from shapes on the host); -inf past each token's visible entries.
     # fixed_order (batch-invariant mode): the Di-sums as elementwise products reduced over the last dim,
     # whose order depends on Di only; the einsum's BLAS kernel depends on the batch-wide width S.
     t = q.shape[0]
-    width = int(batch.seq_lens.max()) if batch.num_seqs else 0
-    if t == 0 or width == 0:
+    width = batch.block_table.shape[1] * key_cache.shape[1]
+    if t == 0 or width == 0 or batch.num_seqs == 0:
         return torch.full((t, width), float("-inf"), device=q.device)
     seq = token_seqs(batch.query_start_loc, t)  # [T]
     cols = torch.arange(width, device=q.device)
-    visible = cols[None, :] < ((batch.positions.long() + 1) // batch.tokens_per_slot)[:, None]  # [T, S]
+    n = torch.minimum((batch.positions.long() + 1) // batch.tokens_per_slot, batch.seq_lens.long()[seq])
+    visible = cols[None, :] < n[:, None]  # [T, S]: closed for the token and inside its sequence
     keys = read(gather_slots(key_cache, batch.block_table, seq[:, None], cols[None, :], visible), p.key_format)
     if fixed_order:
         dots = F.relu((q.float()[:, :, None, :] * keys[:, None, :, :]).sum(dim=-1)) * p.scale  # [T, Hi, S]

@@ -98,10 +98,12 @@ OPS: dict[str, OpSpec] = {
         _spec(
             "indexer.scores",
             "(q[T,Hi,Di], key_cache[NB,BS,Di], batch: AttnBatch, weights[T,Hi], p: IndexerParams) -> scores[T,S] fp32",
-            """Lightning indexer over the paged compressed keys of batch (a compressed group, S = max
-            seq_lens): score[t,s] = sum_h weights[t,h] * p.weight_scale * relu(q[t,h] . key[s]) * p.scale;
-            -inf where entry s is not causally closed for token t (s >= (pos+1)//m) or past its sequence,
-            so topk.select pads those with -1. With p.key_format the keys are uint8 records of that format.""",
+            """Lightning indexer over the paged compressed keys of batch (a compressed group):
+            score[t,s] = sum_h weights[t,h] * p.weight_scale * relu(q[t,h] . key[s]) * p.scale;
+            -inf where entry s is not causally closed for token t (s >= (pos+1)//m) or past its sequence
+            (s >= seq_len), so topk.select pads those with -1. S = block_table.shape[1] * BS, the block
+            table's reach (>= max seq_lens), known from shapes on the host, so a captured step keeps it.
+            With p.key_format the keys are uint8 records of that format.""",
         ),
         _spec(
             "topk.select",

@@ -207,6 +207,41 @@ def test_indexer_runs_of_tiles_change_no_bit(kv_dtype, monkeypatch):
     torch.testing.assert_close(single, runs[0], rtol=1e-5, atol=1e-5)
 
 
+def test_indexer_over_a_padded_table_masks_past_the_visible_entries_in_any_run_length(monkeypatch):
+    """A CUDA graph's block table is padded to max_model_len: the scores are its reach wide (block_table.shape[1]
+    x BS entries), -inf past each token's visible entries, the visible ones equal to the reference and the same
+    bits whichever run of tiles (1 a program, or MAX_TILES) computes them."""
+    from inferhal.backends.reference.deepseek import indexer_scores as ref_indexer
+    from inferhal.core.ops.params import IndexerParams
+    from inferhal.kernels import indexer, tuning
+
+    g = torch.Generator().manual_seed(5)
+    pos, qsl, attn, nb = v4_batch([60, 9], [1, 1], RATIO, g, nb=64)
+    comp = attn["comp"]
+    pad = comp.block_table.new_full((comp.num_seqs, 30), -1)
+    wide = AttnBatch(comp.query_start_loc, comp.seq_lens, comp.positions, torch.cat((comp.block_table, pad), 1),
+                     comp.slot_mapping, comp.tokens_per_slot)
+    keys = comp_cache(nb, RATIO, 32, g, torch.float32)
+    q, w = torch.randn(len(pos), 8, 32, generator=g), torch.randn(len(pos), 8, generator=g)
+    p = IndexerParams(32 ** -0.5, 8 ** -0.5)
+    width = wide.block_table.shape[1] * keys.shape[1]
+    runs = []
+    for programs in (10 ** 6, 1):
+        table = {**tuning.TUNING["interpreter"], "indexer_split": {**tuning.config("indexer_split"),
+                                                                  "PROGRAMS": programs}}
+        monkeypatch.setitem(tuning.TUNING, "interpreter", table)
+        runs.append(indexer.indexer_scores(q, keys, wide, w, p))
+    assert indexer.split_tiles(len(pos), -(-width // tuning.config("indexer_split")["BLOCK_N"]),
+                               tuning.config("indexer_split")) > 1  # the last launch ran several tiles a program
+    want = ref_indexer(q, keys, wide, w, p)
+    assert runs[0].shape == want.shape == (len(pos), width) and width > int(comp.seq_lens.max())
+    assert torch.equal(runs[0], runs[1]) and torch.equal(torch.isneginf(runs[0]), torch.isneginf(want))
+    vis = ((pos + 1) // RATIO).tolist()
+    assert all(torch.isneginf(runs[0][i, v:]).all() and torch.isfinite(runs[0][i, :v]).all() for i, v in enumerate(vis))
+    fin = torch.isfinite(want)
+    torch.testing.assert_close(runs[0][fin], want[fin], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("target", ["cuda_sm90", "cuda_sm100"])
 def test_v4_decode_plans_fill_132_sms_at_16_sequences(target):
     """V4-Flash decode: 64 heads on the 512-dim latent; CSA = a 128-token window + top-512 (attn.sparse_topk),

@@ -15,6 +15,8 @@ sequences (batch invariance takes the first ``n`` sequences, like attn.paged).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from inferhal.core.ops.params import AttnParams, CompressParams, IndexerParams, RopeParams
@@ -214,25 +216,29 @@ def _split_masked(scores: torch.Tensor):
 
 
 _INDEXER = [
-    # seqs, Hi, Di, ratio, BS, level
-    ([(39, 1), (0, 24), (50, 6)], 4, 32, 4, 16, "quick"),
-    ([(100, 1), (7, 1), (0, 64)], 8, 64, 4, 32, "quick"),
-    ([(1000, 1), (0, 300), (256, 128)], 64, 128, 4, 256, "full"),
-    ([(2047, 1), (511, 1), (12, 1), (4095, 1)], 16, 128, 4, 64, "full"),
+    # seqs, Hi, Di, ratio, BS, pad, level; pad: extra -1 columns in the block table, as a CUDA graph's table
+    # padded to max_model_len has: the scores are block_table.shape[1] * BS wide, -inf past every sequence
+    ([(39, 1), (0, 24), (50, 6)], 4, 32, 4, 16, 0, "quick"),
+    ([(100, 1), (7, 1), (0, 64)], 8, 64, 4, 32, 3, "quick"),
+    ([(1000, 1), (0, 300), (256, 128)], 64, 128, 4, 256, 0, "full"),
+    ([(2047, 1), (511, 1), (12, 1), (4095, 1)], 16, 128, 4, 64, 2, "full"),
 ]
 
 
 @cases_for("indexer.scores")
 def indexer_scores() -> list[OpCase]:
     out = []
-    for seqs, hi, di, m, bs, level in _INDEXER:
+    for seqs, hi, di, m, bs, pad, level in _INDEXER:
         for dtype in ("float32", "bfloat16"):
-            def build(seed, seqs=seqs, hi=hi, di=di, m=m, bs=bs, dtype=dtype):
+            def build(seed, seqs=seqs, hi=hi, di=di, m=m, bs=bs, pad=pad, dtype=dtype):
                 g = gen(seed)
                 dt = DTYPES[dtype]
                 spec = KVGroupSpec("index", "compressed", (0,), (di,), dt, tokens_per_slot=m)
                 nb, batches = paged_step(g, [spec], bs, seqs)
                 batch = batches["index"]
+                if pad:
+                    bt = batch.block_table
+                    batch = replace(batch, block_table=torch.cat((bt, bt.new_full((bt.shape[0], pad), -1)), dim=1))
                 t = int(batch.positions.shape[0])
                 q, w = randn(g, t, hi, di, dtype=dt), randn(g, t, hi, dtype=dt)
                 return (q, random_cache(g, spec, nb, bs), batch, w, IndexerParams(di ** -0.5, hi ** -0.5)), {}
@@ -242,14 +248,14 @@ def indexer_scores() -> list[OpCase]:
                 return (a[0][:e], a[1], first_seqs(a[2], n), a[3][:e], a[4]), kw
 
             def row_slice(o, a, kw, n):
-                s = int(a[2].seq_lens[:n].max())  # S = the longest of the first n sequences
-                return tuple(x[: _end(a[2], n), :s] for x in o)
+                return tuple(x[: _end(a[2], n)] for x in o)  # the first n sequences keep the table's width
 
             def cost(a, kw):
                 q, b = a[0], a[2]
                 pairs = sum(int(b.seq_lens[i]) * (_end(b, i + 1) - _end(b, i)) for i in range(b.num_seqs))
                 keys = int(b.seq_lens.sum()) * q.shape[2] * q.element_size()
-                return 2.0 * pairs * q.shape[1] * (q.shape[2] + 1), keys + nbytes(q) + 4.0 * pairs
+                width = b.block_table.shape[1] * a[1].shape[1]  # every column is written, -inf or not
+                return 2.0 * pairs * q.shape[1] * (q.shape[2] + 1), keys + nbytes(q) + 4.0 * q.shape[0] * width
 
             if dtype == "float32":
                 tol = ulps(dtype, 4 * (di * hi) ** 0.5, "fp32 sums of Di products per head and Hi weighted heads in "
@@ -257,7 +263,7 @@ def indexer_scores() -> list[OpCase]:
             else:
                 tol = ulps(dtype, 4, "bf16 inputs are exact in fp32, but a kernel may round relu(q.k) per head to the "
                            "input dtype before the weighted head sum (one bf16 rounding per term); -inf exact")
-            shape = f"{_label(seqs)} Hi={hi} Di={di} m={m} BS={bs}"
+            shape = f"{_label(seqs)} Hi={hi} Di={di} m={m} BS={bs}" + (f" table+{pad}" if pad else "")
             out.append(OpCase("indexer.scores", shape, dtype, build, tol, level, canon=_split_masked,
                               rows=lambda a, kw: a[2].num_seqs, take=take, row_slice=row_slice, cost=cost))
     return out

@@ -8,8 +8,8 @@ a backend's ops make, or with ``backend_fatal=True`` raises at them. Here:
 - a tiny random Gemma 3 and Llama (the GGUF decoder) on cuda_sm100 run every step, prefill and decode,
   under the guard with backend reads fatal: none may read;
 - the tiny DeepSeek-V4 runs every step under the counting guard, and its reads must be exactly
-  :data:`REMAINING` (each with the reason it stays): a removed read that comes back, or a new one, fails
-  with the step's reads by file:line.
+  :data:`REMAINING` (each with the reason it stays; none now): a removed read that comes back, or a new one,
+  fails with the step's reads by file:line.
 
 Execution level: interpreter (no GPU); the guard watches the same Python launch code a device runs.
 """
@@ -31,15 +31,10 @@ from tests.core.engine.test_host_sync import CONFIGS, _decoder
 PROMPTS = [[1, 17, 130, 5, 99, 42, 7], [3, 3, 81, 190, 12]]  # vocab 192
 ENTRY_POINTS = ("forward", "forward_greedy", "forward_and_hidden")
 
-#: "what at path function" -> (reads per step of the tiny V4 (2 CSA layers), why it stays)
-REMAINING: dict[str, tuple[int, str]] = {
-    "__int__() at kernels/indexer.py indexer_scores": (
-        2, "indexer.scores' contract (core/ops/vocabulary.py) gives scores[T, S] with S = max(seq_lens), and the "
-           "conformance case compares that shape with the reference's: a host-known bound (the block table's "
-           "width x the entries a block holds, as attn.sparse_topk's reach) with -inf columns needs the contract "
-           "to allow S >= max(seq_lens) and the case to check the extra columns are -inf (core files outside "
-           "this backend); topk.select already turns -inf into -1"),
-}
+#: "what at path function" -> (reads per step of the tiny V4 (2 CSA layers), why it stays). Empty: the last
+#: one, indexer.scores' ``int(seq_lens.max())`` width, went when its contract took the block table's reach
+#: (block_table.shape[1] x BS, a shape) as the width (#46).
+REMAINING: dict[str, tuple[int, str]] = {}
 
 
 def _place(key: str) -> str:

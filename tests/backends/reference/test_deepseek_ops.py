@@ -79,6 +79,24 @@ def test_indexer_scores_are_weighted_relu_dots_with_causal_minus_inf():
         assert torch.isinf(got[i, vis:]).all()
 
 
+def test_indexer_scores_span_the_block_tables_reach_with_minus_inf_past_each_sequence():
+    """S = block_table.shape[1] * BS (a CUDA graph pads the table): extra columns are -inf, and the scores of the
+    visible entries are those over the tight table (to fp32 rounding: the einsum's blocking follows S)."""
+    m, hi, di, n = 4, 3, 8, 5
+    cache, row = _paged(torch.randn(n, di, generator=G))
+    pos = [3, 9, 19, 21]
+    q, w = torch.randn(len(pos), hi, di, generator=G), torch.randn(len(pos), hi, generator=G)
+    p = IndexerParams(scale=0.3, weight_scale=0.5)
+    tight = indexer_scores(q, cache, _batch(pos, n, row, m), w, p)
+    wide = indexer_scores(q, cache, _batch(pos, n, torch.cat((row, torch.full((3,), -1, dtype=row.dtype))), m), w, p)
+    assert tight.shape == (len(pos), BS) and wide.shape == (len(pos), 4 * BS)  # > max(seq_lens) = 5 either way
+    assert torch.isneginf(wide[:, n:]).all() and torch.equal(torch.isneginf(wide[:, :BS]), torch.isneginf(tight))
+    fin = torch.isfinite(tight)
+    assert torch.allclose(wide[:, :BS][fin], tight[fin], rtol=1e-5, atol=1e-6)
+    short = indexer_scores(q, cache, _batch(pos, 2, row, m), w, p)  # a sequence of 2 entries: -inf from entry 2
+    assert torch.isneginf(short[:, 2:]).all() and torch.allclose(short[:, :2], tight[:, :2], rtol=1e-5, atol=1e-6)
+
+
 def test_sparse_topk_is_one_softmax_over_window_and_selected_entries_with_sinks():
     d, h, win, m = 8, 2, 4, 4
     ctx = 14

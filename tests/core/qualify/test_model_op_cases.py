@@ -130,6 +130,14 @@ def _mutants():
         s = deepseek.indexer_scores(*a)
         return torch.where(torch.isinf(s), torch.zeros_like(s), s)
 
+    def indexer_old_width(q, keys, batch, *a):  # S = max(seq_lens), the width before the block table's reach
+        return deepseek.indexer_scores(q, keys, batch, *a)[:, : int(batch.seq_lens.max())]
+
+    def indexer_pad_not_masked(q, keys, batch, *a):  # the columns past max(seq_lens) left 0, not -inf
+        s = deepseek.indexer_scores(q, keys, batch, *a)
+        s[:, int(batch.seq_lens.max()):] = 0.0
+        return s
+
     def compress_without_bias(state, batch, rows, bias, *a):
         return deepseek.attn_compress(state, batch, rows, torch.zeros_like(bias), *a)
 
@@ -151,7 +159,8 @@ def _mutants():
         return torch.nn.functional.gelu(gate) * up if p.kind == "gelu_tanh" else ops.act_gated(gate, up, p)
 
     return dict(topk_ignores_causality=topk_ignores_causality, topk_batch_dependent=topk_batch_dependent,
-                indexer_unmasked=indexer_unmasked, compress_without_bias=compress_without_bias,
+                indexer_unmasked=indexer_unmasked, indexer_old_width=indexer_old_width,
+                indexer_pad_not_masked=indexer_pad_not_masked, compress_without_bias=compress_without_bias,
                 dispatch_reversed=dispatch_reversed, combine_unreversed=combine_unreversed,
                 combine_unweighted=combine_unweighted, gelu_exact=gelu_exact)
 
@@ -160,6 +169,8 @@ def _mutants():
     ("topk_ignores_causality", ("attn.sparse_topk",), ("attn.sparse_topk", "bfloat16", "CSA"), "numerics"),
     ("topk_batch_dependent", ("attn.sparse_topk",), ("attn.sparse_topk", "float32", "HCA"), "batch_invariance"),
     ("indexer_unmasked", ("indexer.scores",), ("indexer.scores", "float32", "Hi=4"), "numerics"),
+    ("indexer_old_width", ("indexer.scores",), ("indexer.scores", "bfloat16", "table+"), "numerics"),
+    ("indexer_pad_not_masked", ("indexer.scores",), ("indexer.scores", "float32", "table+"), "numerics"),
     ("compress_without_bias", ("attn.compress",), ("attn.compress", "bfloat16", "HCA"), "numerics"),
     ("dispatch_reversed", ("moe.dispatch",), ("moe.dispatch", "bfloat16", "skip"), "pass"),
     ("dispatch_reversed+combine_unreversed", ("moe.dispatch", "moe.combine"), ("moe.combine", "float32", "skip"),
