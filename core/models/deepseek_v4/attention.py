@@ -113,7 +113,9 @@ def attention(m: "DeepseekV4ForCausalLM", pre: str, layer: int, x: torch.Tensor,
             iw = ops["linear"](x, w[c + "indexer.scorer.weights_proj.weight"])  # [T, Hi]
             scores = ops["indexer.scores"](iq, kv.layer_cache("csa_index", src), batch.attn["csa_index"], iw,
                                            IndexerParams(di ** -0.5, hi ** -0.5, m.kv_formats["index"]))
-            topk = ops["topk.select"](scores, cfg.index_topk)
+            # scores span the block table's reach (a shape, so a captured step keeps it), -inf past each token's
+            # closed entries: valid_len stops top-k reading those columns
+            topk = ops["topk.select"](scores, cfg.index_topk, (pos.long() + 1) // ratio)
         else:
             topk = all_visible(pos, ratio, top)
 
