@@ -43,7 +43,7 @@ def test_a_stale_store_fails_naming_the_field(tmp_path, monkeypatch):
     key = tor._key(str(model), [[1, 2, 3]], 4, torch.float32)
     rows = torch.randn(4, 100)
     st = _steps(rows)
-    torch.save({"key": key, "tokens": [[1, 2, 3, 4]], "values": [st.values], "indices": [st.indices.int()]},
+    torch.save({"key": key, "answer": {"tokens": [[1, 2, 3, 4]], "values": [st.values], "indices": [st.indices.int()]}},
                tmp_path / "job.pt")
     toks, steps = tor.transformers_greedy("job", str(model), [[1, 2, 3]], 4, torch.float32, 1e-3, 2e-3)[0]
     assert toks == [1, 2, 3, 4] and torch.equal(steps.values, st.values)

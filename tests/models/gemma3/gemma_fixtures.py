@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 
@@ -80,10 +78,3 @@ def gemma_tokenizer(gemma_path):
     from inferhal.core.models.gguf.reader import GGUFFile
 
     return tokenizer_of(GGUFFile(gemma_path), FAMILY)
-
-
-@pytest.fixture(scope="package")  # this directory (a package): freed after its last test
-def hf_tokenizer(gemma_path):
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(gemma_path),
-                                                      gguf_file=os.path.basename(gemma_path))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 
@@ -32,10 +30,3 @@ def smollm(smollm_path):
     mc = ModelConfig(name="smollm2_135m_instruct", family="llama", format="gguf", path=smollm_path,
                      max_model_len=2048)
     return load(mc, be), be
-
-
-@pytest.fixture(scope="package")  # this directory (a package): freed after its last test
-def hf_smollm_tokenizer(smollm_path):
-    transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(os.path.dirname(smollm_path),
-                                                      gguf_file=os.path.basename(smollm_path))
