@@ -98,7 +98,9 @@ def test_every_result_in_docs_perf_has_a_stamped_line_in_the_index():
         assert len(cells) == 6, f"docs/perf/README.md: the line of {path.name} needs 6 cells " \
                                 f"(files | benchmark | command | commit | date (UTC) | host), has {len(cells)}"
         _, _, command, commit, date, host = cells
-        assert command.startswith("`inferhal "), f"{path.name}: the command cell is the `inferhal ...` that makes it"
+        run = re.sub(r"^`(?:[A-Z_]+=\S+ )*", "`", command)  # environment settings first (OMP_NUM_THREADS=1 ...)
+        assert run.startswith(("`inferhal ", "`python -m inferhal.")), \
+            f"{path.name}: the command cell is the `inferhal ...` (or `python -m inferhal....`) that makes it"
         assert HASH.match(commit), f"{path.name}: the commit cell starts with the commit, got {commit!r}"
         assert re.match(r"\d{4}-\d{2}-\d{2}", date), f"{path.name}: the date cell starts with YYYY-MM-DD, got {date!r}"
         assert host, f"{path.name}: the host cell is empty (write 'not recorded' where nothing says)"

@@ -216,7 +216,7 @@ def _split_masked(scores: torch.Tensor):
 
 
 _INDEXER = [
-    # seqs, Hi, Di, ratio, BS, pad, level; pad: extra -1 columns in the block table, as a CUDA graph's table
+    # seqs, Hi, Di, ratio, BS, pad, level; pad: extra -1 columns in the block table, as a captured decode graph's table
     # padded to max_model_len has: the scores are block_table.shape[1] * BS wide, -inf past every sequence
     ([(39, 1), (0, 24), (50, 6)], 4, 32, 4, 16, 0, "quick"),
     ([(100, 1), (7, 1), (0, 64)], 8, 64, 4, 32, 3, "quick"),
