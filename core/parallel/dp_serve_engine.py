@@ -42,7 +42,7 @@ class ServeDPEngine(DPEngine):
         self.num_placed = 0  # requests placed over the server's life (round_robin's position)
         self.sessions = Sessions()  # session key -> its rank (tokens_cache), alike on every rank
         self.counts = {"prompt_tokens": 0, "cached_tokens": 0, "generation_tokens": 0, "finished": 0,
-                       "prefix_placed": 0, "attn_tokens": 0}
+                       "prefix_placed": 0, "session_placed": 0, "attn_tokens": 0}
 
     def _stepped(self, outs: list[Any]) -> None:
         c = self.counts
@@ -59,12 +59,15 @@ class ServeDPEngine(DPEngine):
         return [ld.waiting, ld.running, ld.prefill_tokens, ld.kv_tokens]
 
     def _choose(self, loads: list[list[int]], cached: list[list[int]], hashes: list[list[bytes]]) -> list[int]:
+        keys = [r.session for r in self.pending]
+        known = [self.sessions.get(k) if k else None for k in keys]  # each key's rank before this placement
         ranks = place(self.policy, [TokenLoad(*ld) for ld in loads], cached, hashes,
                       [r.num_prompt_tokens for r in self.pending], self.margin, self.num_placed,
-                      keys=[r.session for r in self.pending], sessions=self.sessions)
+                      keys=keys, sessions=self.sessions)
         self.num_placed += len(ranks)
         me = self.comm.layout.rank
         self.counts["prefix_placed"] += sum(1 for i, r in enumerate(ranks) if r == me and cached[r][i] > 0)
+        self.counts["session_placed"] += sum(1 for r, was in zip(ranks, known) if r == me and was == r)
         return ranks
 
     def gauges(self) -> dict:

@@ -6,7 +6,8 @@ Gauges: ``inferhal_dp_requests_running`` / ``inferhal_dp_requests_waiting``, ``i
 use: what ``parallel.dp_balance=tokens_cache`` balances). Counters: ``inferhal_dp_prompt_tokens_total`` and
 ``inferhal_dp_prefix_cache_hits_total`` (prompt tokens of the rank's finished requests, and of those the ones its
 prefix cache held), ``inferhal_dp_generation_tokens_total``, ``inferhal_dp_attention_tokens_total`` (tokens its
-attention ran on), ``inferhal_dp_prefix_placed_total`` (requests placed on it for a cached prefix).
+attention ran on), ``inferhal_dp_prefix_placed_total`` (requests placed on it for a cached prefix),
+``inferhal_dp_session_placed_total`` (requests placed on it where their session key was placed before).
 ``inferhal_dp_balance{figure}``: max / mean over the ranks of ``attention_tokens`` (the work so far) and
 ``load_tokens`` (now); 1.0 is even. ``inferhal_dp_restarts_total``: the group's restarts after a rank died.
 With EPLB (``eplb=default``): ``inferhal_dp_expert_load{dp_rank, layer}``, the token rows every rank routed to
@@ -34,7 +35,9 @@ COUNTERS = (("prompt_tokens", "inferhal_dp_prompt_tokens", "Prompt tokens of a D
             ("cached_tokens", "inferhal_dp_prefix_cache_hits", "Prompt tokens a DP rank found in its prefix cache"),
             ("generation_tokens", "inferhal_dp_generation_tokens", "Tokens a DP rank generated"),
             ("attn_tokens", "inferhal_dp_attention_tokens", "Tokens a DP rank's attention ran on"),
-            ("prefix_placed", "inferhal_dp_prefix_placed", "Requests placed on a DP rank for a prefix it held"))
+            ("prefix_placed", "inferhal_dp_prefix_placed", "Requests placed on a DP rank for a prefix it held"),
+            ("session_placed", "inferhal_dp_session_placed",
+             "Requests placed on a DP rank where their session key (prompt_cache_key, X-Session-Id) was placed before"))
 
 
 class RankCounts:

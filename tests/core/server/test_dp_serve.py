@@ -224,6 +224,7 @@ def test_session_keys_keep_two_sessions_on_their_ranks_where_prefix_placement_wo
 
     # "b"'s next turn starts with "a"'s first prompt: rank 0's prefix cache holds its leading blocks
     turn2 = first["a"] + f"Beta {tag} again, on another topic."
+    by_key0 = per_rank(get(url, "/metrics")[1], "inferhal_dp_session_placed_total")
     _, keyless = served_on(url, lambda: complete(url, turn2, max_tokens=4))
     assert keyless == home["a"]  # the control: by prefix alone it leaves its session's rank
     _, on = served_on(url, lambda: complete(url, turn2, max_tokens=4, extra_body={"prompt_cache_key": key["b"]}))
@@ -241,6 +242,8 @@ def test_session_keys_keep_two_sessions_on_their_ranks_where_prefix_placement_wo
                                                           extra_body={"temperature": 0},
                                                           extra_headers={"X-Session-Id": key["b"]}))
     assert on == home["b"]
+    by_key = per_rank(get(url, "/metrics")[1], "inferhal_dp_session_placed_total")
+    assert {r: by_key[r] - by_key0.get(r, 0.0) for r in by_key} == {home["b"]: 3.0, home["a"]: 1.0}  # keyed turns
 
 
 def test_a_bad_session_key_is_a_400_naming_it_and_one_engine_accepts_a_good_one(single, dep2):
