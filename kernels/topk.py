@@ -14,7 +14,9 @@ One program per row; nothing depends on the other rows (batch-invariant). A row 
 3. one ``tl.sort`` of the ``BLOCK_K`` scratch keys (descending) gives score-descending,
    index-ascending order; -inf scores decode to -1, as does the padding when S < k.
 
-Cost per row: ~34 passes over S plus one bitonic sort of next_pow2(k) keys (k = 512 in V4).
+Cost per row: ~34 passes over min(S, valid_len) (positions past valid_len are -inf keys: counted, never read,
+so a row as wide as a captured graph's table costs its visible length) plus one bitonic sort of next_pow2(k)
+keys (k = 512 in V4).
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ def topk_select_kernel(s_ptr, vl_ptr, out_ptr, scratch_ptr, S, K, stride_s, stri
     hi = tl.full((), 2147483647, tl.int64)
     for _ in range(32):
         mid = (lo + hi + 1) >> 1
-        cnt = tl.zeros((), tl.int32)
-        for s0 in range(0, S, BLOCK_S):
+        cnt = tl.where(mid <= -2139095041, S - n, 0)  # the positions >= n: -inf keys, never read
+        for s0 in range(0, n, BLOCK_S):
             c = s0 + cols
             x = tl.load(srow + c, mask=c < n, other=-float("inf"))
             key = tl.where(c < n, ordered_key(x), -2139095041).to(tl.int64)
@@ -74,7 +76,7 @@ def topk_select_kernel(s_ptr, vl_ptr, out_ptr, scratch_ptr, S, K, stride_s, stri
         hi = tl.where(ok, hi, mid - 1)
     kth = lo
     c_gt = tl.zeros((), tl.int32)
-    for s0 in range(0, S, BLOCK_S):
+    for s0 in range(0, n, BLOCK_S):
         c = s0 + cols
         x = tl.load(srow + c, mask=c < n, other=-float("inf"))
         key = tl.where(c < n, ordered_key(x), -2139095041).to(tl.int64)
@@ -84,7 +86,7 @@ def topk_select_kernel(s_ptr, vl_ptr, out_ptr, scratch_ptr, S, K, stride_s, stri
     sc_row = scratch_ptr + row * BLOCK_K
     written = tl.zeros((), tl.int32)
     ties_seen = tl.zeros((), tl.int32)
-    for s0 in range(0, S, BLOCK_S):
+    for s0 in range(0, n, BLOCK_S):  # positions >= n would only add -inf keys, which decode to -1
         c = s0 + cols
         inb = c < S
         x = tl.load(srow + c, mask=c < n, other=-float("inf"))
@@ -100,11 +102,11 @@ def topk_select_kernel(s_ptr, vl_ptr, out_ptr, scratch_ptr, S, K, stride_s, stri
     tl.debug_barrier()
     # 3. sort the selection; padding slots (>= kk) get the smallest key and land at the end
     j = tl.arange(0, BLOCK_K)
-    comp = tl.load(sc_row + j, mask=j < kk, other=-9223372036854775807 - 1)
+    comp = tl.load(sc_row + j, mask=j < written, other=-9223372036854775807 - 1)
     comp = tl.sort(comp, descending=True)
     idx = 4294967295 - (comp & 4294967295)
     skey = comp >> 32
-    idx = tl.where((j < kk) & (skey != -2139095041), idx, -1)
+    idx = tl.where((j < written) & (skey != -2139095041), idx, -1)
     tl.store(out_ptr + row * stride_o + j, idx, mask=j < K)
 
 

@@ -40,6 +40,22 @@ def test_topk_select_matches_reference(case):
     assert torch.equal(got, want), (got, want)
 
 
+@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "ties"])
+def test_multi_tile_rows_read_only_their_valid_length_and_equal_the_reference(ties):
+    """The multi-tile path counts positions >= valid_len as -inf keys without reading them: rows whose valid length
+    is 0, under k, at k, at a tile edge, the whole row or beyond it give the reference's indices (-1 where a row has
+    fewer than k visible entries)."""
+    vl = torch.tensor([0, 1, 5, 9, 10, 31, 32, 33, 64, 74, 75, 200])
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(len(vl), 75, generator=g)
+    if ties:
+        x = torch.randint(-2, 3, x.shape, generator=g).float()
+    x = x.masked_fill(torch.rand(x.shape, generator=g) < 0.15, float("-inf"))
+    for k in (9, 40):
+        got, want = topk_select(x, k, vl, target="test_topk_tiles"), ref_topk(x, k, vl)
+        assert torch.equal(got, want), (k, got, want)
+
+
 def test_topk_select_empty_and_bad_input():
     assert topk_select(torch.zeros(0, 7), 3).shape == (0, 3)
     with pytest.raises(ValueError, match="k must be"):
