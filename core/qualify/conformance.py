@@ -17,7 +17,8 @@ def test_case(inferhal_backend, inferhal_reference, inferhal_case, inferhal_kit)
     from inferhal.core.qualify.runner import QualifyOptions, claimed_ops, reruns_for, run_case
 
     level = claimed_ops(inferhal_backend)[inferhal_case.op_id]
-    opts = QualifyOptions(level=inferhal_kit.level, reruns=reruns_for(inferhal_kit, inferhal_backend), progress=False)
+    reruns = reruns_for(inferhal_backend, inferhal_kit.reruns)
+    opts = QualifyOptions(level=inferhal_kit.level, reruns=reruns, progress=False)
     row = run_case(inferhal_case, inferhal_backend, inferhal_reference, level, opts, baseline={},
                    measure="performance is measured by `inferhal qualify` on the device")
     if row["status"] in ("not-run", "skipped"):

@@ -37,13 +37,13 @@ EXIT_PASS, EXIT_FAIL, EXIT_INCOMPLETE = 0, 1, 3
 DEFAULT_RERUNS = 2
 
 
-def reruns_for(state, backend) -> int:
-    """The determinism reruns of ``backend``'s cases in the kit's pytest run (``state``: its session state):
-    ``--inferhal-reruns``, else :data:`DEFAULT_RERUNS`, or 1 where
-    the backend runs in a kernel interpreter (its programs run serially on the CPU, so a second rerun repeats the
-    first; the interleaved call on other inputs, which shows state carried between calls, still runs)."""
-    if state.reruns is not None:
-        return state.reruns
+def reruns_for(backend, asked: int | None = None) -> int:
+    """The determinism reruns of ``backend``'s cases: ``asked`` (``--inferhal-reruns``) when given, else
+    :data:`DEFAULT_RERUNS`, or 1 where the backend runs in a kernel interpreter (its programs run serially on the
+    CPU, so a second rerun repeats the first; the interleaved call on other inputs, which shows state carried
+    between calls, still runs)."""
+    if asked is not None:
+        return asked
     return 1 if backend.profile.exec_level == ExecLevel.INTERPRETER else DEFAULT_RERUNS
 
 

@@ -13,9 +13,7 @@ def _backend(level: ExecLevel):
 
 
 def test_an_interpreter_reruns_once_a_device_by_default_and_the_option_wins():
-    state = SimpleNamespace(reruns=None)
-    assert reruns_for(state, _backend(ExecLevel.INTERPRETER)) == 1
-    assert reruns_for(state, _backend(ExecLevel.DEVICE)) == DEFAULT_RERUNS == 2
-    state.reruns = 5  # --inferhal-reruns=5
-    assert reruns_for(state, _backend(ExecLevel.INTERPRETER)) == 5
-    assert reruns_for(state, _backend(ExecLevel.DEVICE)) == 5
+    assert reruns_for(_backend(ExecLevel.INTERPRETER)) == 1
+    assert reruns_for(_backend(ExecLevel.DEVICE)) == DEFAULT_RERUNS == 2
+    assert reruns_for(_backend(ExecLevel.INTERPRETER), 5) == 5  # --inferhal-reruns=5
+    assert reruns_for(_backend(ExecLevel.DEVICE), 5) == 5
