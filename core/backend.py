@@ -150,6 +150,13 @@ class Communicator(Protocol):
     #     stream), strictly after every job submitted before it, and return a future of its result. Every
     #     rank submits the same collectives in the same order; the caller waits for them before it issues
     #     a collective itself. The caller's thread computes meanwhile: that is the overlap."""
+    #
+    # Optional (elastic EP, :mod:`inferhal.core.parallel.elastic`; without it a rank's death restarts the group):
+    #
+    # def reform(self, layout: ParallelLayout) -> None:
+    #     """Leave this group (one of its ranks died: its collectives fail) and join the group of ``layout``:
+    #     the survivors, renumbered ``0 .. n-2`` in their old order, at a new master address/port. Every
+    #     survivor calls it with its own new rank; ``self.layout`` is ``layout`` afterwards."""
 
 
 # --------------------------------------------------------------------------------------------------

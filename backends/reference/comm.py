@@ -44,8 +44,15 @@ class TorchDistCommunicator:
     """
 
     def __init__(self, layout: ParallelLayout, backend: str = "gloo", timeout_s: float | None = None) -> None:
+        self.backend = backend
+        self._thread: ThreadPoolExecutor | None = None
+        self._join(layout, timeout_s)
+
+    def _join(self, layout: ParallelLayout, timeout_s: float | None) -> None:
         self.layout = layout
+        backend = self.backend
         timeout_s = float(layout.timeout_s if timeout_s is None else timeout_s)
+        self.timeout_s = timeout_s
         if not dist.is_initialized():
             where = f"tcp://{layout.master_addr}:{layout.master_port}"
             try:
@@ -59,7 +66,21 @@ class TorchDistCommunicator:
                     f"before joining, or pointed at another master address/port) ({type(exc).__name__}: "
                     f"{first})") from None
         self.group = dist.group.WORLD
-        self._thread: ThreadPoolExecutor | None = None
+
+    def reform(self, layout: ParallelLayout) -> None:
+        """Leave this process group and join a new one of ``layout`` (fewer ranks, renumbered, at a new
+        address): the survivors of a rank's death go on without it (core/parallel/elastic.py). gloo cannot
+        shrink a group (its backend says ``supports_shrinking`` False in torch 2.13), so every survivor destroys
+        its group, whose dead peer may make that raise, and forms the new one."""
+        if getattr(self, "_thread", None) is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except RuntimeError:  # a peer is gone: nothing of the old group is used again
+                pass
+        self._join(layout, None)
 
     def run_async(self, fn: Callable[..., Any], *args: Any) -> Future:
         """``fn(*args)`` on this communicator's communication thread (started on first use), after every

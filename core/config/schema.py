@@ -119,6 +119,10 @@ class EplbConfig:
     policy: str = "inferhal"  # inferhal | greedy
     drift: float = 0.35  # inferhal policy: expected relative drift of an expert's load by the next window
     layers_per_step: int = 1  # live: plan in the background, move n MoE layers per step; 0: all at once
+    # every plan puts each routed expert on two EP ranks (core/eplb/survive.py), so one rank's loss is covered:
+    # under `inferhal serve parallel=depN` the survivors go on serving without it (elastic EP, /health degraded).
+    # Needs eplb=default, num_redundant_experts >= the routed experts and num_nodes=1 (else refused, naming it)
+    survive_rank_loss: bool = False
 
 
 @dataclass

@@ -210,6 +210,12 @@ class DPExperts(EPExperts):
             raise RankDivergenceError(f"DP ranks diverged in step count ({detail})")
         return any(int(g[3]) for g in got)
 
+    def shrink(self, placement: Placement) -> None:
+        """:meth:`EPExperts.shrink`, and whatever the torn step left is dropped (its pass, its counters)."""
+        super().shrink(placement)
+        self._pass, self._split, self._inflight = [], False, []
+        self.traffic = MoeTraffic()
+
     def end_step(self) -> MoeTraffic:
         """This step's counters; the next step starts from zero."""
         t, self.traffic = self.traffic, MoeTraffic()

@@ -27,6 +27,7 @@ from inferhal.core.eplb.controller import EplbController, EplbLayout
 from inferhal.core.eplb.placement import Placement
 from inferhal.core.eplb.baseline import drift_of, policy_of
 from inferhal.core.eplb.drift import DRIFT
+from inferhal.core.eplb.survive import check_survivable, survivable
 from inferhal.core.errors import UserError
 from inferhal.core.parallel.ep_moe import EPExperts
 from inferhal.core.parallel.rebalance import Rebalance, Rebalancer
@@ -72,6 +73,12 @@ def eplb_controller(eplb: Any, num_layers: int, num_experts: int, ep: int) -> Op
     physical = num_experts + int(eplb.num_redundant_experts)
     groups = int(eplb.num_groups) or 1
     lay = EplbLayout(num_layers, num_experts, physical, groups, int(eplb.num_nodes), ep)
+    if bool(getattr(eplb, "survive_rank_loss", False)):  # every plan spreads each expert over two ranks
+        try:
+            check_survivable(num_experts, int(eplb.num_redundant_experts), ep, int(eplb.num_nodes), True)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        fn = survivable(fn)
     return EplbController(lay, int(eplb.window_size), int(eplb.step_interval), fn)
 
 

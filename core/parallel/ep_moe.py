@@ -102,6 +102,13 @@ class EPExperts:
         pad[: hi - lo] = y
         return torch.cat(comm.all_gather(pad))[:t]
 
+    def shrink(self, placement: Placement) -> None:
+        """Go on as a survivor of lost EP ranks: ``self.comm`` has been reformed without them, and
+        ``placement`` is the old one without their slots (:func:`~inferhal.core.eplb.survive.without_ranks`), so
+        this rank's slots hold the experts they held, whose weights it keeps."""
+        self.ep_p = EPParams(ep_size=int(self.comm.layout.world_size), num_physical=placement.num_physical)
+        self.placement = placement
+
     def rebalance(self, new: Placement) -> int:
         """Move this rank's expert weights to ``new`` (collective; every rank calls it with the same plan).
         Returns the number of slots this rank received from other ranks."""
