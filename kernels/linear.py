@@ -35,7 +35,7 @@ from inferhal.core.ops.quant import QuantWeight
 from inferhal.kernels.common import dot_operand, interp, launch, round_to, rows, tl_dtype
 from inferhal.kernels.moe_experts import FP4_DEQUANT, FP4_SCALED, FP8_BLOCK, PLAIN, _load_fp4_scaled, _load_w
 from inferhal.kernels.runtime import next_pow2
-from inferhal.kernels.tuning import FP8_PATHS, config
+from inferhal.kernels.tuning import FP8_PATHS, LINEAR_PATHS, config
 
 INT_BLOCK = 4
 LINEAR, LOGITS, ARGMAX = 0, 1, 2
@@ -146,6 +146,11 @@ def _weight(w, k: int, act: torch.dtype, op: str):
     return FP4_DEQUANT, w.data, w.scale.float(), None, w.block
 
 
+def _prec(dtype: torch.dtype) -> str:
+    """fp32 activations: IEEE fp32 dots (never tf32); half dtypes' products are exact in fp32 either way."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def _gemm(x2: torch.Tensor, w, bias, mode: int, out: torch.Tensor | None, target: str | None, op: str):
     """Launch ``linear_kernel`` on x2 [M, K] (contiguous rows); returns what ``mode`` produces."""
     m, k = x2.shape
@@ -172,7 +177,7 @@ def _gemm(x2: torch.Tensor, w, bias, mode: int, out: torch.Tensor | None, target
            m, n, k, x2.stride(0), *data.stride(), *scale.stride(), block[0], block[1],
            out.stride(0) if mode != ARGMAX else 0,
            W_FMT=fmt, MODE=mode, HAS_BIAS=bias is not None, HAS_OFFSET=offset is not None,
-           DTYPE=tl_dtype(x2.dtype), PREC="ieee" if x2.dtype == torch.float32 else "tf32",
+           DTYPE=tl_dtype(x2.dtype), PREC=_prec(x2.dtype),
            LHS_FMT="fp16" if x2.dtype == torch.float16 else "bf16", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
            INTERP=interp(), SCALE_ROW=fmt == FP8_BLOCK and block[1] % bk == 0,
            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
@@ -182,12 +187,17 @@ def _gemm(x2: torch.Tensor, w, bias, mode: int, out: torch.Tensor | None, target
 
 
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, *, target: str | None = None,
-           fp8: str = "widen") -> torch.Tensor:
+           fp8: str = "widen", path: str = "decode") -> torch.Tensor:
     """``linear``: x[..., K] @ w[N, K]^T (+ bias) -> [..., N] in x's dtype. ``fp8``: how an fp8_block weight
     multiplies: ``widen`` (to x's dtype in registers) or ``w8a8`` (FP8 x FP8, :func:`.linear_lowp.linear_w8a8`,
-    where the weight's K blocks are 128 wide and there is no bias; otherwise widened)."""
+    where the weight's K blocks are 128 wide and there is no bias; otherwise widened). ``path``: ``decode``
+    runs up to the ``gemm_decode`` entry's MAX_ROWS rows through :mod:`.linear_decode` (tiles and K splits
+    from N and K), more rows through the tiled kernel; ``tiled``: the tiled kernel at every M (one summation
+    order whatever the batch: the batch-invariant mode's path)."""
     if fp8 not in FP8_PATHS:
         raise ValueError(f"linear: fp8={fp8!r}; known: {', '.join(FP8_PATHS)}")
+    if path not in LINEAR_PATHS:
+        raise ValueError(f"linear: path={path!r}; known: {', '.join(LINEAR_PATHS)}")
     if (fp8 == "w8a8" and bias is None and isinstance(w, QuantWeight) and w.format == "fp8_block"
             and len(w.shape) == 2 and w.block[1] == 128):
         from inferhal.kernels.linear_lowp import linear_w8a8
@@ -197,6 +207,15 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, *, target: str 
     b = None if bias is None else bias.contiguous()
     if b is not None and b.numel() != w.shape[0]:
         raise ValueError(f"linear: bias has {b.numel()} elements, weight has N={w.shape[0]}")
+    dec = config("gemm_decode", target) if path == "decode" else None
+    if dec is not None and 0 < x2.shape[0] <= dec["MAX_ROWS"] and w.shape[0] and x2.shape[1]:
+        fmt, data, scale, offset, block = _weight(w, x2.shape[1], x2.dtype, "linear")
+        if fmt != FP4_SCALED:  # dot_scaled weights stay on the tiled kernel
+            from inferhal.kernels.linear_decode import linear_decode
+
+            y = linear_decode(x2, fmt, data, scale, offset, block, b, dec, prec=_prec(x2.dtype),
+                              dtype=tl_dtype(x2.dtype), scale_row_ok=fmt == FP8_BLOCK, interp=interp())
+            return y.reshape(*x.shape[:-1], w.shape[0])
     y = _gemm(x2, w, b, LINEAR, None, target, "linear")
     return y.reshape(*x.shape[:-1], w.shape[0])
 

@@ -350,10 +350,44 @@ def _gemm_specs() -> list[KernelSpec]:
                    cx(PLAIN, ARGMAX), mma=True),
         KernelSpec("lm_head_argmax_fp8_block", "lm_head.argmax", fn, "gemm", ptrs("*fp8e4nv", "*fp32", "*fp32"), (),
                    cx(FP8_BLOCK, ARGMAX), mma=True),
+        *_decode_specs(ptrs),
         # the partials' reduction: 129,280 / 128 = 1010 tiles per row
         KernelSpec("lm_head_argmax_reduce", "lm_head.argmax", "inferhal.kernels.linear:argmax_reduce_kernel", "gemm",
                    {"pv_ptr": "*fp32", "pi_ptr": "*i32", "out_ptr": "*i64"}, (), lambda cfg: {"BLOCK_T": 1024}),
     ]
+
+
+def _decode_specs(ptrs) -> list[KernelSpec]:
+    """linear at decode (kernels/linear_decode.py) at V4-Flash's projections, bf16 and FP8 128x128 blocks widened,
+    each N tile of the target's ``gemm_decode`` entry (decode_grid picks them by N and K), specialised as a
+    launch with contiguous rows: q_a_proj (N 1024, K 4096: 32-wide tiles, 11 splits), kv_proj (N 512: 16-wide),
+    q_b_proj (N 32768, K 1024: 64-wide, one split); and the split reduction."""
+    from inferhal.kernels.moe_experts import FP8_BLOCK, PLAIN
+
+    def cx(fmt: int, split: bool, bn: int):
+        def make(cfg):
+            return {"W_FMT": fmt, "HAS_BIAS": False, "HAS_OFFSET": False, "DTYPE": _tl().bfloat16, "PREC": "tf32",
+                    "SPLIT": split, "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": bn, "BLOCK_K": cfg["BLOCK_K"],
+                    "INTERP": False, "SCALE_ROW": fmt == FP8_BLOCK}
+        return make
+
+    fn = "inferhal.kernels.linear_decode:linear_decode_kernel"
+    shapes = {64: (32768, 1024, False), 32: (1024, 4096, True), 16: (512, 4096, True)}
+    out = []
+    for label, fmt, wt in (("bf16", PLAIN, "*bf16"), ("fp8_block", FP8_BLOCK, "*fp8e4nv")):
+        for bn, (n, k, split) in shapes.items():
+            blk = 128 if fmt == FP8_BLOCK else 1  # a plain weight passes block (1, 1) and a [1, 1] scale
+            vals = {"M": 64, "N": n, "K": k, "KS": 384 if split else k, "stride_x": k, "s_wn": k, "s_wk": 1,
+                    "blk_n": blk, "blk_k": blk, "stride_y": n, "s_sn": k // 128 if fmt == FP8_BLOCK else 1,
+                    "s_sk": 1}
+            out.append(KernelSpec(f"linear_decode_{label}_n{bn}", "linear", fn, "gemm_decode",
+                                  {**ptrs(wt, "*fp32", "*bf16"), "part_ptr": "*fp32"}, (), cx(fmt, split, bn),
+                                  mma=True, values=vals))
+    out.append(KernelSpec("linear_decode_split_reduce", "linear", "inferhal.kernels.linear_decode:split_reduce_kernel",
+                          "gemm_decode", {"part_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*bf16"}, (),
+                          lambda cfg: {"HAS_BIAS": False, "DTYPE": _tl().bfloat16, "BLOCK": cfg["REDUCE_BLOCK"],
+                                       "INTERP": False}))
+    return out
 
 
 def _later_specs() -> list[KernelSpec]:

@@ -29,6 +29,17 @@ DECODES = ("split", "single")
 #: (``backend.options.fp8_matmul`` on cuda_sm100): widened to the activation dtype in registers (the
 #: numerically closest), or FP8 x FP8 with activations quantised per token and 128 channels
 FP8_PATHS = ("widen", "w8a8")
+#: how linear picks its kernel (``path=``): ``decode`` runs up to gemm_decode's MAX_ROWS rows through
+#: kernels/linear_decode.py (N tile and K splits chosen from N and K), more through the tiled GEMM; ``tiled``
+#: runs the tiled GEMM at every M (what cuda_sm100 runs under backend.batch_invariant=true)
+LINEAR_PATHS = ("decode", "tiled")
+
+# linear at decode (kernels/linear_decode.py): BLOCK_M rows a program (a fixed tile: never chosen from M), the N
+# tile the widest of N_TILES whose tiles x K splits reach PROGRAMS programs (two per SM of a 132-SM H100 / H200),
+# splits of at least MIN_SPLIT_K columns (the fp32 partials [S, M, N], written and read once, are 4 M / KS of the
+# weight's bytes: <= 1/4 at M = 16, <= 1 at M = 64, mostly in L2), REDUCE_BLOCK columns per program of the split reduction. Up to MAX_ROWS rows; more take the tiled GEMM.
+_GEMM_DECODE = {"BLOCK_M": 64, "N_TILES": (64, 32, 16), "BLOCK_K": 128, "MIN_SPLIT_K": 256, "PROGRAMS": 264,
+                "MAX_ROWS": 128, "REDUCE_BLOCK": 1024, "num_warps": 4, "num_stages": 3}
 
 # split-KV decode (kernels/attn_split.py), the same on Hopper and Blackwell (listed in both tables below):
 # BLOCK_H heads per program (the N side of the swap-AB dots), SPLIT keys per split, a key range cut into at most
@@ -66,6 +77,7 @@ _DEFAULT: dict[str, dict[str, Any]] = {
     # with the JIT's specialisation at V4 shapes: sm_90a 171 / 128 registers, sm_100a 196 / 138)
     "moe_gemm_fp8": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
     "gemm_int": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
+    "gemm_decode": _GEMM_DECODE,
     "mhc_pre": {"BLOCK_K": 256, "num_warps": 4},
     "mhc_post": {"BLOCK_D": 256, "num_warps": 4},
     "mhc_head": {"BLOCK_K": 256, "num_warps": 4},
@@ -107,6 +119,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "attn_sparse": {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
         # HCA pools 128 tokens x BLOCK_C channels (kv and gate) in registers: 8 warps keep it unspilled
         "attn_compress": {"BLOCK_C": 32, "num_warps": 8},
+        "gemm_decode": _GEMM_DECODE,
         **_SPLIT_KV,
     },
     "cuda_sm90": {
@@ -117,6 +130,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
         "gemm_fp8": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
         "attn_paged": {"BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 4, "num_stages": 2},
+        "gemm_decode": _GEMM_DECODE,
         **_SPLIT_KV,
     },
     "ascend950": {},  # the Ascend backend fills this (or register_target) with triton-ascend tiles
@@ -130,6 +144,9 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "gemm_fp8": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1},
         "moe_gemm_fp8": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1},
         "gemm_int": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1},
+        # decode linear: splits of 64 columns, ~8 programs, so that test shapes cross tile and split edges
+        "gemm_decode": {"BLOCK_M": 16, "N_TILES": (32, 16), "BLOCK_K": 32, "MIN_SPLIT_K": 64, "PROGRAMS": 8,
+                        "MAX_ROWS": 128, "REDUCE_BLOCK": 64, "num_warps": 4, "num_stages": 1},
         "attn_paged": {"BLOCK_N": 16, "BLOCK_H": 16, "num_warps": 4, "num_stages": 1},
         "moe_route": {"BLOCK_T": 16, "num_warps": 4},
         "sample": {"BLOCK_V": 256, "BLOCK_R": 64, "BISECT_ITERS": 40, "num_warps": 4},

@@ -73,10 +73,10 @@ def check_options(options) -> dict:
     return {"attn_decode": decode, "fp8_matmul": fp8}
 
 
-def _bi(why: str):
+def _bi(why: str, mode_only: bool = False):
     from inferhal.core.ops.invariance import BatchInvariance
 
-    return BatchInvariance(True, why)
+    return BatchInvariance(True, why, mode_only=mode_only)
 
 
 _GEMM = ("one fixed tile per target (kernels/tuning.py), a program per (N-tile, M-tile), the whole K loop in "
@@ -87,7 +87,10 @@ _GEMM = ("one fixed tile per target (kernels/tuning.py), a program per (N-tile, 
 BATCH_INVARIANCE: dict = {
     "norm.rms": _bi("one program per row, the whole row in one block (no split along D)"),
     "rope.apply": _bi("one program per (token, head), elementwise: no reduction"),
-    "linear": _bi(_GEMM),
+    "linear": _bi("under backend.batch_invariant=true the tiled GEMM at every M: " + _GEMM + ". Otherwise up to 128 "
+                  "rows run kernels/linear_decode.py (N tile and K splits from N and K, partials summed in split "
+                  "order: a row's result is the same at 1 and at 128 rows) and more rows the tiled GEMM, whose "
+                  "sums differ", mode_only=True),
     "lm_head": _bi(_GEMM),
     "lm_head.argmax": _bi(_GEMM + "; per-row argmax over the N tiles in tile order, first index on ties"),
     "embed": _bi("one program per token: a row copy"),
@@ -133,7 +136,9 @@ DEGRADED: dict[str, dict[str, str]] = {
 }
 
 
-def provide(level, target: str, options=None) -> dict:
+def provide(level, target: str, options=None, batch_invariant: bool = False) -> dict:
+    """op ID -> OpImpl of each kernel, bound to ``target``'s tuning and the options; ``batch_invariant``
+    (``backend.batch_invariant=true``): linear runs its tiled GEMM at every M (``path="tiled"``)."""
     import importlib
 
     from inferhal.core.ops.table import OpImpl
@@ -145,6 +150,8 @@ def provide(level, target: str, options=None) -> dict:
         kw = {"decode": opts["attn_decode"]} if op_id in DECODE_OPS else {}
         if op_id in FP8_OPS:
             kw["fp8"] = opts["fp8_matmul"]
+        if op_id == "linear" and batch_invariant:
+            kw["path"] = "tiled"
         impl = functools.partial(getattr(importlib.import_module(mod), fn), target=target, **kw)
         note = f"triton kernel {path} (tuning: {target}" + "".join(f"; {k}: {v}" for k, v in kw.items()) + ")"
         if op_id in DEGRADED.get(target, {}):
@@ -155,7 +162,7 @@ def provide(level, target: str, options=None) -> dict:
 
 def variants(target: str) -> dict:
     """The ``op_variants`` extra: each op the options switch, under every value of its option (``attn_decode``
-    for the decode attention and indexer, ``fp8_matmul`` for the FP8 products), for the device run to check
+    for the decode attention and indexer, ``fp8_matmul`` for the FP8 products, linear's tiled path), for the device run to check
     and time side by side on the same inputs (old and new kernels). op ID -> {"option=value": callable}."""
     import importlib
 
@@ -168,6 +175,8 @@ def variants(target: str) -> dict:
             choices = {f"attn_decode={v}": {"decode": v} for v in DECODES}
         elif op_id in FP8_OPS:
             choices = {f"fp8_matmul={v}": {"fp8": v} for v in FP8_PATHS}
+            if op_id == "linear":  # the tiled GEMM at every M (before the decode kernel; batch-invariant mode)
+                choices["path=tiled"] = {"path": "tiled"}
         else:
             continue
         wrapper = getattr(importlib.import_module(mod), fn)

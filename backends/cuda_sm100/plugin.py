@@ -60,7 +60,8 @@ def inferhal_op_batch_invariance():
 def inferhal_provide_ops(profile, config):
     from inferhal.backends.cuda_sm100 import ops
 
-    return ops.provide(profile.exec_level, profile.extra.get("kernel_target", "cuda_sm100"), config.options)
+    return ops.provide(profile.exec_level, profile.extra.get("kernel_target", "cuda_sm100"), config.options,
+                       bool(config.batch_invariant))
 
 
 @hookimpl

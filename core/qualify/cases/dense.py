@@ -125,7 +125,10 @@ def linear() -> list[OpCase]:
              (1, 512, 256, False, "plain", "full"), (64, 256, 512, True, "plain", "full"),
              (33, 200, 384, False, "fp8_block", "full"), (17, 256, 512, False, "fp4_group", "full"),
              (3, 96, 128, False, "int_block", "quick"), (6, 80, 256, False, "int_block+offset", "quick"),
-             (12, 200, 640, False, "int_block", "full")]
+             (12, 200, 640, False, "int_block", "full"),
+             # past 128 rows: a backend whose linear switches kernels at a row count (cuda_sm100's decode
+             # kernel up to 128 rows, kernels/linear_decode.py) is checked on both sides of the switch
+             (136, 48, 96, True, "plain", "quick")]
     for t, n, k, bias, fmt, level in sweep:
         for dtype in _dtypes(level):
             def build(seed, t=t, n=n, k=k, bias=bias, fmt=fmt, dtype=dtype):

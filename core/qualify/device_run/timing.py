@@ -28,10 +28,14 @@ DIMS = {
                                               ("shared gate|up", 4096, 4096)), m=(64, 128, 4096),
                  paged=((64, 4096), (128, 8192)), heads=64, latent=512, bs=64, sparse=(64, 65536, 128, 512, 4096),
                  index=(64, 65536, 64, 128), experts=(4096, 4096, 2048, 32, 6), decode_experts=(64, 64),
-                 head=(32, 129280, 4096)),
+                 head=(32, 129280, 4096),
+                 # linear at decode: V4-Flash's projections (q_a 1024x4096, kv 512x4096, q_b 32768x1024,
+                 # o_b 4096x8192) at M = 1, 16, 64, 128; fp8_block weights for the first
+                 decode_linear=(("q_a", 1024, 4096), ("kv", 512, 4096), ("q_b", 32768, 1024), ("o_b", 4096, 8192)),
+                 decode_m=(1, 16, 64, 128)),
     "reduced": dict(norm=(64, 256), weights=(("q_b", 256, 128),), m=(16,), paged=((2, 64),), heads=4, latent=64,
                     bs=16, sparse=(2, 256, 16, 16, 64), index=(2, 256, 4, 32), experts=(8, 128, 128, 4, 2),
-                    decode_experts=(8, 4), head=(4, 1024, 128)),
+                    decode_experts=(8, 4), head=(4, 1024, 128), decode_linear=(("q_a", 96, 256),), decode_m=(1, 16)),
 }
 
 
@@ -73,10 +77,14 @@ class Perf:
         log(f"{row['status']:>11} {row['name']}: {row.get('ms', 0):.4f} ms {row.get('message', '')[:120]}")
         self.emit(row)
 
-    def kernel(self, op_id: str, name: str, call: Callable[[Any], Any], nbytes: float, flops: float, dtype: str) -> None:
-        """Every variant of ``op_id`` on the same inputs (``call(fn)`` runs one), each rated against this case's ceilings."""
+    def kernel(self, op_id: str, name: str, call: Callable[[Any], Any], nbytes: float, flops: float, dtype: str,
+               only: tuple[str, ...] = ()) -> None:
+        """Every variant of ``op_id`` (or those named in ``only``) on the same inputs (``call(fn)`` runs one),
+        each rated against this case's ceilings."""
         base = None
         for vname, fn in variants(self.ctx.active, op_id).items():
+            if only and vname not in only:
+                continue
             row = self._time(name, (lambda fn=fn: call(fn)), nbytes, flops, dtype, "kernel", op=op_id, variant=vname)
             if "ms" in row:
                 shares = {}
@@ -121,7 +129,7 @@ def perf_rows(ctx: Context, emit) -> None:
     pf.kernel("norm.rms", f"norm.rms {t}x{d} bf16 +residual", lambda f: f(x, w, P.RmsNormParams(), x),
               4 * x.numel() * 2, 4 * x.numel(), "bfloat16")
     del x
-    for section in (linear_perf, attention_perf, experts_perf, head_perf):
+    for section in (linear_perf, linear_decode_perf, attention_perf, experts_perf, head_perf):
         try:
             section(torch, ctx, pf, s, P)
         except Exception as exc:  # a set-up error must not lose the other groups
@@ -157,6 +165,27 @@ def linear_perf(torch, ctx, pf: Perf, s, P) -> None:
             pf.kernel("linear", f"linear bf16 {label} M{m} N{n} K{k}", lambda f: f(x, wb), n * k * 2 + io, fl, "bfloat16")
             pf.kernel("linear", f"linear fp8_block (bf16 activations) {label} M{m} N{n} K{k}", lambda f: f(x, w8),
                       n * k + io, fl, "float8_e4m3fn")
+
+
+def linear_decode_perf(torch, ctx, pf: Perf, s, P) -> None:
+    """linear at decode sizes: the op's default (on cuda_sm100, kernels/linear_decode.py up to 128 rows) and the
+    tiled GEMM (``path=tiled``, the kernel before it) beside a copy of the same bytes (weight + x + y)."""
+    from inferhal.core.ops.quantize import quantize_fp8_block
+
+    dev, bf = ctx.dev, torch.bfloat16
+    pick = ("default", "path=tiled")
+    for i, (label, n, k) in enumerate(s["decode_linear"]):
+        w = torch.randn(n, k, device=dev) * k**-0.5
+        weights = [("bf16", w.to(bf), n * k * 2)] + ([("fp8_block", quantize_fp8_block(w), n * k)] if i == 0 else [])
+        del w
+        for m in s["decode_m"]:
+            x = torch.randn(m, k, device=dev, dtype=bf)
+            for wname, wt, wbytes in weights:
+                nbytes = wbytes + m * (k + n) * 2
+                pf.case()
+                pf.ceiling("copy", f"{nbytes} B (decode linear {label} {wname} M{m})", _copier(torch, dev, nbytes), nbytes)
+                pf.kernel("linear", f"linear decode {wname} {label} M{m} N{n} K{k}", lambda f, wt=wt: f(x, wt), nbytes,
+                          2 * m * n * k, "bfloat16", only=pick)
 
 
 def attention_perf(torch, ctx, pf: Perf, s, P) -> None:

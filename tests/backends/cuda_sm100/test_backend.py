@@ -93,3 +93,17 @@ def test_op_variants_offer_every_kernel_the_options_switch(active):
         table = active.ops.entry(op_id).fn.fn
         assert got["attn_decode=split"].func is table.func and got["attn_decode=split"].keywords == table.keywords
     assert set(offered["moe.experts"]) == {"fp8_matmul=widen", "fp8_matmul=w8a8"}
+    assert set(offered["linear"]) == {"fp8_matmul=widen", "fp8_matmul=w8a8", "path=tiled"}
+    assert offered["linear"]["path=tiled"].keywords == {"target": "interpreter", "path": "tiled"}
+
+
+def test_linear_runs_the_tiled_gemm_at_every_m_in_the_batch_invariant_mode():
+    """linear's decode kernel (up to 128 rows) sums in another order than the tiled GEMM (more rows), so the
+    batch-invariant mode binds the tiled path (declared invariant in that mode only)."""
+    from inferhal.backends.cuda_sm100.ops import BATCH_INVARIANCE
+
+    reg = BackendRegistry.discover()
+    on = reg.select(BackendConfig(name="cuda_sm100", interpret=True, batch_invariant=True)).ops.entry("linear").fn.fn
+    off = reg.select(BackendConfig(name="cuda_sm100", interpret=True)).ops.entry("linear").fn.fn
+    assert on.keywords.get("path") == "tiled" and "path" not in off.keywords
+    assert BATCH_INVARIANCE["linear"].mode_only

@@ -1,0 +1,130 @@
+"""``linear`` at decode (M <= ``MAX_ROWS`` of the ``gemm_decode`` tuning entry, 128 on the GPU targets): enough
+programs for a few rows.
+
+The tiled kernel (:func:`.linear.linear_kernel`) runs a program per (N-tile, M-tile) with 128-wide N tiles, so a
+decode projection gets ``N / 128`` programs: 8 for V4-Flash's ``q_a_proj`` (N 1024) on a 132-SM GPU. Here:
+
+- ``linear_decode_kernel``: a program per (N-tile, K-split, M-tile). The N tile (``BLOCK_N``, the widest of the
+  target's ``N_TILES``) and the split count come from (N, K) and the target only (:func:`decode_grid`), never
+  from M: a row's sums are the same whatever other rows share the call (the M tile is a fixed ``BLOCK_M``, and
+  a row of an MMA never mixes with the other rows). Each program sums its split's ``BLOCK_K`` blocks in K order
+  into an fp32 accumulator; with one split it adds the bias and rounds once (the tiled kernel's epilogue);
+- ``split_reduce_kernel`` (more than one split): the fp32 partials ``[S, M, N]`` summed in split order
+  0, 1, ..., S-1 (a fixed, deterministic second pass, no atomics), the bias added, rounded once.
+
+Numerics: the reference's contract (weights rounded to the activation dtype, fp32 accumulation, one output
+rounding); a split sums the same fp32 products in another order than the unsplit kernel (partial sums of
+``KS`` columns, then the partials in split order), within the conformance tolerance of ``linear`` (fp32:
+4 sqrt(K) ulps; bf16/fp16: 4 ulps plain, 8 for a dequantised weight; ``core/qualify/cases/dense.py``).
+
+Batch invariance: for M <= MAX_ROWS. The op switches to the tiled kernel above it (other tiles and other
+sums), so ``linear``'s wrapper runs the tiled kernel at every M under ``backend.batch_invariant=true``
+(``path="tiled"``; backends/cuda_sm100/ops.py declares linear invariant in that mode only).
+
+Weights: plain, FP8 block-scaled (widened in registers), FP4 dequantised in registers and GGUF integer blocks,
+with the tiled kernel's loaders. ue8m0 FP4 weights (``tl.dot_scaled``) stay on the tiled kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from inferhal.kernels.common import dot_operand, launch, round_to
+from inferhal.kernels.linear import _load_int_block
+from inferhal.kernels.moe_experts import _load_w
+
+
+@triton.jit
+def linear_decode_kernel(x_ptr, w_ptr, ws_ptr, wo_ptr, b_ptr, y_ptr, part_ptr, M, N, K, KS, stride_x,
+                         s_wn, s_wk, s_sn, s_sk, blk_n, blk_k, stride_y,
+                         W_FMT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_OFFSET: tl.constexpr, DTYPE: tl.constexpr,
+                         PREC: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, INTERP: tl.constexpr, SCALE_ROW: tl.constexpr):
+    pid_n = tl.program_id(0)
+    sp = tl.program_id(1)
+    rm = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mm, nm = rm < M, rn < N
+    rows = rm.to(tl.int64)
+    k_lo = sp * KS  # KS: a multiple of BLOCK_K
+    k_hi = tl.minimum(K, k_lo + KS)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        xt = tl.load(x_ptr + rows[:, None] * stride_x + rk[None, :], mask=mm[:, None] & (rk < K)[None, :], other=0.0)
+        if W_FMT == 4:
+            w = _load_int_block(w_ptr, ws_ptr, wo_ptr, rn, rk, N, K, s_wn, s_wk, s_sn, s_sk, blk_k, HAS_OFFSET,
+                                DTYPE, INTERP)
+        else:
+            w = _load_w(w_ptr, ws_ptr, 0, rn, k0, rk, N, K, 0, s_wn, s_wk, 0, s_sn, s_sk, blk_n, blk_k,
+                        W_FMT, DTYPE, INTERP, SCALE_ROW)
+        acc = tl.dot(dot_operand(xt, INTERP), dot_operand(tl.trans(w), INTERP), acc, input_precision=PREC)
+    out = mm[:, None] & nm[None, :]
+    if SPLIT:  # partial sums [S, M, N], summed in split order by split_reduce_kernel
+        tl.store(part_ptr + (sp * M + rows)[:, None] * N + rn[None, :], acc, mask=out)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + rows[:, None] * stride_y + rn[None, :], round_to(acc, DTYPE, INTERP), mask=out)
+
+
+@triton.jit
+def split_reduce_kernel(part_ptr, b_ptr, y_ptr, M, N, S, stride_y, HAS_BIAS: tl.constexpr, DTYPE: tl.constexpr,
+                        BLOCK: tl.constexpr, INTERP: tl.constexpr):
+    """Row ``program_id(0)``, columns ``program_id(1) * BLOCK ...``: sum_s part[s] in order s = 0..S-1, + bias,
+    one rounding to DTYPE."""
+    r = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    cm = c < N
+    acc = tl.load(part_ptr + r * N + c, mask=cm, other=0.0)
+    for s in range(1, S):
+        acc += tl.load(part_ptr + (s * M + r) * N + c, mask=cm, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + c, mask=cm, other=0.0).to(tl.float32)
+    tl.store(y_ptr + r * stride_y + c, round_to(acc, DTYPE, INTERP), mask=cm)
+
+
+def decode_grid(n: int, k: int, cfg) -> tuple[int, int, int]:
+    """(BLOCK_N, splits, KS = K columns per split, a multiple of BLOCK_K) of a decode ``linear`` of N outputs
+    over K, from (N, K) and the target's ``gemm_decode`` entry only: the widest tile of ``N_TILES`` whose N-tiles
+    times splits reach ``PROGRAMS`` (two programs per SM of the target), splits of at least ``MIN_SPLIT_K``
+    columns (the fp32 partials stay a fraction of the weight's bytes), else the narrowest tile with as many
+    splits as K allows. The last split may be shorter."""
+    bk = cfg["BLOCK_K"]
+    kb = triton.cdiv(k, bk)
+    min_kb = max(1, cfg["MIN_SPLIT_K"] // bk)
+    max_s = max(1, kb // min_kb)
+    for bn in cfg["N_TILES"]:
+        tiles = triton.cdiv(n, bn)
+        per = max(min_kb, kb // min(max_s, triton.cdiv(cfg["PROGRAMS"], tiles)))  # K blocks per split
+        if tiles * triton.cdiv(kb, per) >= cfg["PROGRAMS"]:
+            break
+    return bn, triton.cdiv(kb, per), per * bk
+
+
+def linear_decode(x2: torch.Tensor, fmt: int, data, scale, offset, block, bias, cfg, *, prec: str, dtype,
+                  scale_row_ok: bool, interp: bool) -> torch.Tensor:
+    """y [M, N] = x2 [M, K] @ w^T (+ bias) with ``linear_decode_kernel`` (and the split reduction); the
+    weight as :func:`.linear._weight` returns it."""
+    m, k = x2.shape
+    n = data.shape[0]
+    bm, bk = cfg["BLOCK_M"], cfg["BLOCK_K"]
+    bn, splits, ks = decode_grid(n, k, cfg)
+    dev = x2.device
+    y = torch.empty((m, n), dtype=x2.dtype, device=dev)
+    part = torch.empty((splits, m, n), dtype=torch.float32, device=dev) if splits > 1 else scale
+    launch(linear_decode_kernel, (triton.cdiv(n, bn), splits, triton.cdiv(m, bm)),
+           x2, data, scale, offset if offset is not None else scale, bias if bias is not None else scale, y, part,
+           m, n, k, ks, x2.stride(0), *data.stride(), *scale.stride(), block[0], block[1], y.stride(0),
+           W_FMT=fmt, HAS_BIAS=bias is not None, HAS_OFFSET=offset is not None, DTYPE=dtype, PREC=prec,
+           SPLIT=splits > 1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, INTERP=interp,
+           SCALE_ROW=scale_row_ok and block[1] % bk == 0,
+           num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if splits > 1:
+        rb = cfg["REDUCE_BLOCK"]
+        split_reduce_kernel[(m, triton.cdiv(n, rb))](part, bias if bias is not None else scale, y, m, n, splits,
+                                                      y.stride(0), HAS_BIAS=bias is not None, DTYPE=dtype, BLOCK=rb,
+                                                      INTERP=interp, num_warps=4)
+    return y
