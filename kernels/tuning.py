@@ -29,6 +29,10 @@ DECODES = ("split", "single")
 #: (``backend.options.fp8_matmul`` on cuda_sm100): widened to the activation dtype in registers (the
 #: numerically closest), or FP8 x FP8 with activations quantised per token and 128 channels
 FP8_PATHS = ("widen", "w8a8")
+#: how moe.dispatch exchanges rows (``exchange=``, ``backend.options.ep_exchange`` on cuda_sm100): ``exact``
+#: (each rank its routed rows; the split sizes read on the host), ``padded`` (a fixed capacity per rank, one
+#: equal-split all-to-all, no host read: capturable), ``auto`` (padded while a CUDA graph is captured)
+EP_EXCHANGES = ("auto", "exact", "padded")
 #: how linear picks its kernel (``path=``): ``decode`` runs up to gemm_decode's MAX_ROWS rows through
 #: kernels/linear_decode.py (N tile and K splits chosen from N and K), more through the tiled GEMM; ``tiled``
 #: runs the tiled GEMM at every M (what cuda_sm100 runs under backend.batch_invariant=true)

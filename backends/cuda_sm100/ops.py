@@ -48,6 +48,10 @@ OPTIONS = {
                   "in registers (the numerically closest); w8a8: FP8 x FP8 on the FP8 tensor cores, activations "
                   "quantised per token and 128 channels, the 128 x 128 block scales applied per K block "
                   "(kernels/moe_fp8.py; linear where the weight's K blocks are 128 wide and there is no bias)",
+    "ep_exchange": "auto (default): moe.dispatch exchanges exactly the routed rows (the split sizes read on the "
+                   "host) and switches to padded while a CUDA graph is being captured; exact: always that; padded: "
+                   "always a fixed T x K rows per destination rank in one equal-split all-to-all, no host read "
+                   "(kernels/moe_ep.py; every rank must dispatch the same T)",
 }
 #: the ops ``attn_decode`` selects the kernel of
 DECODE_OPS = ("attn.paged", "attn.sparse_topk", "indexer.scores")
@@ -58,7 +62,7 @@ FP8_OPS = ("moe.experts", "linear")
 def check_options(options) -> dict:
     """``backend.options`` as cuda_sm100 reads them: an unknown key or value is a UserError naming it."""
     from inferhal.core.errors import UserError
-    from inferhal.kernels.tuning import DECODES, FP8_PATHS  # data: importing it defines no kernel
+    from inferhal.kernels.tuning import DECODES, EP_EXCHANGES, FP8_PATHS  # data: importing it defines no kernel
 
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
@@ -70,7 +74,10 @@ def check_options(options) -> dict:
     fp8 = str(options.get("fp8_matmul", "widen"))
     if fp8 not in FP8_PATHS:
         raise UserError(f"backend.options.fp8_matmul={fp8!r} is not one of {', '.join(FP8_PATHS)}")
-    return {"attn_decode": decode, "fp8_matmul": fp8}
+    exchange = str(options.get("ep_exchange", "auto"))
+    if exchange not in EP_EXCHANGES:
+        raise UserError(f"backend.options.ep_exchange={exchange!r} is not one of {', '.join(EP_EXCHANGES)}")
+    return {"attn_decode": decode, "fp8_matmul": fp8, "ep_exchange": exchange}
 
 
 def _bi(why: str, mode_only: bool = False):
@@ -152,6 +159,8 @@ def provide(level, target: str, options=None, batch_invariant: bool = False) -> 
             kw["fp8"] = opts["fp8_matmul"]
         if op_id == "linear" and batch_invariant:
             kw["path"] = "tiled"
+        if op_id == "moe.dispatch":
+            kw["exchange"] = opts["ep_exchange"]
         impl = functools.partial(getattr(importlib.import_module(mod), fn), target=target, **kw)
         note = f"triton kernel {path} (tuning: {target}" + "".join(f"; {k}: {v}" for k, v in kw.items()) + ")"
         if op_id in DEGRADED.get(target, {}):

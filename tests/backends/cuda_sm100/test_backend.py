@@ -74,6 +74,12 @@ def test_options_select_the_kernels_and_are_checked():
         reg.select(BackendConfig(name="cuda_sm100", interpret=True, options={"fp8_matmul": "fp4"}))
     with pytest.raises(UserError, match=r"attn_decode='fast' is not one of split, single"):
         reg.select(BackendConfig(name="cuda_sm100", interpret=True, options={"attn_decode": "fast"}))
+    for value in (None, "exact", "padded"):  # ep_exchange: how moe.dispatch exchanges (auto by default)
+        opts = {} if value is None else {"ep_exchange": value}
+        ops = reg.select(BackendConfig(name="cuda_sm100", interpret=True, options=opts)).ops
+        assert ops.entry("moe.dispatch").fn.fn.keywords["exchange"] == (value or "auto")
+    with pytest.raises(UserError, match=r"ep_exchange='fast' is not one of auto, exact, padded"):
+        reg.select(BackendConfig(name="cuda_sm100", interpret=True, options={"ep_exchange": "fast"}))
     with pytest.raises(UserError, match=r"unknown option\(s\) \['torch_device'\] for the cuda_sm100 backend"):
         reg.select(BackendConfig(name="cuda_sm100", interpret=True, options={"torch_device": "cuda:1"}))
 

@@ -95,3 +95,34 @@ def test_gguf_decoder_steps_make_no_host_read_in_the_backend(family, tiny_v4):
         eng.step()
     assert [n for n, _ in guards] == [18, 2, 2]  # a prefill, then two decode steps
     assert all(not g.backend_reads for _, g in guards)
+
+
+@pytest.mark.parametrize("exchange,reads", [("padded", False), ("exact", True)])
+def test_ep_dispatch_and_combine_read_nothing_under_the_padded_exchange(exchange, reads):
+    """The backend's moe.dispatch / moe.combine bound with backend.options.ep_exchange, under the guard with
+    backend reads fatal (one rank; tests/kernels/test_moe_ep.py runs 2 gloo ranks): the padded exchange reads
+    nothing, the exact one its split sizes (negative control)."""
+    import torch
+
+    from inferhal.backends.reference.comm import SingleProcessCommunicator
+    from inferhal.core.backend import ParallelLayout
+    from inferhal.core.config.schema import BackendConfig
+    from inferhal.core.engine.host_sync import HostSyncError
+    from inferhal.core.ops.params import EPParams
+    from inferhal.core.registry import BackendRegistry
+
+    ops = BackendRegistry.discover().select(BackendConfig(name="cuda_sm100", interpret=True,
+                                                          options={"ep_exchange": exchange})).ops
+    g = torch.Generator().manual_seed(1)
+    x, ids, w = torch.randn(5, 32, generator=g), torch.randint(-1, 16, (5, 6), generator=g), torch.rand(5, 6, generator=g)
+    comm, p = SingleProcessCommunicator(ParallelLayout()), EPParams(ep_size=1, num_physical=16)
+    try:
+        with HostSyncGuard(backend_fatal=True):
+            sent = ops["moe.dispatch"](x, ids, comm, p)
+            y = ops["moe.combine"](sent.x, w, sent.handle, comm, p)
+    except HostSyncError:
+        assert reads
+        return
+    assert not reads
+    want = (x[:, None, :] * w[..., None] * (ids >= 0)[..., None]).sum(1)  # an identity expert
+    assert torch.allclose(y, want, atol=1e-5)
