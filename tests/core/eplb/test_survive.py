@@ -128,3 +128,23 @@ def test_the_eplb_controller_refuses_too_few_slots_and_spreads_its_plans():
     eplb.survive_rank_loss = False
     raw = eplb_controller(eplb, 2, 8, 2).plan_from(load)
     assert not all(covered(raw, 2, [r]) for r in range(2))  # the same load without the constraint
+
+
+def test_survivable_plans_stay_balanced():
+    """The heaviest rank's load (per-replica loads summed) of a survivable plan, against the unconstrained plan's,
+    on log-normal loads: the halves keep the policy's balance (repairing the unconstrained plan alone does not)."""
+    gen = torch.Generator().manual_seed(5)
+
+    def heaviest(p2l, w, ep):
+        cnt = torch.zeros_like(w).scatter_add_(1, p2l, torch.ones_like(p2l, dtype=w.dtype))
+        per_slot = (w / cnt).gather(1, p2l)  # [L, R]
+        return per_slot.view(w.shape[0], ep, -1).sum(-1).amax(1) / (w.sum(1) / ep)  # [L] max / mean
+
+    for ep, E in ((2, 16), (4, 32), (8, 64)):
+        w = torch.exp(torch.randn(8, E, generator=gen))
+        raw, _, _ = rebalance_experts(w, 2 * E, 1, 1, ep, drift=0.0)
+        ours, _, _ = survivable(lambda *a: rebalance_experts(*a, drift=0.0))(w, 2 * E, 1, 1, ep)
+        repaired = spread(raw, E, ep, w)
+        assert float(heaviest(ours, w, ep).max()) <= 1.02 * float(heaviest(raw, w, ep).max()), (ep, E)
+        if ep > 2:  # (two ranks of E slots each hold every expert once: any spread plan is even)
+            assert float(heaviest(repaired, w, ep).median()) > 1.1 * float(heaviest(ours, w, ep).median())
