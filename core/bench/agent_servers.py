@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import glob
 import importlib.util
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
+from inferhal.core import procs
 from inferhal.core.bench.serve import _free_port, _get, _serve_child
 
 WHEELS = Path(os.path.expanduser("~/.cache/inferhal/wheels"))
@@ -89,7 +89,7 @@ def _wait(server: Server, path: str, alive) -> Optional[str]:
 def start_inferhal(cfg: Any, label: str) -> tuple[Optional[Server], str]:
     """``inferhal serve`` on ``cfg`` in a child process on a free loopback port → (server, '') or (None, why)."""
     port = _free_port()
-    proc = multiprocessing.get_context("spawn").Process(target=_serve_child, args=(cfg, port), daemon=False)
+    proc = procs.context().Process(target=_serve_child, args=(cfg, port), daemon=False)
     proc.start()
     srv = Server(label, f"http://127.0.0.1:{port}", "inferhal", proc,
                  str(cfg.server.served_model_name or cfg.model.name))

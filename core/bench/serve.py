@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import random
 import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from inferhal.core import procs
 from inferhal.core.bench.scrape import get as _get, metric as _metric
 from inferhal.core.bench.stamp import stamp
 from inferhal.core.parallel.launch import free_port as _free_port  # (agent, agent_servers, soak import these three here)
@@ -153,7 +153,7 @@ def run(cfg) -> int:
         con.print(f"  offline c={c}: {ntok} tokens, {tps:.1f} tok/s", highlight=False)
     del llm
     port = _free_port()
-    proc = multiprocessing.get_context("spawn").Process(target=_serve_child, args=(cfg, port), daemon=False)
+    proc = procs.context().Process(target=_serve_child, args=(cfg, port), daemon=False)
     proc.start()
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import multiprocessing
 import random
 import re
 import string
@@ -35,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from inferhal.core import procs
 from inferhal.core.bench.scrape import get
 from inferhal.core.bench.stamp import stamp
 from inferhal.core.parallel.launch import free_port
@@ -141,7 +141,7 @@ def _variant_cfg(cfg, over):
 
 def _run_variant(cfg, model: str, plan, max_tokens: int, levels: list[int], warmup: bool, log) -> dict:
     port = free_port()
-    proc = multiprocessing.get_context("spawn").Process(target=_serve, args=(cfg, port), daemon=False)
+    proc = procs.context().Process(target=_serve, args=(cfg, port), daemon=False)
     proc.start()
     base, max_len = f"http://127.0.0.1:{port}", int(cfg.model.max_model_len)
     deadline = time.monotonic() + 300

@@ -36,6 +36,7 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
+from inferhal.core import procs
 from inferhal.core.bench import write_json
 from inferhal.core.bench.agent import _stamp
 from inferhal.core.bench.agent_report import pct
@@ -194,10 +195,9 @@ def run(cfg) -> int:
     del llm
     proc, base = None, str(b.url).rstrip("/") if b.url else None
     if base is None:
-        import multiprocessing
 
         port = _free_port()
-        proc = multiprocessing.get_context("spawn").Process(target=_serve_child, args=(cfg, port), daemon=False)
+        proc = procs.context().Process(target=_serve_child, args=(cfg, port), daemon=False)
         proc.start()
         base = f"http://127.0.0.1:{port}"
     host, port = base.split("//", 1)[1].rsplit(":", 1)

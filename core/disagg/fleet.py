@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any, Optional
 
+from inferhal.core import procs
 from inferhal.core.errors import UserError
 
 log = logging.getLogger("inferhal.disagg")
@@ -131,11 +132,9 @@ class Fleet:
     # ------------------------------------------------------------------ start-up
 
     def _spawn(self, inst: Member) -> None:
-        import multiprocessing as mp
-
         from inferhal.core.disagg.instance import spawned
 
-        ctx = mp.get_context("spawn")
+        ctx = procs.context()
         r, w = ctx.Pipe(duplex=False)
         p = ctx.Process(target=spawned, args=(inst.role, self._cfg_dict, self.key, w), daemon=True,
                         name=f"inferhal-{inst.name}")

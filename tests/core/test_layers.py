@@ -16,7 +16,7 @@ CORE = ROOT / "core"
 
 #: core's packages (and top-level modules) by layer, lowest first
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "console", "host", "ops", "profile", "backend", "hookspecs"),
+    ("errors", "console", "host", "procs", "ops", "profile", "backend", "hookspecs"),
     ("eplb", "structured", "paging"),
     ("config",),
     ("sampling", "scheduler", "registry"),

@@ -107,7 +107,7 @@ def test_a_pd_router_ending_takes_its_instances_with_it(sig):
     try:
         procs = family(p)
         ports = listening(q.pid for q in procs)
-        instances = [q for q in procs if "spawn" in " ".join(q.cmdline())]
+        instances = [q for q in procs if any(m in " ".join(q.cmdline()) for m in ("spawn", "forkserver"))]
         assert len(instances) >= 2 and len(ports) >= 3, (procs, ports)  # HTTP, and each instance's own
         assert get(port, "GET", "/health")[0] == 200
         start(port, 2, 400)
