@@ -56,6 +56,23 @@ def _load_int_block(w_ptr, s_ptr, o_ptr, rn, rk, N, K, s_wn, s_wk, s_sn, s_sk, b
 
 
 @triton.jit
+def k_block(acc, x_ptr, w_ptr, ws_ptr, wo_ptr, rows, mm, rn, k0, N, K, stride_x, s_wn, s_wk, s_sn, s_sk, blk_n, blk_k,
+            W_FMT: tl.constexpr, HAS_OFFSET: tl.constexpr, DTYPE: tl.constexpr, PREC: tl.constexpr,
+            BLOCK_K: tl.constexpr, INTERP: tl.constexpr, SCALE_ROW: tl.constexpr):
+    """``acc + x[rows, k0:k0+BK] . w[rn, k0:k0+BK]^T`` for a weight widened in registers (plain, FP8 blocks,
+    dequantised FP4, integer blocks): one K block of the tiled and the decode kernels."""
+    rk = k0 + tl.arange(0, BLOCK_K)
+    xt = tl.load(x_ptr + rows[:, None] * stride_x + rk[None, :], mask=mm[:, None] & (rk < K)[None, :], other=0.0)
+    if W_FMT == 4:
+        w = _load_int_block(w_ptr, ws_ptr, wo_ptr, rn, rk, N, K, s_wn, s_wk, s_sn, s_sk, blk_k, HAS_OFFSET, DTYPE,
+                            INTERP)
+    else:
+        w = _load_w(w_ptr, ws_ptr, 0, rn, k0, rk, N, K, 0, s_wn, s_wk, 0, s_sn, s_sk, blk_n, blk_k, W_FMT, DTYPE,
+                    INTERP, SCALE_ROW)
+    return tl.dot(dot_operand(xt, INTERP), dot_operand(tl.trans(w), INTERP), acc, input_precision=PREC)
+
+
+@triton.jit
 def linear_kernel(x_ptr, w_ptr, ws_ptr, wo_ptr, b_ptr, y_ptr, pv_ptr, pi_ptr, M, N, K, stride_x,
                   s_wn, s_wk, s_sn, s_sk, blk_n, blk_k, stride_y,
                   W_FMT: tl.constexpr, MODE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_OFFSET: tl.constexpr,
@@ -68,19 +85,15 @@ def linear_kernel(x_ptr, w_ptr, ws_ptr, wo_ptr, b_ptr, y_ptr, pv_ptr, pi_ptr, M,
     rows = rm.to(tl.int64)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        xt = tl.load(x_ptr + rows[:, None] * stride_x + rk[None, :], mask=mm[:, None] & (rk < K)[None, :], other=0.0)
         if W_FMT == 3:
+            rk = k0 + tl.arange(0, BLOCK_K)
+            xt = tl.load(x_ptr + rows[:, None] * stride_x + rk[None, :], mask=mm[:, None] & (rk < K)[None, :],
+                         other=0.0)
             q, s = _load_fp4_scaled(w_ptr, ws_ptr, 0, rn, k0, N, K, 0, s_wn, s_wk, 0, s_sn, s_sk, BLOCK_K)
             acc = tl.dot_scaled(xt, None, LHS_FMT, q, s, "e2m1", acc=acc)
         else:
-            if W_FMT == 4:
-                w = _load_int_block(w_ptr, ws_ptr, wo_ptr, rn, rk, N, K, s_wn, s_wk, s_sn, s_sk, blk_k, HAS_OFFSET,
-                                    DTYPE, INTERP)
-            else:
-                w = _load_w(w_ptr, ws_ptr, 0, rn, k0, rk, N, K, 0, s_wn, s_wk, 0, s_sn, s_sk, blk_n, blk_k,
-                            W_FMT, DTYPE, INTERP, SCALE_ROW)
-            acc = tl.dot(dot_operand(xt, INTERP), dot_operand(tl.trans(w), INTERP), acc, input_precision=PREC)
+            acc = k_block(acc, x_ptr, w_ptr, ws_ptr, wo_ptr, rows, mm, rn, k0, N, K, stride_x, s_wn, s_wk, s_sn, s_sk,
+                          blk_n, blk_k, W_FMT, HAS_OFFSET, DTYPE, PREC, BLOCK_K, INTERP, SCALE_ROW)
     nm = rn < N
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]

@@ -31,9 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from inferhal.kernels.common import dot_operand, launch, round_to
-from inferhal.kernels.linear import _load_int_block
-from inferhal.kernels.moe_experts import _load_w
+from inferhal.kernels.common import launch, round_to
+from inferhal.kernels.linear import k_block
 
 
 @triton.jit
@@ -51,16 +50,9 @@ def linear_decode_kernel(x_ptr, w_ptr, ws_ptr, wo_ptr, b_ptr, y_ptr, part_ptr, M
     k_lo = sp * KS  # KS: a multiple of BLOCK_K
     k_hi = tl.minimum(K, k_lo + KS)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        xt = tl.load(x_ptr + rows[:, None] * stride_x + rk[None, :], mask=mm[:, None] & (rk < K)[None, :], other=0.0)
-        if W_FMT == 4:
-            w = _load_int_block(w_ptr, ws_ptr, wo_ptr, rn, rk, N, K, s_wn, s_wk, s_sn, s_sk, blk_k, HAS_OFFSET,
-                                DTYPE, INTERP)
-        else:
-            w = _load_w(w_ptr, ws_ptr, 0, rn, k0, rk, N, K, 0, s_wn, s_wk, 0, s_sn, s_sk, blk_n, blk_k,
-                        W_FMT, DTYPE, INTERP, SCALE_ROW)
-        acc = tl.dot(dot_operand(xt, INTERP), dot_operand(tl.trans(w), INTERP), acc, input_precision=PREC)
+    for k0 in range(k_lo, k_hi, BLOCK_K):  # the tiled kernel's K block, over this split's columns
+        acc = k_block(acc, x_ptr, w_ptr, ws_ptr, wo_ptr, rows, mm, rn, k0, N, K, stride_x, s_wn, s_wk, s_sn, s_sk,
+                      blk_n, blk_k, W_FMT, HAS_OFFSET, DTYPE, PREC, BLOCK_K, INTERP, SCALE_ROW)
     out = mm[:, None] & nm[None, :]
     if SPLIT:  # partial sums [S, M, N], summed in split order by split_reduce_kernel
         tl.store(part_ptr + (sp * M + rows)[:, None] * N + rn[None, :], acc, mask=out)
