@@ -44,6 +44,10 @@ def compress_kernel(st_ptr, bias_ptr, nw_ptr, cs_ptr, o_ptr, bt_ptr, row_ptr, se
                     INTERP: tl.constexpr):
     i = tl.program_id(0).to(tl.int64)
     row = tl.load(row_ptr + i).to(tl.int64)
+    if row < 0:  # a padding row (a captured step's rows past its count): zeros, nothing read
+        dz = tl.arange(0, BLOCK_D)
+        tl.store(o_ptr + i * stride_o + dz, tl.zeros((BLOCK_D,), tl.float32).to(DTYPE), mask=dz < D)
+        return
     b = tl.load(seq_ptr + i).to(tl.int64)
     e = (tl.load(pos_ptr + row).to(tl.int32) + 1) // M - 1
     bt_row = bt_ptr + b * stride_bt
@@ -113,7 +117,9 @@ def compress_kernel(st_ptr, bias_ptr, nw_ptr, cs_ptr, o_ptr, bt_ptr, row_ptr, se
 def attn_compress(state_cache: torch.Tensor, batch: AttnBatch, rows: torch.Tensor, position_bias: torch.Tensor,
                   norm_weight: torch.Tensor, cos_sin: torch.Tensor, p: CompressParams, *,
                   target: str | None = None) -> torch.Tensor:
-    """``attn.compress``: state_cache[NB, BS, 2, C] (kv | gate per token), rows[N] -> entries[N, D]."""
+    """``attn.compress``: state_cache[NB, BS, 2, C] (kv | gate per token), rows[N] -> entries[N, D]. A row of -1
+    is padding (a step captured as a graph holds a host-known bound of rows, the rows past the step's count
+    -1): its entry is zeros, its position unchecked."""
     if state_cache.dim() != 4 or state_cache.shape[2] != 2 or state_cache.stride(-1) != 1:
         raise ValueError(f"attn.compress: state_cache must be [NB, BS, 2, C] contiguous along C, "
                          f"got {tuple(state_cache.shape)}")
@@ -134,13 +140,14 @@ def attn_compress(state_cache: torch.Tensor, batch: AttnBatch, rows: torch.Tenso
     if n == 0:
         return out
     rows = rows.long().contiguous()
-    pos = batch.positions.long()[rows]
+    pos = batch.positions.long()[rows.clamp(min=0)]
     try:  # checked on the device (asynchronously there): no host read of the positions
-        torch._assert_async(((pos + 1) % m == 0).all(), f"attn.compress: a row does not close a window of {m}")
+        torch._assert_async((((pos + 1) % m == 0) | (rows < 0)).all(), f"attn.compress: a row does not close a "
+                            f"window of {m}")
     except RuntimeError as exc:  # the CPU checks at once
         raise ValueError(f"attn.compress: a row's position + 1 is not a multiple of {m}: it does not close a "
                          f"window of {m}") from exc
-    seq = torch.searchsorted(batch.query_start_loc[1:].long().to(rows.device), rows, right=True)
+    seq = torch.searchsorted(batch.query_start_loc[1:].long().to(rows.device), rows.clamp(min=0), right=True)
     cfg = config("attn_compress", target)
     bias = position_bias.float().contiguous()
     cs = cos_sin.float().contiguous()

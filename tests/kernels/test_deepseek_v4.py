@@ -148,6 +148,27 @@ def test_attn_compress_matches_reference(case, dtype, close):
           name="attn.compress")
 
 
+def test_attn_compress_padding_rows_give_zeros_and_leave_the_rest_bitwise():
+    """Rows of -1 (a captured step's bound past its count, #46): zero entries, no position check, and each
+    real row's entry bitwise the one computed without the padding (one program per row)."""
+    from inferhal.core.engine.host_sync import HostSyncGuard
+    from inferhal.kernels.compress import attn_compress
+
+    ctx, new, m, overlap, c, (r, style, place) = COMPRESS[1]
+    g = torch.Generator().manual_seed(5)
+    pos, qsl, attn, nb = v4_batch(ctx, new, m, g)
+    state = torch.randn(nb, BLOCK, 2, c, generator=g)
+    bias, w = torch.randn(m, c, generator=g), 1 + 0.1 * torch.randn(c // 2, generator=g)
+    cs = torch.randn(64, r, generator=g)
+    rows = torch.nonzero(attn["comp"].slot_mapping >= 0).flatten()
+    p = CompressParams(m, overlap, RopeParams(r, style, place), 1e-6)
+    padded = torch.cat((rows, torch.full((5,), -1, dtype=rows.dtype)))
+    with HostSyncGuard(backend_fatal=True):
+        out = attn_compress(state, attn["state"], padded, bias, w, cs, p)
+    assert torch.equal(out[: rows.numel()], attn_compress(state, attn["state"], rows, bias, w, cs, p))
+    assert not out[rows.numel():].any() and out.shape[0] == rows.numel() + 5
+
+
 def test_attn_compress_rejects_a_row_that_closes_no_window():
     from inferhal.kernels.compress import attn_compress
 
