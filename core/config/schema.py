@@ -73,6 +73,10 @@ class ParallelConfig:
     dp_balance: str = "tokens_cache"
     dp_balance_margin: int = 2048  # tokens (prompt tokens to prefill + KV tokens in use)
     restarts: int = 3  # `inferhal serve`, parallel.dp > 1: times the DP group is spawned again after a rank dies
+    # `inferhal serve`, parallel.dp > 1, launcher=torchrun (core/server/dp_link.py): host:port where the front (the
+    # HTTP server, run without torchrun) listens for the ranks torchrun starts with the same command line, on any
+    # hosts; they connect there with the key in the environment variable INFERHAL_DP_KEY
+    front: str = ""
 
 
 @dataclass

@@ -84,17 +84,18 @@ def _spawned_rank(layout: ParallelLayout, cfg_node: dict, body: Callable[[Any, A
         sys.exit(rc)
 
 
-def check_ranks(cfg: Any) -> int:
+def check_ranks(cfg: Any, front: bool = False) -> int:
     """Every refusal a rank of any command would meet that can be known from the config alone, before any
     process starts or any weight loads: the layout (:func:`~.launch.check_layout`), the spec config, the
     backend's availability (probe only), whether the model has routed experts that divide among the EP ranks
-    and, with DP attention, synchronous scheduling. Returns the world size."""
+    and, with DP attention, synchronous scheduling. Returns the world size. ``front``: as
+    :func:`~.launch.check_layout`'s."""
     from inferhal.core.config.schema import BackendConfig, SpecConfig
     from inferhal.core.models.registry import routed_experts
     from inferhal.core.registry import BackendRegistry
     from inferhal.core.spec.ngram import check_spec_config
 
-    world = check_layout(cfg.parallel)
+    world = check_layout(cfg.parallel, front=front)
     check_spec_config(SpecConfig(**OmegaConf.to_container(cfg.spec, resolve=True)))
     BackendRegistry.discover().require(BackendConfig(**OmegaConf.to_container(cfg.backend, resolve=True)))
     experts = routed_experts(cfg.model)

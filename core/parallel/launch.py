@@ -31,13 +31,15 @@ def world_size_of(parallel: Any) -> int:
     return tp * ep
 
 
-def check_layout(parallel: Any, env: Mapping[str, str] | None = None) -> int:
+def check_layout(parallel: Any, env: Mapping[str, str] | None = None, front: bool = False) -> int:
     """Refuse, before any process starts, every layout this build cannot run; returns the world size.
 
     Checked: tp, ep, dp >= 1; tp = 1 (no tensor parallelism); dp = 1 (attention replicated on every EP
     rank) or dp = ep (DP attention × EP MoE, one attention rank per EP rank, as ``dep8`` = DP8 × EP8);
     role = any (no prefill/decode disaggregation); ``timeout_s`` > 0; the launcher; under torchrun, that the
-    environment is complete and its ``WORLD_SIZE`` matches the layout.
+    environment is complete and its ``WORLD_SIZE`` matches the layout. ``front``: this process is the front
+    ``inferhal serve`` puts before torchrun-launched ranks (core/server/dp_link.py), itself no rank: no
+    torchrun environment is needed.
     """
     env = os.environ if env is None else env
     world = world_size_of(parallel)
@@ -65,7 +67,7 @@ def check_layout(parallel: Any, env: Mapping[str, str] | None = None) -> int:
         if not 0 <= port <= 65535:
             raise UserError(f"parallel.master_port={port} is not a TCP port (0 = any free port, else 1..65535)")
     from_env = layout_from_env(parallel, env)  # checks WORLD_SIZE against the layout
-    if launcher == "torchrun" and from_env is None:
+    if launcher == "torchrun" and from_env is None and not front:
         raise UserError("parallel.launcher=torchrun but RANK/WORLD_SIZE are not set: run under torchrun, "
                         "or use parallel.launcher=local")
     return world

@@ -15,10 +15,16 @@ and serves the front, one message at a time:
   outputs of the step, every rank its own gauges; ``busy``: some rank still has work; ``failed``: ``(id,
   why)`` of requests the checks refused.
 - ``("probe", None)``: answer ``("probe", accounting)`` (this rank's KV accounting, no collective).
-- ``("stop", None)``: leave the group together and exit.
+- ``("stop", None)``: leave the group together and exit (status 0); ``("stop", why)``: the group is broken (a
+  peer died): exit with status 1 at once.
 
 Anything a step raises (a peer that died fails the next collective) is sent as ``("error", why)`` and the
-process exits: the front restarts the whole group. The process also ends when its parent does.
+process exits with status 1: the front restarts the whole group. The process also ends when its parent does.
+
+Under ``parallel.launcher=torchrun`` (:func:`torchrun_main`) torchrun starts the rank, on any host, and the
+"pipe" is a TCP connection to the front at ``parallel.front`` (:mod:`.dp_link`: the rank joins with its
+``RANK``, ``WORLD_SIZE`` and config before it loads anything); a restart of the group is torchrun's (its
+``--max-restarts``), and the new ranks connect again.
 """
 
 from __future__ import annotations
@@ -42,15 +48,15 @@ def build(layout: ParallelLayout, cfg: Any) -> Any:
     return ServeDPEngine(eng, hook, str(cfg.parallel.dp_balance), int(cfg.parallel.dp_balance_margin))
 
 
-def serve_front(dpe: Any, conn: Any) -> None:
-    """Answer the front's messages (module docstring) until ``stop``."""
+def serve_front(dpe: Any, conn: Any) -> Any:
+    """Answer the front's messages (module docstring) until ``stop``; → the stop's reason (None: a clean end)."""
     from inferhal.core.disagg.workers import accounting
 
     eng, me = dpe.engine, dpe.comm.layout.rank
     while True:
         kind, arg = conn.recv()
         if kind == "stop":
-            return
+            return arg
         if kind == "probe":
             conn.send(("probe", accounting(eng)))
             continue
@@ -78,7 +84,8 @@ def rank_main(layout: ParallelLayout, cfg_node: dict, conn: Any) -> None:
     from inferhal.core.disagg.instance import end_with_parent
 
     end_with_parent()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // layout.world_size))  # the ranks share this host's cores
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size))  # ranks on this host (torchrun says)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // here))  # the ranks share this host's cores
     code = 0
     try:
         cfg = OmegaConf.create(cfg_node)
@@ -89,10 +96,12 @@ def rank_main(layout: ParallelLayout, cfg_node: dict, conn: Any) -> None:
 
             hello = dict(instance_hello("any", dpe.engine, None), family=dpe.engine.loaded.family)
         conn.send(("hello", hello))
-        serve_front(dpe, conn)
-        from inferhal.core.parallel.launch import teardown
+        if serve_front(dpe, conn) is not None:
+            code = 1  # the group is broken: no barrier with the peers; torchrun restarts the group
+        else:
+            from inferhal.core.parallel.launch import teardown
 
-        teardown()
+            teardown()
     except BaseException as exc:  # noqa: BLE001 - said to the front, which restarts the group
         code = 1
         try:
@@ -101,3 +110,27 @@ def rank_main(layout: ParallelLayout, cfg_node: dict, conn: Any) -> None:
             pass
     finally:
         os._exit(code)
+
+
+def torchrun_main(cfg: Any) -> int:
+    """``inferhal serve parallel=depN parallel.launcher=torchrun`` run by torchrun (``RANK`` set): join the front
+    at ``parallel.front``, then serve it as :func:`rank_main` does (the process ends there). A refused join
+    raises a :class:`UserError` naming why (the CLI exits 2)."""
+    import dataclasses
+    import socket
+
+    from omegaconf import OmegaConf
+
+    from inferhal.core.config.values import timeout_of
+    from inferhal.core.parallel.launch import free_port, layout_from_env
+    from inferhal.core.server.dp_link import front_address, join_front, key_of, numerics
+
+    layout = layout_from_env(cfg.parallel)
+    node = OmegaConf.to_container(cfg, resolve=True)
+    master = (layout.master_addr, free_port("")) if layout.rank == 0 else None
+    join = {"rank": layout.rank, "world_size": layout.world_size, "config": numerics(node), "pid": os.getpid(),
+            "host": socket.gethostname(), "master": master}
+    conn, (addr, port) = join_front(front_address(cfg.parallel), key_of(), join, timeout_of(cfg.parallel))
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"  # rank 0 hosts a new store at (addr, port): dp_link says why
+    rank_main(dataclasses.replace(layout, master_addr=addr, master_port=port), node, conn)
+    return 1  # not reached: rank_main ends the process

@@ -22,6 +22,11 @@ which starts with empty KV pools. Each open request is then placed again from it
 already streamed, and its stream goes on where it stopped (a request under a structured-output constraint
 ends with ``abort`` instead: its grammar state died with the rank). With no restart left, :meth:`DPGroup.step`
 raises: every stream ends with the server's ``engine_dead`` error and ``/health`` answers 503.
+
+**torchrun** (``parallel.launcher=torchrun``, ranks on any hosts): nothing is spawned; the ranks join at
+``parallel.front`` (:mod:`.dp_link`). When one dies the survivors are told to stop (they exit 1, so torchrun's
+``--max-restarts`` restarts the whole group) and the front waits ``start_timeout_s`` for the new group to connect
+(a restart, counted as above); a group that does not come back ends every stream as above.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from typing import Any, Iterable, Optional
 
 from inferhal.core.disagg.front import Fronted, continued, ended
 from inferhal.core.errors import EngineDead, UserError
+from inferhal.core.server.dp_link import TorchrunFront
 from inferhal.core.server.dp_metrics import RankCounts, RankPools
 
 log = logging.getLogger("inferhal.server")
@@ -61,9 +67,12 @@ class _Rank:
     gauges: dict = dataclasses.field(default_factory=dict)
 
 
-class DPGroup(Fronted):
+class DPGroup(Fronted, TorchrunFront):
     """The DP ranks behind the server (module docstring). Raises a :class:`UserError` when the group cannot
     start within ``start_timeout_s``."""
+
+    door: Any = None  # parallel.launcher=torchrun: where the ranks connect (core/server/dp_link.py)
+    final = False  # torchrun: the ranks did not come back; no restart is tried
 
     def __init__(self, cfg: Any, start_timeout_s: float = 600.0) -> None:
         from omegaconf import OmegaConf
@@ -87,6 +96,8 @@ class DPGroup(Fronted):
         self.metrics: Any = None  # a DPMetrics (core/server/dp_metrics.py), set by the server
         self.closed = False
         self.scheduler, self.kv_manager = RankCounts(self), RankPools(self)
+        if str(cfg.parallel.launcher) == "torchrun":
+            self._open_door(cfg.parallel)
         self._spawn()
         try:
             while self.state == "starting":
@@ -111,18 +122,23 @@ class DPGroup(Fronted):
         """Why the group is out of service (``/health`` answers 503), or None while it serves."""
         if self.state == "live" and all(r.process.is_alive() for r in self.ranks):
             return None
+        if self.state == "starting" and self.door is not None:
+            return f"waiting for the DP ranks: {self._connected()}/{self.dp} connected" + (
+                f" (restart {self.restarts}: {self.why})" if self.why else "")
         return self.why or ("restarting" if self.state == "starting" else "a DP rank exited")
 
     def health(self) -> dict[str, str]:
         """Each rank's state for ``/health``."""
-        def state(r: _Rank) -> str:
+        def state(i: int, r: _Rank) -> str:
             if self.state == "starting":
+                if r.conn is None:
+                    return "not connected"
                 return f"starting (restart {self.restarts})" if self.restarts else "starting"
             if self.state == "live":
-                return "ok" if r.process.is_alive() else f"dead: exited (code {r.process.exitcode})"
+                return "ok" if r.process.is_alive() else f"dead: {self._gone(i)}"
             return f"dead: {self.why}"
 
-        return {f"dp{i}": state(r) for i, r in enumerate(self.ranks)}
+        return {f"dp{i}": state(i, r) for i, r in enumerate(self.ranks)}
 
     # ------------------------------------------------------------------ requests
 
@@ -130,7 +146,7 @@ class DPGroup(Fronted):
         rid = req.request_id
         if rid in self.requests:
             raise UserError(f"request id {rid!r} is already in use")
-        if self.state == "dead" and self.restarts >= self.max_restarts:
+        if self.state == "dead" and (self.restarts >= self.max_restarts or self.final):
             raise EngineDead(f"the DP group is down ({self.why}) with no restart left")
         self.requests[rid] = _Rec(list(req.prompt_token_ids), req.params, req.session)
         self._adds.append((rid, list(req.prompt_token_ids), req.params, req.session))
@@ -150,15 +166,18 @@ class DPGroup(Fronted):
         return outs
 
     def has_unfinished(self) -> bool:
-        """Open requests, aborts to send, ranks with work, or a group (re)starting or with a rank gone."""
+        """Open requests, aborts to send, ranks with work, or a group (re)starting or with a rank gone, or (torchrun)
+        ranks at the door to answer."""
         return bool(self.requests or self._aborts or self.busy or self._early) or self.state != "live" or \
-            not all(r.process.is_alive() for r in self.ranks)
+            not all(r.process.is_alive() for r in self.ranks) or (self.door is not None and self.door.waiting())
 
     # ------------------------------------------------------------------ the loop
 
     def step(self) -> list:
         outs, self._early = self._early, []
         if self.state == "dead":
+            if self.final:
+                raise RuntimeError(f"the DP group is down ({self.why})")
             if self.restarts >= self.max_restarts:
                 raise RuntimeError(f"the DP group is down ({self.why}) and parallel.restarts={self.max_restarts} "
                                    f"restarts are used up")
@@ -172,6 +191,8 @@ class DPGroup(Fronted):
             if self.state != "live":
                 time.sleep(0.02)
                 return outs
+        if self.door is not None and self.door.waiting() and all(r.process.is_alive() for r in self.ranks):
+            self._turn_away()
         adds, aborts = self._adds, self._aborts
         self._adds, self._aborts = [], []
         try:
@@ -216,7 +237,7 @@ class DPGroup(Fronted):
                     kind, arg = c.recv()
                 except (EOFError, OSError):
                     self.ranks[i].process.join(1)
-                    raise _Lost(f"DP rank {i} exited (code {self.ranks[i].process.exitcode})") from None
+                    raise _Lost(f"DP rank {i} {self._gone(i)}") from None
                 if kind == "error":
                     raise _Lost(f"DP rank {i} failed: {arg}")
                 replies[i] = arg
@@ -243,6 +264,10 @@ class DPGroup(Fronted):
         from inferhal.core.parallel.launch import free_port
         from inferhal.core.server.dp_rank import rank_main
 
+        if self.door is not None:  # torchrun starts the ranks (again): they connect to the door
+            self.ranks = [self._vacant() for _ in range(self.dp)]
+            self.state, self._started, self._shown, self._welcomed = "starting", time.monotonic(), -1, False
+            return
         p = self._cfg["parallel"]
         layout = ParallelLayout(world_size=self.dp, rank=0, ep=self.dp, dp=self.dp, master_addr=str(p["master_addr"]),
                                 master_port=int(p["master_port"]) or free_port(), timeout_s=self.timeout_s)
@@ -260,8 +285,10 @@ class DPGroup(Fronted):
     def _poll_start(self, strict: bool) -> None:
         """Read the ranks' hellos; every rank said hello: the group is live, the open requests placed again."""
         why = None
+        if self.door is not None:
+            self._admit()
         for i, r in enumerate(self.ranks):
-            if r.hello is not None:
+            if r.hello is not None or r.conn is None:
                 continue
             try:
                 if r.conn.poll(0):
@@ -274,10 +301,18 @@ class DPGroup(Fronted):
                     why = f"DP rank {i} exited while starting (code {r.process.exitcode})"
             except (EOFError, OSError):
                 why = f"DP rank {i} exited while starting (code {r.process.exitcode})"
+            if why and self.door is not None:  # torchrun may start it again: its place waits for it
+                log.warning("%s; waiting for it to connect again", why)
+                r.process.kill()
+                self.ranks[i], why = self._vacant(), None
             if why:
                 break
         if why is None and time.monotonic() - self._started > self.start_timeout_s:
             why = f"the DP ranks did not start within {self.start_timeout_s:g} s"
+            if self.door is not None:
+                why = f"{self._connected()}/{self.dp} DP ranks connected to parallel.front within " \
+                      f"{self.start_timeout_s:g} s (are the torchrun agents running, with restarts left?)"
+                self.final = not strict
         if why is not None:
             if strict:
                 raise UserError(why)
@@ -296,6 +331,15 @@ class DPGroup(Fronted):
         self._adds = []
         for rid in list(self.requests):
             self._again(rid)
+
+    def _gone(self, i: int) -> str:
+        p = self.ranks[i].process
+        return f"exited (code {p.exitcode})" if self.door is None else f"disconnected ({p})"
+
+    @staticmethod
+    def _vacant(process: Any = None) -> _Rank:
+        """A rank's place: empty, or (torchrun) a :class:`~.dp_link.RemoteRank` that joined."""
+        return _Rank(process, None if process is None else process.conn)
 
     def _down(self, why: str) -> None:
         """The group is out of service: every rank stopped; its requests wait for the next group."""
@@ -332,12 +376,14 @@ class DPGroup(Fronted):
 
     def _stop_ranks(self, graceful: bool) -> None:
         for r in self.ranks:
-            if graceful:
-                try:
-                    r.conn.send(("stop", None))
+            if r.conn is not None and (graceful or self.door is not None):
+                try:  # a remote rank told to stop for a restart exits 1: its torchrun agent restarts the group
+                    r.conn.send(("stop", None if graceful else "the DP group restarts"))
                 except (OSError, ValueError):
                     pass
         for r in self.ranks:
+            if r.conn is None:
+                continue
             if graceful:
                 r.process.join(10)
             if r.process.is_alive():
@@ -351,3 +397,5 @@ class DPGroup(Fronted):
             return
         self.closed = True
         self._stop_ranks(graceful=self.state == "live")
+        if self.door is not None:
+            self.door.close()

@@ -6,7 +6,9 @@ address (``127.0.0.1`` unless ``server.host`` says otherwise), the served model 
 environment variable ``INFERHAL_API_KEY``), the body-size and admission limits (``max_queued_requests``,
 ``max_queued_tokens``), the default per-request deadline (``request_timeout_s``) and the reasoning parser.
 ``parallel.dp = parallel.ep > 1`` (``parallel=dep2``): the same server in front of DP attention x EP MoE rank
-processes (:mod:`.dp_serve`).
+processes (:mod:`.dp_serve`), spawned here, or with ``parallel.launcher=torchrun`` started by torchrun on any
+hosts with the same command line: there (``RANK`` set) the process is one rank, which connects to the front at
+``parallel.front`` (:mod:`.dp_link`); without ``RANK`` it is the front, waiting for them.
 On SIGTERM the server drains (:mod:`.drain`): new requests get 503 while admitted ones finish for up to
 ``server.shutdown_timeout_s`` (0: aborted at once), then the rest are aborted (their streams end), the
 engine loop stops and the process exits 0.
@@ -103,7 +105,7 @@ def make_dp_app(cfg, group=None):
 
 #: the parallel fields `inferhal serve` reads only with data-parallel attention (parallel.dp > 1)
 DP_FIELDS = ("parallel.launcher", "parallel.master_addr", "parallel.master_port", "parallel.tbo",
-             "parallel.dp_balance", "parallel.dp_balance_margin", "parallel.restarts")
+             "parallel.dp_balance", "parallel.dp_balance_margin", "parallel.restarts", "parallel.front")
 
 
 def check_dp(cfg) -> int:
@@ -127,9 +129,15 @@ def check_dp(cfg) -> int:
                 raise UserError(f"{name}={value!r} is read by `inferhal serve` only with data-parallel attention "
                                 f"(parallel.dp > 1, e.g. parallel=dep2); got parallel.dp={dp}")
         return max(dp, 1)
-    if str(p.launcher) != "local":
-        raise UserError(f"parallel.launcher={p.launcher}: `inferhal serve` spawns its DP ranks on this host itself "
-                        f"(parallel.launcher=local); serving DP ranks on several hosts is not supported yet")
+    launcher = str(p.launcher)
+    if launcher == "torchrun":  # the front (no RANK) or one rank: both need the front's address and the key
+        from inferhal.core.server.dp_link import front_address, key_of
+
+        front_address(p)
+        key_of()
+    elif str(p.front):
+        raise UserError(f"parallel.front={p.front!r} is read with parallel.launcher=torchrun only (the ranks torchrun "
+                        f"starts connect there); parallel.launcher={launcher} spawns the ranks on this host")
     if str(p.dp_balance) not in POLICIES:
         raise UserError(f"parallel.dp_balance must be one of {', '.join(POLICIES)}, got {p.dp_balance!r}")
     if int(p.dp_balance_margin) < 0:
@@ -138,7 +146,8 @@ def check_dp(cfg) -> int:
         raise UserError(f"parallel.restarts must be >= 0, got {p.restarts}")
     from inferhal.core.parallel.ep_generate import check_ranks
 
-    check_ranks(cfg)  # the layout, the spec config, the backend, experts that divide, synchronous scheduling
+    # the layout, the spec config, the backend, experts that divide, synchronous scheduling
+    check_ranks(cfg, front=launcher == "torchrun" and "RANK" not in os.environ)
     return dp
 
 
@@ -265,6 +274,10 @@ def serve(cfg, llm=None) -> int:
     dp = check_dp(cfg)
     if role in ("pd", "router"):
         app, engine = make_router_app(cfg)
+    elif dp > 1 and str(cfg.parallel.launcher) == "torchrun" and "RANK" in os.environ:
+        from inferhal.core.server.dp_rank import torchrun_main
+
+        return torchrun_main(cfg)  # one rank, started by torchrun: it serves the front at parallel.front
     elif dp > 1:
         app, engine = make_dp_app(cfg)
     else:

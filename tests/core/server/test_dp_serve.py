@@ -333,6 +333,31 @@ def test_the_cli_serves_dep2_and_its_end_ends_every_rank(model_dir, sig):
         sp.stop()
 
 
+def streams_with_rank_1_killed(url, group, prompts, max_tokens, after=20):
+    """Stream ``prompts`` at once from ``url`` (greedy, ``max_tokens`` each) while DP rank 1 of ``group`` is SIGKILLed
+    once ``after`` tokens have been streamed: → (the texts and finish reasons, whether ``/health`` answered 503)."""
+    seen_503 = []
+
+    def kill_when_streaming():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and sum(len(r.last.outputs[0].token_ids) if r.last else 0
+                                                  for r in list(group.requests.values())) < after:
+            time.sleep(0.01)
+        os.kill(group.ranks[1].process.pid, signal.SIGKILL)
+        while time.monotonic() < deadline:
+            if get(url, "/health")[0] == 503:
+                seen_503.append(True)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_when_streaming)
+    killer.start()
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        got = list(pool.map(lambda p: complete(url, p, max_tokens=max_tokens, stream=True), prompts))
+    killer.join()
+    return got, bool(seen_503)
+
+
 def test_a_rank_killed_mid_stream_costs_no_stream_its_text_and_the_group_serves_again(model_dir, single):
     from inferhal.core.server.dp_serve import DPGroup
 
@@ -341,26 +366,7 @@ def test_a_rank_killed_mid_stream_costs_no_stream_its_text_and_the_group_serves_
         want = list(pool.map(lambda p: complete(single[0], p, max_tokens=60), prompts))
     with serving(model_dir, "parallel.restarts=1", "parallel.timeout_s=10", dp=True) as (url, engine):
         group: DPGroup = engine.engine
-        seen_503 = []
-
-        def kill_when_streaming():
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and sum(len(r.last.outputs[0].token_ids) if r.last else 0
-                                                      for r in list(group.requests.values())) < 20:
-                time.sleep(0.01)
-            os.kill(group.ranks[1].process.pid, signal.SIGKILL)
-            while time.monotonic() < deadline:
-                status, _ = get(url, "/health")
-                if status == 503:
-                    seen_503.append(status)
-                    return
-                time.sleep(0.05)
-
-        killer = threading.Thread(target=kill_when_streaming)
-        killer.start()
-        with ThreadPoolExecutor(len(prompts)) as pool:
-            got = list(pool.map(lambda p: complete(url, p, max_tokens=60, stream=True), prompts))
-        killer.join()
+        got, seen_503 = streams_with_rank_1_killed(url, group, prompts, 60)
         assert seen_503 and group.restarts == 1
         assert got == want  # every stream went on where it stopped, nothing repeated or lost
         assert get(url, "/health")[0] == 200

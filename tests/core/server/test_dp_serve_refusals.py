@@ -24,7 +24,14 @@ def cfg_of(*over, command="serve"):
                                                       r"round_robin, got 'least'"),
     (["parallel=dep2", "parallel.dp_balance_margin=-1"], r"parallel.dp_balance_margin must be >= 0"),
     (["parallel=dep2", "parallel.restarts=-1"], r"parallel.restarts must be >= 0"),
-    (["parallel=dep2", "parallel.launcher=torchrun"], r"parallel.launcher=torchrun: `inferhal serve` spawns its DP"),
+    (["parallel.front=10.0.0.1:7100"], r"parallel.front='10.0.0.1:7100' is read by `inferhal serve` only with"),
+    (["parallel=dep2", "parallel.launcher=torchrun"], r"parallel.launcher=torchrun: set parallel.front=HOST:PORT"),
+    (["parallel=dep2", "parallel.launcher=torchrun", "parallel.front=10.0.0.1"],
+     r"parallel.front: '10.0.0.1' is not an address \(write host:port"),
+    (["parallel=dep2", "parallel.launcher=torchrun", "parallel.front=10.0.0.1:0"],
+     r"parallel.front='10.0.0.1:0': the ranks need a fixed port"),
+    (["parallel=dep2", "parallel.front=10.0.0.1:7100"], r"parallel.front='10.0.0.1:7100' is read with "
+                                                        r"parallel.launcher=torchrun only"),
     (["parallel=dep2", "scheduler.async_scheduling=true"], r"scheduler.async_scheduling=true does not run with "
                                                            r"data-parallel attention"),
     (["parallel=dep16"], r"8 physical expert slots \(routed experts\) do not divide among parallel.ep=16 ranks"),
@@ -46,11 +53,33 @@ def test_dep2_and_dep4_pass_the_checks():
     assert check_dp(cfg_of()) == 1
 
 
+def test_serve_under_torchrun_needs_the_key_and_checks_the_world_size_on_a_rank_only(monkeypatch):
+    """The front (no RANK in the environment) needs no torchrun environment; a rank's WORLD_SIZE must be the layout's;
+    both need INFERHAL_DP_KEY."""
+    from inferhal.core.server.serve import check_dp
+
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "INFERHAL_DP_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = cfg_of("parallel=dep2", "parallel.launcher=torchrun", "parallel.front=10.0.0.1:7100")
+    with pytest.raises(UserError, match=r"set the environment variable INFERHAL_DP_KEY to the same secret"):
+        check_dp(cfg)
+    monkeypatch.setenv("INFERHAL_DP_KEY", "k")
+    assert check_dp(cfg) == 2  # the front
+    for var, value in (("RANK", "1"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "10.0.0.2"), ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(var, value)
+    with pytest.raises(UserError, match=r"WORLD_SIZE=4 but parallel.tp x parallel.ep = 2"):
+        check_dp(cfg)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert check_dp(cfg) == 2  # a rank
+
+
 def test_the_dp_fields_are_refused_by_generate():
     from inferhal.core.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"parallel.dp_balance='vllm' is refused by `inferhal generate`"):
         cfg_of("parallel=dep2", "parallel.dp_balance=vllm", command="generate")
+    with pytest.raises(ConfigError, match=r"parallel.front='h:1' is refused by `inferhal generate`"):
+        cfg_of("parallel=dep2", "parallel.front=h:1", command="generate")
 
 
 def test_the_cli_refuses_before_anything_spawns(capsys):
