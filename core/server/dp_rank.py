@@ -15,11 +15,14 @@ and serves the front, one message at a time:
   outputs of the step, every rank its own gauges; ``busy``: some rank still has work; ``failed``: ``(id,
   why)`` of requests the checks refused.
 - ``("probe", None)``: answer ``("probe", accounting)`` (this rank's KV accounting, no collective).
+- ``("shrink", (lost, master_addr, master_port))``: go on without the ``lost`` ranks when their experts are
+  covered (:func:`~inferhal.core.server.dp_elastic.rank_shrink`); answer ``("shrink", {"ok": ..., ...})``.
 - ``("stop", None)``: leave the group together and exit (status 0); ``("stop", why)``: the group is broken (a
   peer died): exit with status 1 at once.
 
-Anything a step raises (a peer that died fails the next collective) is sent as ``("error", why)`` and the
-process exits with status 1: the front restarts the whole group. The process also ends when its parent does.
+A step that fails at a collective (a peer died) is sent as ``("error", why)`` and the rank waits for the
+front's ``shrink`` or ``stop``; anything else a step raises is sent the same way and the process exits with
+status 1: the front restarts the whole group. The process also ends when its parent does.
 
 Under ``parallel.launcher=torchrun`` (:func:`torchrun_main`) torchrun starts the rank, on any host, and the
 "pipe" is a TCP connection to the front at ``parallel.front`` (:mod:`.dp_link`: the rank joins with its
@@ -51,6 +54,8 @@ def build(layout: ParallelLayout, cfg: Any) -> Any:
 def serve_front(dpe: Any, conn: Any) -> Any:
     """Answer the front's messages (module docstring) until ``stop``; → the stop's reason (None: a clean end)."""
     from inferhal.core.disagg.workers import accounting
+    from inferhal.core.parallel.sync import RankDivergenceError
+    from inferhal.core.server.dp_elastic import rank_shrink
 
     eng, me = dpe.engine, dpe.comm.layout.rank
     while True:
@@ -59,6 +64,10 @@ def serve_front(dpe: Any, conn: Any) -> Any:
             return arg
         if kind == "probe":
             conn.send(("probe", accounting(eng)))
+            continue
+        if kind == "shrink":  # a peer died: go on without it if its experts are covered (core/server/dp_elastic.py)
+            conn.send(("shrink", rank_shrink(dpe, arg)))
+            me = dpe.comm.layout.rank
             continue
         adds, aborts = arg
         failed = []
@@ -71,7 +80,11 @@ def serve_front(dpe: Any, conn: Any) -> Any:
                 failed.append((rid, str(exc)))
         if aborts:
             dpe.abort(aborts)
-        outs = dpe.step() if dpe.has_unfinished() else []
+        try:
+            outs = dpe.step() if dpe.has_unfinished() else []
+        except RankDivergenceError as exc:  # a peer is gone: the front shrinks the group or restarts it
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            continue
         conn.send(("stepped", (outs if me == 0 else [], dpe.gauges(), dpe.has_unfinished(), failed)))
 
 
@@ -85,7 +98,8 @@ def rank_main(layout: ParallelLayout, cfg_node: dict, conn: Any) -> None:
 
     end_with_parent()
     here = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size))  # ranks on this host (torchrun says)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // here))  # the ranks share this host's cores
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(max(1, cores // here))  # the ranks share the cores this process may run on
     code = 0
     try:
         cfg = OmegaConf.create(cfg_node)

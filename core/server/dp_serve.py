@@ -21,7 +21,10 @@ every rank is stopped, and the group is spawned again (``parallel.restarts`` tim
 which starts with empty KV pools. Each open request is then placed again from its prompt plus the tokens
 already streamed, and its stream goes on where it stopped (a request under a structured-output constraint
 ends with ``abort`` instead: its grammar state died with the rank). With no restart left, :meth:`DPGroup.step`
-raises: every stream ends with the server's ``engine_dead`` error and ``/health`` answers 503.
+raises: every stream ends with the server's ``engine_dead`` error and ``/health`` answers 503. **Elastic EP**
+(:mod:`.dp_elastic`, ``eplb.survive_rank_loss``): when a rank process exited and the survivors hold a replica of
+each of its experts, they go on without it instead (``/health`` 200 ``degraded``, no restart), and the open
+requests are placed again on them the same way.
 
 **torchrun** (``parallel.launcher=torchrun``, ranks on any hosts): nothing is spawned; the ranks join at
 ``parallel.front`` (:mod:`.dp_link`). When one dies the survivors are told to stop (they exit 1, so torchrun's
@@ -41,6 +44,7 @@ from typing import Any, Iterable, Optional
 
 from inferhal.core.disagg.front import Fronted, continued, ended
 from inferhal.core.errors import EngineDead, UserError
+from inferhal.core.server.dp_elastic import ElasticGroup
 from inferhal.core.server.dp_link import TorchrunFront
 from inferhal.core.server.dp_metrics import RankCounts, RankPools
 
@@ -67,7 +71,7 @@ class _Rank:
     gauges: dict = dataclasses.field(default_factory=dict)
 
 
-class DPGroup(Fronted, TorchrunFront):
+class DPGroup(ElasticGroup, Fronted, TorchrunFront):
     """The DP ranks behind the server (module docstring). Raises a :class:`UserError` when the group cannot
     start within ``start_timeout_s``."""
 
@@ -96,6 +100,7 @@ class DPGroup(Fronted, TorchrunFront):
         self.metrics: Any = None  # a DPMetrics (core/server/dp_metrics.py), set by the server
         self.closed = False
         self.scheduler, self.kv_manager = RankCounts(self), RankPools(self)
+        self._full_group()  # elastic EP (core/server/dp_elastic.py): which ranks are in place, which were lost
         if str(cfg.parallel.launcher) == "torchrun":
             self._open_door(cfg.parallel)
         self._spawn()
@@ -115,7 +120,7 @@ class DPGroup(Fronted, TorchrunFront):
 
     @property
     def rank_gauges(self) -> list[dict]:
-        return [r.gauges for r in self.ranks]
+        return self.labelled([r.gauges for r in self.ranks])  # a lost rank's place: {}
 
     @property
     def down(self) -> Optional[str]:
@@ -138,7 +143,7 @@ class DPGroup(Fronted, TorchrunFront):
                 return "ok" if r.process.is_alive() else f"dead: {self._gone(i)}"
             return f"dead: {self.why}"
 
-        return {f"dp{i}": state(i, r) for i, r in enumerate(self.ranks)}
+        return {**{f"dp{self.labels[i]}": state(i, r) for i, r in enumerate(self.ranks)}, **self.lost_health()}
 
     # ------------------------------------------------------------------ requests
 
@@ -198,7 +203,8 @@ class DPGroup(Fronted, TorchrunFront):
         try:
             replies = self._exchange(("step", (adds, aborts)))
         except _Lost as exc:
-            self._down(str(exc))
+            if not self._shrink(str(exc)):  # the survivors go on when the lost rank's experts are covered
+                self._down(str(exc))
             return outs + self._early_take()
         got, _, self.busy, failed = replies[0]
         for i, (_, gauges, _, _) in enumerate(replies):
@@ -350,6 +356,7 @@ class DPGroup(Fronted, TorchrunFront):
                     self.totals[key] = self.totals.get(key, 0) + int(v)
             r.gauges = {}  # counted in totals from here
         self._stop_ranks(graceful=False)
+        self._full_group()  # the restart brings back every rank
         self.state, self.why, self.busy = "dead", why, False
         self._aborts = []
 
