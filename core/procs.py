@@ -8,13 +8,13 @@ one. A DP group's restart after a rank's death, a bench's servers and the EP lau
 sooner. ``spawn`` stays available: ``INFERHAL_WORKER_MULTIPROC_METHOD=spawn`` (vLLM's knob of the same kind is
 ``VLLM_WORKER_MULTIPROC_METHOD``); any other value is refused naming the variable.
 
-Only torch is preloaded, never inferhal or triton: their modules read the environment when imported (Triton's
-``TRITON_INTERPRET`` is read when a kernel is decorated), and a forkserver keeps the environment it started with.
-For the same reason every target runs under :func:`_with_env`, which gives the child the caller's ``os.environ``
-as it was at ``start()``, and torch's intra-op thread count from its ``OMP_NUM_THREADS``, as a spawned child had
-them. Nothing else differs from ``spawn``: targets and arguments are pickled, the child prepares ``sys.path``,
-the working directory and ``__main__`` as a spawned one does; torch initialises no accelerator in the server, so
-CUDA and NPU children start clean. Where the platform has no forkserver, processes are spawned.
+Only torch is preloaded, never inferhal or the kernel compiler: their modules read the environment when imported
+(the kernel interpreter's switch is read when a kernel is decorated), and a forkserver keeps the environment it
+started with. For the same reason every target runs under :func:`_with_env`, which gives the child the caller's
+``os.environ`` as it was at ``start()``, and torch's intra-op thread count from its ``OMP_NUM_THREADS``, as a
+spawned child had them. Nothing else differs from ``spawn``: targets and arguments are pickled, the child prepares
+``sys.path``, the working directory and ``__main__`` as a spawned one does; torch initialises no accelerator in the
+server, so a child that uses one starts clean. Where the platform has no forkserver, processes are spawned.
 """
 
 from __future__ import annotations

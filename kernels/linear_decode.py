@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from inferhal.kernels.common import launch, round_to
-from inferhal.kernels.linear import k_block
+from inferhal.kernels.linear_k import k_block
 
 
 @triton.jit

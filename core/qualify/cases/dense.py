@@ -126,8 +126,8 @@ def linear() -> list[OpCase]:
              (33, 200, 384, False, "fp8_block", "full"), (17, 256, 512, False, "fp4_group", "full"),
              (3, 96, 128, False, "int_block", "quick"), (6, 80, 256, False, "int_block+offset", "quick"),
              (12, 200, 640, False, "int_block", "full"),
-             # past 128 rows: a backend whose linear switches kernels at a row count (cuda_sm100's decode
-             # kernel up to 128 rows, kernels/linear_decode.py) is checked on both sides of the switch
+             # past 128 rows: a backend whose linear switches kernels at a row count (a decode kernel up to
+             # 128 rows) is checked on both sides of the switch
              (136, 48, 96, True, "plain", "quick")]
     for t, n, k, bias, fmt, level in sweep:
         for dtype in _dtypes(level):

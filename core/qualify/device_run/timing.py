@@ -169,7 +169,7 @@ def linear_perf(torch, ctx, pf: Perf, s, P) -> None:
 
 
 def linear_decode_perf(torch, ctx, pf: Perf, s, P) -> None:
-    """linear at decode sizes: the op's default (on cuda_sm100, kernels/linear_decode.py up to 128 rows) and the
+    """linear at decode sizes: the op's default (a backend's decode kernel, where it has one for these rows) and the
     tiled GEMM (``path=tiled``, the kernel before it) beside a copy of the same bytes (weight + x + y)."""
     from inferhal.core.ops.quantize import quantize_fp8_block
 
