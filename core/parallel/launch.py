@@ -9,6 +9,7 @@ import os
 import socket
 from typing import Any, Callable, Mapping
 
+from inferhal.core import procs
 from inferhal.core.backend import ParallelLayout
 from inferhal.core.config.values import timeout_of
 from inferhal.core.errors import UserError
@@ -152,7 +153,8 @@ def launch(fn: Callable[..., Any], parallel: Any, *args: Any, env: Mapping[str, 
         return
     import torch.multiprocessing as mp
 
-    mp.start_processes(_entry, args=(fn, layout, args), nprocs=world, join=True, start_method="spawn")
+    mp.start_processes(procs.entry(_entry), args=(fn, layout, args), nprocs=world, join=True,
+                       start_method=procs.method())
 
 
 def _file_entry(rank: int, path: str, name: str, layout: ParallelLayout, args: tuple) -> None:
@@ -173,5 +175,5 @@ def spawn_from_file(path: str, name: str, world_size: int, *args: Any, port: int
     import torch.multiprocessing as mp
 
     layout = ParallelLayout(world_size=world_size, rank=0, ep=world_size, master_port=port or free_port())
-    mp.start_processes(_file_entry, args=(path, name, layout, args), nprocs=world_size, join=True,
-                       start_method="spawn")
+    mp.start_processes(procs.entry(_file_entry), args=(path, name, layout, args), nprocs=world_size, join=True,
+                       start_method=procs.method())
