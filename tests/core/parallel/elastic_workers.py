@@ -13,6 +13,7 @@ DIE_AT = 14  # rank 2's 14th MoE exchange: step 4's second MoE layer, inside a f
 
 
 def survivors(layout, out_dir, port):
+    """dep3 (18 slots): rank 2 dies, ranks 0 and 1 go on."""
     torch.set_num_threads(1)
     wk = by_file.load("dp_workers")
     from inferhal.core.eplb.survive import covered
@@ -63,3 +64,38 @@ def survivors(layout, out_dir, port):
     got["log"] = [(s.step, s.attn_tokens) for s in hook.log]
     torch.save(got, os.path.join(out_dir, f"rank{me}.pt"))
     os._exit(0)  # skip the teardown (the first group's peer is gone)
+
+
+def last_survivor(layout, out_dir, port):
+    """dep2 with 16 slots (every expert on both ranks): rank 1 dies, rank 0 goes on alone in a group of one."""
+    torch.set_num_threads(1)
+    wk = by_file.load("dp_workers")
+    from inferhal.core.parallel.elastic import shrink, survivor_layout
+    from inferhal.core.parallel.sync import RankDivergenceError
+
+    over = ["parallel=dep2", "eplb=default", "eplb.num_redundant_experts=8", "eplb.survive_rank_loss=true",
+            "eplb.step_interval=0"]
+    llm, hook = wk.dp_llm(layout, over)
+    if layout.rank == 1:
+        steps, calls = hook.runner._steps, [0]
+
+        def dying(*a, **kw):
+            calls[0] += 1
+            if calls[0] == 10:
+                os._exit(0)
+            return steps(*a, **kw)
+
+        hook.runner._steps = dying
+    dpe = llm.engine
+    for i, p in enumerate(wk.PROMPTS):
+        dpe.add_request(p, wk.params("greedy", i))
+    got = {}
+    try:
+        while dpe.has_unfinished():
+            dpe.step()
+    except RankDivergenceError as exc:
+        got["failed"] = str(exc)
+    got["shrink"] = shrink(dpe, [1], survivor_layout(layout, [1], "127.0.0.1", port))
+    got["res"] = wk.run(llm, [wk.PROMPTS], "greedy")
+    torch.save(got, os.path.join(out_dir, "alone.pt"))
+    os._exit(0)

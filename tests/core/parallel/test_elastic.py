@@ -3,7 +3,8 @@ DeepSeek-V4 with ``eplb.survive_rank_loss`` (18 expert slots, every expert on tw
 forward, ranks 0 and 1 see the step fail, drop its requests (no KV left), re-form a group of two at a new port
 with the placement minus rank 2's slots, and then give the single process's greedy tokens (logprobs within
 1e-5) for the same requests placed again, and for a later batch. A second loss, which the 12 slots left cannot
-cover, is refused before anything changes."""
+cover, is refused before anything changes. With two ranks and 16 slots, the one left goes on alone (a group of
+one) with the single process's tokens."""
 
 import sys
 
@@ -60,3 +61,13 @@ def test_the_survivors_drop_every_request_and_re_form_with_their_own_slots(ranks
 def test_a_loss_the_placement_left_cannot_cover_is_refused_before_anything_changes(ranks):
     for me, rank in enumerate(ranks):
         assert f"losing EP rank(s) [{1 - me}] of 2 leaves layer" in rank["second"]
+
+
+def test_the_last_survivor_goes_on_alone(tmp_path, want):
+    spawn_from_file(by_file.path_of("elastic_workers"), "last_survivor", 2, str(tmp_path), free_port())
+    got = torch.load(tmp_path / "alone.pt", weights_only=False)
+    assert "did not answer" in got["failed"]
+    assert got["shrink"]["world_size"] == 1 and got["shrink"]["rank"] == 0 and got["shrink"]["dropped"] > 0
+    assert [g["tokens"] for g in got["res"]] == [w["tokens"] for w in want[0]]
+    for g, w in zip(got["res"], want[0]):
+        assert g["logprobs"] == pytest.approx(w["logprobs"], abs=1e-5)
