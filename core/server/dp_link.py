@@ -185,15 +185,14 @@ class RemoteRank:
 
 
 class Door:
-    """The front's listener on ``address``: a thread accepts ranks' connections (key ``key``) and reads each
-    one's join; :meth:`take` hands over ``(connection, join)`` pairs that arrived."""
+    """The front's listener on ``address``: a thread accepts ranks' connections and greets each on a thread of its
+    own (the key check with ``key`` both ways, then its join, each within :data:`JOIN_WAIT_S`, so a peer that
+    connects and says nothing holds up no one); :meth:`take` hands over ``(connection, join)`` pairs that arrived."""
 
     def __init__(self, address: tuple[str, int], key: bytes) -> None:
-        from multiprocessing.connection import Listener
-
-        self.address = address
+        self.address, self.key = address, key
         try:
-            self.listener = Listener(address, family="AF_INET", authkey=key)
+            self.sock = socket.create_server(address)
         except OSError as exc:
             raise UserError(f"could not listen on {address[0]}:{address[1]} (parallel.front) for the DP ranks: "
                             f"{exc}") from None
@@ -202,24 +201,44 @@ class Door:
         threading.Thread(target=self._accept, name="inferhal-dp-door", daemon=True).start()
 
     def _accept(self) -> None:
-        from multiprocessing import AuthenticationError
-
         while not self.closed:
             try:
-                conn = self.listener.accept()
-            except AuthenticationError as exc:
-                log.warning("a connection to parallel.front failed the key check (%s): is %s the same on its host?",
-                            exc, KEY_ENV)
-                continue
-            except (OSError, EOFError):
+                sock, _ = self.sock.accept()
+            except OSError:
                 if self.closed:
                     return
                 continue
+            threading.Thread(target=self._greet, args=(sock,), name="inferhal-dp-greet", daemon=True).start()
+
+    def _greet(self, sock: socket.socket) -> None:
+        from multiprocessing import AuthenticationError
+        from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+
+        def cut() -> None:  # a peer silent past JOIN_WAIT_S: the blocked read below ends (EOF)
             try:
-                join = conn.recv()[1] if conn.poll(JOIN_WAIT_S) else None
-            except (OSError, EOFError, TypeError, IndexError, ValueError):
-                join = None
-            self.arrived.put((conn, join))
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+        conn = Connection(os.dup(sock.fileno()))  # its own descriptor: ``sock`` is closed once greeted
+        timer = threading.Timer(JOIN_WAIT_S, cut)
+        timer.start()
+        try:
+            deliver_challenge(conn, self.key)
+            answer_challenge(conn, self.key)
+            join = conn.recv()[1] if conn.poll(JOIN_WAIT_S) else None
+        except AuthenticationError as exc:
+            log.warning("a connection to parallel.front failed the key check (%s): is %s the same on its host?",
+                        exc, KEY_ENV)
+            conn.close()
+            return
+        except (OSError, EOFError, TypeError, IndexError, ValueError):
+            conn.close()
+            return
+        finally:
+            timer.cancel()
+            sock.close()
+        self.arrived.put((conn, join))
 
     def waiting(self) -> bool:
         return not self.arrived.empty()
@@ -234,7 +253,7 @@ class Door:
 
     def close(self) -> None:
         self.closed = True
-        self.listener.close()
+        self.sock.close()
         for conn, _ in self.take():
             conn.close()
 

@@ -71,3 +71,40 @@ def test_a_rank_with_no_front_fails_naming_the_address():
     with pytest.raises(UserError, match=rf"no DP front answered at 127.0.0.1:{port} \(parallel.front\) within "
                                         r"parallel.timeout_s=1 s"):
         join_front(("127.0.0.1", port), b"k", {"rank": 0}, timeout_s=1.0)
+
+
+def test_the_door_greets_a_rank_while_a_silent_peer_waits_and_cuts_that_peer_off(monkeypatch):
+    """A connection that never answers the key check holds up no rank behind it, and is closed after JOIN_WAIT_S;
+    a rank with another key is refused by the check; the rank's join arrives whole."""
+    import socket
+    import threading
+    import time
+
+    from inferhal.core.parallel.launch import free_port
+    from inferhal.core.server import dp_link
+
+    monkeypatch.setattr(dp_link, "JOIN_WAIT_S", 1.0)
+    door = dp_link.Door(("127.0.0.1", free_port()), b"right")
+    try:
+        silent = socket.create_connection(door.address)
+        with pytest.raises(UserError, match="refused this rank's key: set INFERHAL_DP_KEY"):
+            dp_link.join_front(door.address, b"wrong", {"rank": 0}, timeout_s=5)
+        got = []
+        rank = threading.Thread(target=lambda: got.append(dp_link.join_front(door.address, b"right", {"rank": 1},
+                                                                             timeout_s=10)))
+        rank.start()
+        deadline = time.monotonic() + 10
+        while not door.waiting() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (conn, join), = door.take()
+        assert join == {"rank": 1}
+        conn.send(("welcome", ("10.0.0.2", 29600)))
+        rank.join(10)
+        assert got[0][1] == ("10.0.0.2", 29600)
+        silent.settimeout(5)
+        data = silent.recv(4096)  # the challenge, then the end: cut off after JOIN_WAIT_S
+        while data:
+            data = silent.recv(4096)
+        assert not door.waiting()
+    finally:
+        door.close()
