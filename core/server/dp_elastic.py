@@ -53,7 +53,8 @@ def rank_shrink(dpe: Any, arg: tuple) -> dict:
 
 class ElasticGroup:
     """The elastic part of :class:`~.dp_serve.DPGroup` (module docstring). Needs the group's ``dp``, ``ranks``
-    (``process``, ``conn``, ``gauges``), ``requests``, ``timeout_s``, ``_cfg``, ``_again`` and ``_adds``/``_aborts``."""
+    (``process``, ``conn``, ``gauges``), ``requests``, ``totals``, ``timeout_s``, ``_cfg``, ``_again`` and
+    ``_adds``/``_aborts``."""
 
     def _full_group(self) -> None:
         """Every rank in place (at start and after a restart): labels ``0 .. dp-1``, none lost."""
@@ -115,6 +116,8 @@ class ElasticGroup:
         for i in lost:
             r = self.ranks[i]
             self.lost[self.labels[i]] = f"{why} (the survivors went on without it)"
+            for key in ("preemptions", "drafts", "accepted"):  # the server's totals keep what it counted
+                self.totals[key] = self.totals.get(key, 0) + int(r.gauges.get(key, 0))
             r.process.join(1)
             r.conn.close()
         self.labels = [self.labels[i] for i in keep]

@@ -126,8 +126,8 @@ def stand_in(alive, replies):
 
     g = Group()
     g.dp, g.timeout_s, g._cfg = len(alive), 1.0, {"parallel": {"master_addr": "127.0.0.1"}}
-    g.requests, g._adds, g._aborts, g.busy = {"a": None, "b": None}, ["x"], ["y"], True
-    g.ranks = [SimpleNamespace(process=_Proc(a), conn=_Conn(*r), gauges={"n": i}) for i, (a, r) in
+    g.requests, g._adds, g._aborts, g.busy, g.totals = {"a": None, "b": None}, ["x"], ["y"], True, {"drafts": 5}
+    g.ranks = [SimpleNamespace(process=_Proc(a), conn=_Conn(*r), gauges={"n": i, "drafts": 10 * i}) for i, (a, r) in
                enumerate(zip(alive, replies))]
     g._full_group()
     return g
@@ -151,7 +151,8 @@ def test_the_front_shrinks_only_on_an_exited_rank_and_every_survivor_agreeing(mo
     assert lost == [1] and addr == "127.0.0.1" and port > 0 and g.ranks[1].conn.sent[0][1] == (lost, addr, port)
     assert g.dp == 2 and g.labels == [0, 2] and g.shrinks == 1 and not g.busy and g._aborts == []
     assert g._adds == ["a", "b"]  # every open request placed again; nothing of the torn step is sent
-    assert g.labelled([r.gauges for r in g.ranks]) == [{"n": 0}, {}, {"n": 2}]
+    assert g.labelled([r.gauges for r in g.ranks]) == [{"n": 0, "drafts": 0}, {}, {"n": 2, "drafts": 20}]
+    assert g.totals == {"drafts": 15, "preemptions": 0, "accepted": 0}  # the lost rank's counters carried over
     assert list(g.lost_health()) == ["dp1"] and g.lost_health()["dp1"].startswith("lost: DP rank 1 exited")
     g._full_group()  # a restart: every rank back
     assert g.dp == 3 and g.labels == [0, 1, 2] and not g.lost and g.shrinks == 1
