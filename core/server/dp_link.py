@@ -108,8 +108,8 @@ def refusal(join: Any, dp: int, front_config: Mapping[str, Any], connected: Mapp
         return "its first message was not a join (is it an inferhal DP rank of the same version?)"
     rank, world = join["rank"], join["world_size"]
     if world != dp:
-        return f"WORLD_SIZE={world} but the front serves parallel.dp={dp} ranks (torchrun --nnodes x --nproc-per-node " \
-               f"must make {dp})"
+        return f"WORLD_SIZE={world} but the front serves parallel.dp={dp} ranks (torchrun's --nnodes x " \
+               f"--nproc-per-node must make {dp})"
     if not 0 <= rank < dp:
         return f"RANK={rank} is outside the front's {dp} ranks"
     diff = differences(front_config, join["config"])

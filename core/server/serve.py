@@ -134,6 +134,11 @@ def check_dp(cfg) -> int:
         from inferhal.core.server.dp_link import front_address, key_of
 
         front_address(p)
+        for name in ("parallel.master_addr", "parallel.master_port"):
+            value = OmegaConf.select(cfg, name)
+            if value != default_of(name):
+                raise UserError(f"{name}={value!r} is read with parallel.launcher=local only: under torchrun the ranks "
+                                f"meet at a store rank 0 opens on its host (torchrun's MASTER_ADDR)")
         key_of()
     elif str(p.front):
         raise UserError(f"parallel.front={p.front!r} is read with parallel.launcher=torchrun only (the ranks torchrun "

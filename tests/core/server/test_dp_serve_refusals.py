@@ -32,6 +32,8 @@ def cfg_of(*over, command="serve"):
      r"parallel.front='10.0.0.1:0': the ranks need a fixed port"),
     (["parallel=dep2", "parallel.front=10.0.0.1:7100"], r"parallel.front='10.0.0.1:7100' is read with "
                                                         r"parallel.launcher=torchrun only"),
+    (["parallel=dep2", "parallel.launcher=torchrun", "parallel.front=h:1", "parallel.master_port=0"],
+     r"parallel.master_port=0 is read with parallel.launcher=local only: under torchrun the ranks meet"),
     (["parallel=dep2", "scheduler.async_scheduling=true"], r"scheduler.async_scheduling=true does not run with "
                                                            r"data-parallel attention"),
     (["parallel=dep16"], r"8 physical expert slots \(routed experts\) do not divide among parallel.ep=16 ranks"),

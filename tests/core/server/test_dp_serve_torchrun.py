@@ -58,7 +58,7 @@ def single(model_dir):
 
 
 @pytest.fixture(scope="module")
-def front(model_dir):
+def front(model_dir, tmp_path_factory):
     """(base URL, DPGroup, the two torchrun agents, the rank command's overrides) of the torchrun-launched group."""
     from inferhal.core.cli.main import compose
     from inferhal.core.parallel.launch import free_port
@@ -73,13 +73,15 @@ def front(model_dir):
     port = free_port()
     # each "host" gets a core of its own where it can (a rank takes the threads of the cores it may run on: two
     # ranks of two threads each on two shared cores ran a step about 15x slower here)
+    logs = [open(tmp_path_factory.mktemp("agents") / f"agent{node}.log", "w") for node in (0, 1)]  # for a failure
     cores = sorted(os.sched_getaffinity(0))
     pin = [["taskset", "-c", str(cores[node % len(cores)])] if shutil.which("taskset") else [] for node in (0, 1)]
     agents = [subprocess.Popen(
-        [*pin[node], os.path.join(bin_dir, "torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
-         "--master-addr", "127.0.0.1", "--master-port", str(port), "--max-restarts", "1", "--monitor-interval", "0.5",
+        [*pin[node], os.path.join(bin_dir, "torchrun"), "--nnodes", "2", "--nproc-per-node", "1",
+         "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port), "--max-restarts", "1",
+         "--monitor-interval", "0.5",
          os.path.join(bin_dir, "inferhal"), "serve", *over],
-        cwd="/tmp", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for node in (0, 1)]
+        cwd="/tmp", env=env, stdout=subprocess.DEVNULL, stderr=logs[node], text=True) for node in (0, 1)]
     os.environ["INFERHAL_DP_KEY"] = KEY  # the front's
     group = None
     try:
@@ -99,6 +101,8 @@ def front(model_dir):
             except subprocess.TimeoutExpired:
                 a.kill()
                 a.wait(10)
+        for f in logs:
+            f.close()
 
 
 def test_greedy_completions_equal_the_single_process_streamed_and_not(single, front):
@@ -133,8 +137,9 @@ def join_as(front, key=KEY.encode(), **change):
     (dict(world_size=4), r"refused RANK=1: WORLD_SIZE=4 but the front serves parallel.dp=2 ranks"),
     (dict(rank=2), r"RANK=2 is outside the front's 2 ranks"),
     (dict(rank=0), r"RANK=0 is already connected \(pid \d+ on "),
-    (dict(over=["cache.num_blocks=128", "seed=7"]), r"its config differs from the front's in what it computes: "
-                                                    r"cache.num_blocks=128 \(the front has 256\); seed=7 \(the front has"),
+    (dict(over=["cache.num_blocks=128", "seed=7"]),
+     r"its config differs from the front's in what it computes: cache.num_blocks=128 \(the front has 256\); seed=7 "
+     r"\(the front has"),
     (dict(key=b"another-key"), r"refused this rank's key: set INFERHAL_DP_KEY to the front's"),
 ])
 def test_a_rank_that_does_not_fit_the_group_is_refused_naming_why(front, change, words):
