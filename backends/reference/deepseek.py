@@ -29,23 +29,27 @@ def read(entries: torch.Tensor, fmt) -> torch.Tensor:
 
 def attn_compress(state_cache: torch.Tensor, batch: AttnBatch, rows: torch.Tensor, position_bias: torch.Tensor,
                   norm_weight: torch.Tensor, cos_sin: torch.Tensor, p: CompressParams) -> torch.Tensor:
-    # state_cache: [NB, BS, 2, C] (kv | gate per token); rows: [N] flat rows that close a window -> [N, D]
+    # state_cache: [NB, BS, 2, C] (kv | gate per token); rows: [N] flat rows that close a window, -1 = padding
+    # (a zero entry, its position unchecked) -> [N, D]
     m = p.ratio
     c = state_cache.shape[-1]
     d = c // 2 if p.overlap else c
     if rows.numel() == 0:
         return state_cache.new_zeros((0, d))
-    rows = rows.long()
+    pad = rows < 0  # [N]
+    rows = rows.long().clamp(min=0)  # a padding row stands at row 0, reads nothing and is zeroed at the end
     seq = token_seqs(batch.query_start_loc, batch.positions.shape[0])[rows]  # [N]
     pos = batch.positions[rows].long()  # [N]
-    if bool(((pos + 1) % m).any()):
-        i = int(torch.nonzero((pos + 1) % m)[0])
+    bad = ((pos + 1) % m != 0) & ~pad
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0])
         raise ValueError(f"attn.compress: row {int(rows[i])} at position {int(pos[i])} does not close a window of {m}")
-    e = (pos + 1) // m - 1  # [N] entry each row closes
+    e = torch.where(pad, 0, (pos + 1) // m - 1)  # [N] entry each row closes
     span = 2 if p.overlap else 1  # CSA pools the previous window too
     tok = (e + 1 - span)[:, None] * m + torch.arange(span * m, device=pos.device)  # [N, span*m] pooled tokens
     valid = tok >= 0  # entry 0 of CSA has no previous window
-    st = gather_slots(state_cache, batch.block_table, seq[:, None], tok, valid).float()  # [N, span*m, 2, C]
+    reads = valid & ~pad[:, None]  # a padding row reads nothing (its state gathers as zeros)
+    st = gather_slots(state_cache, batch.block_table, seq[:, None], tok, reads).float()  # [N, span*m, 2, C]
     kv, gate = st[:, :, 0], st[:, :, 1] + position_bias.float().repeat(span, 1)  # [N, span*m, C]
     if p.overlap:  # the previous window gives its first half of the channels, this window its second
         own = (torch.arange(2 * m, device=pos.device) >= m)[None, :, None]  # [1, 2m, 1]
@@ -55,7 +59,7 @@ def attn_compress(state_cache: torch.Tensor, batch: AttnBatch, rows: torch.Tenso
     w = torch.softmax(gate, dim=1)  # per channel, over the window's tokens
     x = (kv * w).sum(dim=1).to(state_cache.dtype)  # [N, D]
     x = norm_rms(x, norm_weight, RmsNormParams(eps=p.eps))
-    return rope_apply(x[:, None], e * m, cos_sin, p.rope)[:, 0]
+    return rope_apply(x[:, None], e * m, cos_sin, p.rope)[:, 0].masked_fill(pad[:, None], 0)
 
 
 def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, weights: torch.Tensor,

@@ -17,8 +17,9 @@ sampling, verification and bitmasks stay outside the graph.
 Nothing a captured step computes may depend on a device value read on the host, or on host data of the
 capture: the step's batch carries no host plan (``ForwardBatch.seqs`` is None), so the models size their
 tensors by fixed bounds (``max_model_len``) and mask on the device; ``core/engine/host_sync.py`` and its
-test keep the model code free of host reads. What still reads (DeepSeek-V4's compressor rows without the
-plan; a backend op that synchronises) makes the capture fail rather than replay a stale size.
+test keep the model code free of host reads (DeepSeek-V4's compressor rows: a bound from the step's shapes,
+-1 rows past the device's count). What still reads (a backend op that synchronises) makes the capture fail
+rather than replay a stale size.
 
 ``backend.graphs=true`` on a backend without a graph runner is refused, naming the field. A capture that
 fails turns graphs off for the engine with a :class:`GraphCaptureWarning` that says why (the reason stays in

@@ -93,7 +93,10 @@ OPS: dict[str, OpSpec] = {
             entry = sum_j softmax_j(gate_j + position_bias) * kv_j per channel over the window's tokens
             (CSA, p.overlap: window e-1's first half C[:D] and window e's second half C[D:], D = C/2;
             HCA: [e m, (e+1) m), D = C), then RMSNorm(norm_weight) and RoPE (p.rope) at position e*m.
-            The caller writes the entries into its compressed group with kv.write.""",
+            A row of -1 is padding: its entry is zeros and nothing of it is read or checked (a captured
+            step passes a host-known bound of rows, the closing rows in order and then -1s, with slot -1
+            for kv.write, so no row count is read on the host). The caller writes the entries into its
+            compressed group with kv.write.""",
         ),
         _spec(
             "indexer.scores",

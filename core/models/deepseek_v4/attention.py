@@ -37,21 +37,35 @@ def all_visible(positions: torch.Tensor, ratio: int, top: int | None = None) -> 
     return torch.where(idx < vis[:, None], idx, torch.full_like(idx, -1))
 
 
-def closing_rows(slots: torch.Tensor, batch: "ForwardBatch", ratio: int) -> torch.Tensor | None:
-    """The flat rows whose token closes a window (``slots >= 0``) in order, or None when none does. With the
-    host's plan (``batch.seqs``) the count is known there: per sequence, the multiples of ``ratio`` in
-    ``(max(num_computed, write_from), num_computed + num_new]``, and the rows come from a stable sort, with
-    no device read. Without it (a captured graph) ``nonzero`` reads the count: a synchronisation, so a
-    capture fails visibly instead of baking one step's count into every replay (``attn.compress`` takes
-    exactly the closing rows; padding rows would need the op to skip them)."""
+def closing_row_bound(num_tokens: int, num_seqs: int, ratio: int) -> int:
+    """The most rows a step of ``num_tokens`` tokens over ``num_seqs`` sequences can close, from shapes alone:
+    a sequence's ``n`` new tokens hold at most ``ceil(n / ratio)`` multiples of ``ratio``, and the sum of
+    ``ceil(n_i / ratio)`` over ``sum(n_i) = T`` is at most ``(T + B (ratio - 1)) // ratio``; every closing
+    row is a token, so at most ``T`` (a decode step's ``B`` tokens close at most ``B``)."""
+    return min(num_tokens, (num_tokens + num_seqs * (ratio - 1)) // ratio)
+
+
+def closing_rows(slots: torch.Tensor, batch: "ForwardBatch", ratio: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(rows, slots)``: the flat rows whose token closes a window (``slots >= 0``), in order, and their
+    compressed slots; None when the step closes none. The count is a host number: with the host's plan
+    (``batch.seqs``) exactly, per sequence the multiples of ``ratio`` in ``(max(num_computed, write_from),
+    num_computed + num_new]``; without it (a captured graph, which must hold for every replay)
+    :func:`closing_row_bound` of the step's shapes, the rows past the device's count -1 with slot -1
+    (``attn.compress`` gives a -1 row a zero entry, ``kv.write`` skips slot -1). The rows are found on the
+    device (the k-th closing row is where the running count of closing rows reaches k): no host read."""
+    t = slots.shape[0]
     if batch.seqs is None:
-        rows = torch.nonzero(slots >= 0).flatten()
-        return rows if rows.numel() else None
-    n = sum(max(0, (s.num_computed + s.num_new) // ratio - max(s.num_computed, s.write_from) // ratio)
-            for s in batch.seqs)
+        n = closing_row_bound(t, batch.query_start_loc.shape[0] - 1, ratio)
+    else:
+        n = sum(max(0, (s.num_computed + s.num_new) // ratio - max(s.num_computed, s.write_from) // ratio)
+                for s in batch.seqs)
     if n == 0:
         return None
-    return torch.argsort((slots < 0).to(torch.int32), stable=True)[:n]
+    seen = torch.cumsum((slots >= 0).to(torch.int64), 0)  # [T] closing rows up to each row
+    rows = torch.searchsorted(seen, torch.arange(1, n + 1, device=slots.device))  # [n]; T past the count
+    real = rows < t
+    rows = torch.where(real, rows, -1)
+    return rows, torch.where(real, slots[rows.clamp(max=t - 1)], -1)
 
 
 def compress(m: "DeepseekV4ForCausalLM", prefix: str, layer: int, group: str, ratio: int, overlap: bool,
@@ -64,14 +78,15 @@ def compress(m: "DeepseekV4ForCausalLM", prefix: str, layer: int, group: str, ra
     scache = kv.layer_cache(group + "_state", layer)
     ops["kv.write"](state, scache, sb.slot_mapping, m.kv_write_p)
     cb = batch.attn[group]
-    rows = closing_rows(cb.slot_mapping, batch, ratio)
-    if rows is None:
+    closing = closing_rows(cb.slot_mapping, batch, ratio)
+    if closing is None:
         return
+    rows, slots = closing
     p = CompressParams(ratio, overlap, m.rope_p, m.cfg.rms_eps)
     entries = ops["attn.compress"](scache, sb, rows, w[prefix + "position_bias"], w[prefix + "kv_norm.weight"],
                                    cos_sin, p)  # [N, D]
     role = "index" if group == "csa_index" else "main"
-    ops["kv.write"](entries, kv.layer_cache(group, layer), cb.slot_mapping[rows], m.kv_record_p[role])
+    ops["kv.write"](entries, kv.layer_cache(group, layer), slots, m.kv_record_p[role])
 
 
 def attention(m: "DeepseekV4ForCausalLM", pre: str, layer: int, x: torch.Tensor, batch: "ForwardBatch",

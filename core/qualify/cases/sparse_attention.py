@@ -19,6 +19,7 @@ from dataclasses import replace
 
 import torch
 
+from inferhal.core.models.deepseek_v4.attention import closing_row_bound
 from inferhal.core.ops.params import AttnParams, CompressParams, IndexerParams, RopeParams
 from inferhal.core.paging.batch import SeqSlice, build_attn_batches
 from inferhal.core.paging.spec import KVGroupSpec
@@ -153,21 +154,29 @@ def attn_sparse_topk() -> list[OpCase]:
 # ------------------------------------------------------------------------------------------- attn.compress
 
 _COMPRESS = [
-    # label, seqs, ratio, overlap (CSA), D, rotary dim, BS, level
-    ("CSA", [(39, 1), (0, 24), (50, 6)], 4, True, 64, 16, 16, "quick"),
-    ("HCA", [(47, 1), (0, 40), (20, 29)], 16, False, 64, 16, 32, "quick"),
-    ("CSA D=512", [(255, 1), (0, 130), (64, 64)], 4, True, 512, 64, 64, "full"),
-    ("CSA indexer keys D=128", [(127, 1), (3, 61), (0, 8)], 4, True, 128, 64, 32, "full"),
-    ("HCA m=128 D=512", [(127, 1), (0, 300), (200, 184)], 128, False, 512, 64, 256, "full"),
+    # label, seqs, ratio, overlap (CSA), D, rotary dim, BS, level, padded; padded: the rows a captured step passes,
+    # the closing rows and then -1 up to the model's host-known bound (closing_row_bound): zero entries
+    ("CSA", [(39, 1), (0, 24), (50, 6)], 4, True, 64, 16, 16, "quick", False),
+    ("HCA", [(47, 1), (0, 40), (20, 29)], 16, False, 64, 16, 32, "quick", False),
+    ("CSA D=512", [(255, 1), (0, 130), (64, 64)], 4, True, 512, 64, 64, "full", False),
+    ("CSA indexer keys D=128", [(127, 1), (3, 61), (0, 8)], 4, True, 128, 64, 32, "full", False),
+    ("HCA m=128 D=512", [(127, 1), (0, 300), (200, 184)], 128, False, 512, 64, 256, "full", False),
+    ("CSA padded decode", [(c, 1) for c in (3, 10, 7, 14, 0, 31)], 4, True, 64, 16, 16, "quick", True),
+    ("HCA padded", [(47, 1), (0, 40), (20, 29)], 16, False, 64, 16, 32, "quick", True),
 ]
+
+
+def _real(rows: torch.Tensor, end: int) -> torch.Tensor:
+    """The rows of the first sequences (flat rows below ``end``), padding left out."""
+    return rows[(rows >= 0) & (rows < end)]
 
 
 @cases_for("attn.compress")
 def attn_compress() -> list[OpCase]:
     out = []
-    for label, seqs, m, overlap, d, r, bs, level in _COMPRESS:
+    for label, seqs, m, overlap, d, r, bs, level, padded in _COMPRESS:
         for dtype in ("float32", "bfloat16"):
-            def build(seed, seqs=seqs, m=m, overlap=overlap, d=d, r=r, bs=bs, dtype=dtype):
+            def build(seed, seqs=seqs, m=m, overlap=overlap, d=d, r=r, bs=bs, dtype=dtype, padded=padded):
                 g = gen(seed)
                 dt = DTYPES[dtype]
                 c = 2 * d if overlap else d
@@ -176,6 +185,9 @@ def attn_compress() -> list[OpCase]:
                 nb, batches = paged_step(g, specs, bs, seqs)
                 state = random_cache(g, specs[0], nb, bs)  # [NB, BS, 2, C]: kv | gate per token
                 rows = torch.nonzero(batches["comp"].slot_mapping >= 0).flatten()  # tokens closing a window
+                if padded:
+                    n = closing_row_bound(sum(nn for _, nn in seqs), len(seqs), m)
+                    rows = torch.cat((rows, rows.new_full((n - rows.numel(),), -1)))
                 bias = randn(g, m, c, scale=0.5)
                 weight = 1.0 + randn(g, d, dtype=dt, scale=0.1)
                 top = max(cc + nn for cc, nn in seqs)
@@ -183,11 +195,10 @@ def attn_compress() -> list[OpCase]:
                 return (state, batches["state"], rows, bias, weight, cos_sin_table(top, r, 160000.0), p), {}
 
             def take(a, kw, n):
-                e = _end(a[1], n)
-                return (a[0], first_seqs(a[1], n), a[2][a[2] < e], *a[3:]), kw
+                return (a[0], first_seqs(a[1], n), _real(a[2], _end(a[1], n)), *a[3:]), kw
 
             def row_slice(o, a, kw, n):
-                return o[: int((a[2] < _end(a[1], n)).sum())]
+                return o[: _real(a[2], _end(a[1], n)).numel()]
 
             def cost(a, kw, m=m, overlap=overlap):
                 win = (2 if overlap else 1) * m

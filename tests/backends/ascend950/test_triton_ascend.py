@@ -108,7 +108,10 @@ def triton_table():
 
 @pytest.mark.parametrize("ratio,overlap,c,tokens", [(4, True, 32, 8), (16, False, 40, 32)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attn_compress_on_the_ascend_table_in_interpreter(ratio, overlap, c, tokens, dtype):
+@pytest.mark.parametrize("pad", [0, 3], ids=["exact", "padded"])
+def test_attn_compress_on_the_ascend_table_in_interpreter(ratio, overlap, c, tokens, dtype, pad):
+    """The shared kernel on Ascend's table against the reference; ``padded``: -1 rows past the closing ones
+    (a captured step's bound, #46), zero entries there."""
     from inferhal.backends.reference.deepseek import attn_compress as ref_compress
     from inferhal.core.ops.params import AttnBatch, CompressParams
 
@@ -119,6 +122,7 @@ def test_attn_compress_on_the_ascend_table_in_interpreter(ratio, overlap, c, tok
     batch = AttnBatch(torch.tensor([0, tokens]), torch.tensor([tokens]), torch.arange(tokens),
                       torch.tensor([[2, 0, 3, 1]]), torch.arange(tokens))
     rows = torch.arange(ratio - 1, tokens, ratio)  # the tokens that close a window
+    rows = torch.cat((rows, torch.full((pad,), -1, dtype=rows.dtype)))
     bias, w = torch.randn(ratio, c, generator=g), (1 + 0.1 * torch.randn(d, generator=g)).to(dtype)
     ang = torch.arange(64).float()[:, None] * torch.rand(4, generator=g)[None]
     cs = torch.cat((ang.cos(), ang.sin()), -1)
@@ -128,6 +132,7 @@ def test_attn_compress_on_the_ascend_table_in_interpreter(ratio, overlap, c, tok
     got, want = op(state, batch, rows, bias, w, cs, p), ref_compress(state, batch, rows, bias, w, cs, p)
     tol = 3 * 2 ** -8 if dtype == torch.bfloat16 else 1e-5
     assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max()
+    assert not got[rows < 0].any() and not want[rows < 0].any()
 
 
 def test_sample_mask_on_the_ascend_table_in_interpreter():

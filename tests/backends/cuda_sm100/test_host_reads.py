@@ -9,7 +9,9 @@ a backend's ops make, or with ``backend_fatal=True`` raises at them. Here:
   under the guard with backend reads fatal: none may read;
 - the tiny DeepSeek-V4 runs every step under the counting guard, and its reads must be exactly
   :data:`REMAINING` (each with the reason it stays; none now): a removed read that comes back, or a new one,
-  fails with the step's reads by file:line.
+  fails with the step's reads by file:line;
+- its decode steps without the host's plan (what a captured graph's step sees) run under the guard with
+  backend reads fatal: the compressor's rows come from a host-known bound, padded with -1 (none read).
 
 Execution level: interpreter (no GPU); the guard watches the same Python launch code a device runs.
 """
@@ -126,3 +128,34 @@ def test_ep_dispatch_and_combine_read_nothing_under_the_padded_exchange(exchange
     assert not reads
     want = (x[:, None, :] * w[..., None] * (ids >= 0)[..., None]).sum(1)  # an identity expert
     assert torch.allclose(y, want, atol=1e-5)
+
+
+def test_tiny_v4_decode_steps_without_the_plan_read_nothing(tiny_v4):
+    """A decode step as a captured graph sees it (``ForwardBatch.seqs`` None: RoPE and HCA widths from the
+    model's bound, the compressor's rows from closing_row_bound with -1 rows past the device's count) runs
+    under the guard with the backend's reads fatal too: no read in model or launch code, and the tokens are
+    the reference's."""
+    import dataclasses
+
+    model = tiny_v4.engine.runner.model
+    decodes = []
+
+    def strip(fn):
+        def run(batch, kv, *a, **k):
+            if int(batch.input_ids.shape[0]) != len(PROMPTS):  # the prefill keeps its plan
+                return fn(batch, kv, *a, **k)
+            decodes.append(1)
+            with HostSyncGuard(backend_fatal=True):
+                return fn(dataclasses.replace(batch, seqs=None), kv, *a, **k)
+        return run
+
+    for name in ("forward", "forward_greedy"):
+        setattr(model, name, strip(getattr(model, name)))
+    sp = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    try:
+        got = [o.token_ids for o in tiny_v4.generate(PROMPTS, sp)]
+    finally:
+        for name in ("forward", "forward_greedy"):
+            delattr(model, name)
+    want = [o.token_ids for o in LLM("deepseek_v4_tiny", backend="reference").generate(PROMPTS, sp)]
+    assert got == want and len(decodes) == 4

@@ -141,6 +141,9 @@ def _mutants():
     def compress_without_bias(state, batch, rows, bias, *a):
         return deepseek.attn_compress(state, batch, rows, torch.zeros_like(bias), *a)
 
+    def compress_pads_computed(state, batch, rows, *a):  # a -1 row pooled as the first row instead of zeros
+        return deepseek.attn_compress(state, batch, torch.where(rows < 0, rows[0], rows), *a)
+
     @dataclasses.dataclass
     class Reversed:  # dispatch's receive order is free: reverse it, and undo that in combine
         inner: object
@@ -161,6 +164,7 @@ def _mutants():
     return dict(topk_ignores_causality=topk_ignores_causality, topk_batch_dependent=topk_batch_dependent,
                 indexer_unmasked=indexer_unmasked, indexer_old_width=indexer_old_width,
                 indexer_pad_not_masked=indexer_pad_not_masked, compress_without_bias=compress_without_bias,
+                compress_pads_computed=compress_pads_computed,
                 dispatch_reversed=dispatch_reversed, combine_unreversed=combine_unreversed,
                 combine_unweighted=combine_unweighted, gelu_exact=gelu_exact)
 
@@ -172,6 +176,7 @@ def _mutants():
     ("indexer_old_width", ("indexer.scores",), ("indexer.scores", "bfloat16", "table+"), "numerics"),
     ("indexer_pad_not_masked", ("indexer.scores",), ("indexer.scores", "float32", "table+"), "numerics"),
     ("compress_without_bias", ("attn.compress",), ("attn.compress", "bfloat16", "HCA"), "numerics"),
+    ("compress_pads_computed", ("attn.compress",), ("attn.compress", "float32", "padded"), "numerics"),
     ("dispatch_reversed", ("moe.dispatch",), ("moe.dispatch", "bfloat16", "skip"), "pass"),
     ("dispatch_reversed+combine_unreversed", ("moe.dispatch", "moe.combine"), ("moe.combine", "float32", "skip"),
      "pass"),
