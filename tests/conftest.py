@@ -95,6 +95,19 @@ def _malloc_trim():
 _TRIM = _malloc_trim()
 
 
+def pytest_collection_finish(session):
+    """Freeze what collection made (the test items, every module imported so far) out of the cyclic garbage
+    collector's reach: it lives as long as the session, and every full collection walked it again, the module
+    teardown's below (246 in a suite run) and the interpreter's own. py-spy on a whole suite run (loaded host) put
+    11 % of the workers' sampled time in the teardown's gc.collect(); on five heavy modules a collection walks 75k
+    objects instead of 344k and takes 0.05 s instead of 0.2 s. Reference counting still frees frozen objects; only
+    cycles among them would stay."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
     """After a module's last test (trylast: after pytest finalised its fixtures): collect garbage and give the freed
