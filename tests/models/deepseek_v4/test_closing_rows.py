@@ -34,7 +34,8 @@ def _step(ratio: int, seqs: list[tuple[int, int, int]]):
     """(slot mapping of a compressed group, the step's SeqSlices) for (num_computed, num_new, write_from) seqs."""
     spec = KVGroupSpec("comp", "compressed", (0,), (4,), torch.float32, tokens_per_slot=ratio)
     blocks = -(-max([c + n for c, n, _ in seqs] + [1]) // BS)
-    slices = [SeqSlice(c, n, {"comp": list(range(i * blocks, (i + 1) * blocks))}, w) for i, (c, n, w) in enumerate(seqs)]
+    slices = [SeqSlice(c, n, {"comp": list(range(i * blocks, (i + 1) * blocks))}, w)
+              for i, (c, n, w) in enumerate(seqs)]
     pos, qsl, attn = build_attn_batches([spec], BS, slices)
     return attn["comp"], pos, qsl, slices
 
