@@ -13,12 +13,16 @@ bf16 products are exact in fp32, so the only difference from the oracle (fp32 ei
 summation order.
 
 Two kernels, selected by the wrapper's ``decode`` argument (the cuda_sm100 backend passes
-``backend.options.attn_decode``): ``split`` (default) gives each program a run of ``tiles`` consecutive
-tiles of one token, its queries and head weights loaded once, records decoded by
-:func:`~inferhal.kernels.kv_records.decode_tile`; ``tiles`` grows with the work (up to ``MAX_TILES``) so
-that a launch keeps about ``PROGRAMS`` programs. A score never sums across entries and each tile is the
-same dot wherever it runs, so the run length changes no bit (batch-invariant). ``single``: one program per
-tile (kept to compare). Oracle: ``backends/reference/deepseek.py:indexer_scores``.
+``backend.options.attn_decode``): ``split`` (default) launches ``ceil(width / (tiles * BLOCK_N))`` programs
+per token, ``tiles`` growing with the width (up to ``MAX_TILES``) so that a launch keeps about
+``PROGRAMS`` programs; each loads the token's queries and head weights once, scores an even share of the
+tiles that hold the token's visible entries (records decoded by
+:func:`~inferhal.kernels.kv_records.decode_tile`) and stores -inf over the rest of its run of ``tiles``.
+The shares are cut from the visible entries, not from the width: under a CUDA graph the table (and so
+the width) reaches ``max_model_len`` (16,384 columns for V4-Flash at 64K) while a short context has a few
+tiles, which then go to as many programs instead of all to the first. A score never sums across entries
+and each tile is the same dot wherever it runs, so the shares change no bit (batch-invariant).
+``single``: one program per tile (kept to compare). Oracle: ``backends/reference/deepseek.py:indexer_scores``.
 """
 
 from __future__ import annotations
@@ -87,12 +91,21 @@ def indexer_split_kernel(q_ptr, k_ptr, w_ptr, o_ptr, bt_ptr, seq_ptr, pos_ptr, l
                          CODE: tl.constexpr = 0, SCALE: tl.constexpr = 0, RBLOCK: tl.constexpr = 1,
                          CODED: tl.constexpr = 0, RAW_AT: tl.constexpr = 0, SCALES_AT: tl.constexpr = 0,
                          GROUP: tl.constexpr = 16, ALIGN: tl.constexpr = 1):
-    """``split``: token ``t``'s tiles ``[pid(1) * TILES, ...)`` of ``BLOCK_N`` entries: keys ``[BLOCK_N, D]``
-    times its queries ``[D, H]`` (loaded once), ReLU, the weighted head sum in fp32."""
+    """``split``: of token ``t``'s tiles of ``BLOCK_N`` entries, program ``pid(1)`` scores the ``pid(1)``-th of
+    even runs of the tiles that hold visible entries (keys ``[BLOCK_N, D]`` times its queries ``[D, H]``, loaded
+    once; ReLU, the weighted head sum in fp32) and stores -inf in the rest of its grid run ``[pid(1) * TILES,
+    ...)``."""
     t = tl.program_id(0).to(tl.int64)
     b = tl.load(seq_ptr + t).to(tl.int64)
     qpos = tl.load(pos_ptr + t).to(tl.int32)
     n = tl.minimum(tl.load(len_ptr + b).to(tl.int32), (qpos + 1) // M_RATIO)  # visible entries
+    # the tiles holding visible entries are shared out over the token's programs in even runs (a short context
+    # in a wide table keeps as many programs busy as it has tiles); the -inf tiles past them by the grid's runs
+    j = tl.program_id(1)
+    need = tl.cdiv(n, BLOCK_N)
+    per = tl.cdiv(need, tl.num_programs(1))
+    lo = j * per * BLOCK_N
+    mid = tl.maximum(tl.minimum(tl.minimum(lo + per * BLOCK_N, W), need * BLOCK_N), lo)
     h = tl.arange(0, BLOCK_H)
     hm = h < H
     d = tl.arange(0, BLOCK_D)
@@ -101,9 +114,6 @@ def indexer_split_kernel(q_ptr, k_ptr, w_ptr, o_ptr, bt_ptr, seq_ptr, pos_ptr, l
                  other=0.0)  # [BLOCK_D, BLOCK_H]
     qt = dot_operand(qt, INTERP)
     w = tl.load(w_ptr + t * stride_wt + h, mask=hm, other=0.0).to(tl.float32) * weight_scale * scale
-    lo = tl.program_id(1) * TILES * BLOCK_N
-    hi = tl.minimum(lo + TILES * BLOCK_N, W)
-    mid = tl.maximum(tl.minimum(hi, tl.cdiv(n, BLOCK_N) * BLOCK_N), lo)  # tiles past the visible entries: -inf only
     for n0 in range(lo, mid, BLOCK_N):
         s = n0 + tl.arange(0, BLOCK_N)
         ok = s < n
@@ -120,7 +130,8 @@ def indexer_split_kernel(q_ptr, k_ptr, w_ptr, o_ptr, bt_ptr, seq_ptr, pos_ptr, l
                 dots = dots * record_row_scale(k_ptr, row, ok, SCALES_AT)[:, None]
         acc = tl.sum(tl.maximum(dots, 0.0) * w[None, :], axis=1)
         tl.store(o_ptr + t * stride_ot + s, tl.where(ok, acc, -float("inf")), mask=s < W)
-    for n0 in range(mid, hi, BLOCK_N):
+    hi = tl.minimum(j * TILES * BLOCK_N + TILES * BLOCK_N, W)  # the grid's run of this program
+    for n0 in range(tl.minimum(tl.maximum(j * TILES, need) * BLOCK_N, hi), hi, BLOCK_N):
         s = n0 + tl.arange(0, BLOCK_N)
         tl.store(o_ptr + t * stride_ot + s, tl.full((BLOCK_N,), -float("inf"), tl.float32), mask=s < W)
 

@@ -72,6 +72,38 @@ def test_indexer_scores_matches_reference(ctx, new, dtype, hi, di, decode, close
     close(out[fin], ref[fin], scale=mag, name="indexer.scores")
 
 
+@pytest.mark.parametrize("tokens", [1, 2, 5])
+def test_indexer_split_in_a_table_as_wide_as_a_graphs(tokens, close):
+    """A captured step's block table reaches max_model_len (here 64 blocks: 256 columns, 16 tiles of 16) while
+    the contexts close 0 .. 40 entries: the visible tiles are shared out over each token's programs and the
+    rest of the width is -inf; every column is the reference's (one contiguous run or several per program,
+    runs ending inside and past the visible tiles, a tile edge at 16 and 32 entries)."""
+    import dataclasses
+
+    g = torch.Generator().manual_seed(tokens)
+    m, hi, di = 4, 16, 32
+    ctx = [3, 64, 161, 17, 128][:tokens]  # 0, 16, 40, 4, 32 closed entries
+    pos, qsl, attn, nb = v4_batch(ctx, [1] * tokens, m, g)
+    comp = attn["comp"]
+    table = torch.full((tokens, 64), -1, dtype=comp.block_table.dtype)
+    table[:, : comp.block_table.shape[1]] = comp.block_table
+    comp = dataclasses.replace(comp, block_table=table)
+    keys = comp_cache(nb, m, di, g, torch.bfloat16)
+    q = torch.randn(tokens, hi, di, generator=g).to(torch.bfloat16)
+    w = torch.randn(tokens, hi, generator=g)
+    p = IndexerParams(scale=di ** -0.5, weight_scale=hi ** -0.5)
+    out, ref = indexer_scores(q, keys, comp, w, p), ref_indexer(q, keys, comp, w, p)
+    assert out.shape == (tokens, 256) and torch.equal(torch.isinf(out), torch.isinf(ref))
+    fin = ~torch.isinf(ref)
+    assert bool((out[~fin] == float("-inf")).all())
+    if fin.any():
+        mag = float(ref_indexer(q.abs(), keys.abs(), comp, w.abs(), p)[fin].max())
+        close(out[fin], ref[fin], scale=mag, name="indexer.scores")
+    # the table as wide as the contexts need (other runs, other programs): each tile is the same dot
+    narrow = indexer_scores(q, keys, attn["comp"], w, p)
+    assert torch.equal(out[:, : narrow.shape[1]], narrow)
+
+
 def _topk_rows(pos, attn, m, k, mode, g):
     """CSA: k random distinct entries per token (some not yet closed, some -1, one past the sequence);
     HCA: every visible entry (the model's all_visible)."""
