@@ -108,6 +108,14 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+def pytest_unconfigure(config):
+    """Give the frozen objects back to the collector before the interpreter ends, so its last collection frees
+    them as before (extension objects left frozen are reported as leaks at exit)."""
+    import gc
+
+    gc.unfreeze()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
     """After a module's last test (trylast: after pytest finalised its fixtures): collect garbage and give the freed
