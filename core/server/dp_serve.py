@@ -264,8 +264,7 @@ class DPGroup(ElasticGroup, Fronted, TorchrunFront):
     # ------------------------------------------------------------------ start, death, restart
 
     def _spawn(self) -> None:
-        import multiprocessing as mp
-
+        from inferhal.core import procs
         from inferhal.core.backend import ParallelLayout
         from inferhal.core.parallel.launch import free_port
         from inferhal.core.server.dp_rank import rank_main
@@ -277,7 +276,7 @@ class DPGroup(ElasticGroup, Fronted, TorchrunFront):
         p = self._cfg["parallel"]
         layout = ParallelLayout(world_size=self.dp, rank=0, ep=self.dp, dp=self.dp, master_addr=str(p["master_addr"]),
                                 master_port=int(p["master_port"]) or free_port(), timeout_s=self.timeout_s)
-        ctx = mp.get_context("spawn")
+        ctx = procs.context()  # a forkserver's: a restart's ranks do not import torch again
         self.ranks = []
         for i in range(self.dp):
             mine, theirs = ctx.Pipe()
