@@ -14,13 +14,18 @@ With EPLB (``eplb=default``): ``inferhal_dp_expert_load{dp_rank, layer}``, the t
 the experts that rank holds, over EPLB's window (``eplb.window_size`` steps), and
 ``inferhal_dp_balance{figure="expert_load"}`` (max / mean over the ranks, summed over the layers).
 
+``dp_rank`` is a rank's number in ``parallel.dp`` as the group started. After elastic EP goes on without a lost
+rank (:mod:`.dp_elastic`) the survivors keep their numbers (dp0 and dp2 after dp1's loss), the lost rank's series
+are removed (none is left at its last value), the balance figures are taken over the survivors and the expert
+load over their slots; a restart of the whole group shows every rank's series again, counting from 0.
+
 :class:`RankCounts` and :class:`RankPools` are the group's ``scheduler`` and ``kv_manager`` as the server's own
 series read them: sums over the ranks (the fullest rank's KV usage).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -100,6 +105,8 @@ class DPMetrics:
     def __init__(self, registry: CollectorRegistry, model_name: str, num_ranks: int) -> None:
         labels = ["model_name", "dp_rank"]
         self._model, self._seen = model_name, {}
+        self._gone: set[str] = set()  # ranks lost (elastic EP): their series removed
+        self._layers = 0  # MoE layers seen in expert_load
         self.gauges = {k: Gauge(n, d, labels, registry=registry) for k, n, d in GAUGES}
         self.counters = {k: Counter(n, d, labels, registry=registry) for k, n, d in COUNTERS}
         for r in range(num_ranks):  # every rank's series shown from the start
@@ -112,13 +119,22 @@ class DPMetrics:
         self.expert_load = Gauge("inferhal_dp_expert_load", "Token rows routed to a DP rank's experts of a MoE "
                                  "layer over EPLB's window", ["model_name", "dp_rank", "layer"], registry=registry)
 
-    def update(self, ranks: list[dict]) -> None:
-        """The ranks' gauges (:meth:`~inferhal.core.parallel.dp_serve_engine.ServeDPEngine.gauges`, ``{}`` for a
-        rank not heard from yet). A rank's counters start from 0 again when its group restarts."""
-        for i, g in enumerate(ranks):
+    def update(self, ranks: list[dict], lost: Iterable[int] = ()) -> None:
+        """The ranks' gauges at their original numbers (:meth:`~inferhal.core.parallel.dp_serve_engine.
+        ServeDPEngine.gauges`, ``{}`` for a rank not heard from yet or lost); ``lost``: the numbers of the ranks the
+        group went on without (their series are removed). A rank's counters start from 0 again when its group
+        restarts."""
+        gone = {str(r) for r in lost}
+        for rank in sorted(gone - self._gone):
+            self._remove(rank)
+        for rank in sorted(self._gone - gone):  # back after a restart: shown from 0 again
+            for metric in (*self.gauges.values(), *self.counters.values()):
+                metric.labels(self._model, rank)
+        self._gone = gone
+        live = [(str(i), g) for i, g in enumerate(ranks) if str(i) not in gone]
+        for rank, g in live:
             if not g:
                 continue
-            rank = str(i)
             g = dict(g, load_tokens=int(g["prefill_tokens"]) + int(g["kv_tokens"]))
             for key, gauge in self.gauges.items():
                 gauge.labels(self._model, rank).set(g[key])
@@ -127,26 +143,42 @@ class DPMetrics:
                 if now != seen:
                     counter.labels(self._model, rank).inc(now - seen if now > seen else now)
                 self._seen[(rank, key)] = now
-        heard = [g for g in ranks if g]
-        if heard and len(heard) == len(ranks) and all("expert_rows" in g for g in heard):
-            per_rank = self._expert_load([g["expert_rows"] for g in heard])
+        heard = [(rank, g) for rank, g in live if g]
+        if heard and len(heard) == len(live) and all("expert_rows" in g for _, g in heard):
+            per_rank = self._expert_load([rank for rank, _ in heard], [g["expert_rows"] for _, g in heard])
             self.balance.labels(self._model, "expert_load").set(balance([sum(layers) for layers in per_rank]))
         if heard:
-            self.balance.labels(self._model, "attention_tokens").set(balance([g["attn_tokens"] for g in heard]))
+            self.balance.labels(self._model, "attention_tokens").set(balance([g["attn_tokens"] for _, g in heard]))
             self.balance.labels(self._model, "load_tokens").set(
-                balance([int(g["prefill_tokens"]) + int(g["kv_tokens"]) for g in heard]))
+                balance([int(g["prefill_tokens"]) + int(g["kv_tokens"]) for _, g in heard]))
 
-    def _expert_load(self, rows: list) -> list[list[int]]:
-        """``[rank][layer]`` rows routed to the experts each rank holds (slots ``r * R/n .. (r+1) * R/n - 1``, as
-        core/parallel/dp_moe.py sends them), from every rank's ``expert_rows[layer][slot]``; each set as a gauge."""
+    def _expert_load(self, labels: list[str], rows: list) -> list[list[int]]:
+        """``[rank][layer]`` rows routed to the experts each rank in place holds (slots ``r * R/n .. (r+1) * R/n - 1``
+        of the placement in use, as core/parallel/dp_moe.py sends them), from every such rank's
+        ``expert_rows[layer][slot]``; each set as a gauge under the rank's label."""
         n, layers, slots = len(rows), len(rows[0]), len(rows[0][0])
         per = slots // n
         out = [[sum(rows[src][layer][s] for src in range(n) for s in range(r * per, (r + 1) * per))
                 for layer in range(layers)] for r in range(n)]
-        for r, loads in enumerate(out):
+        self._layers = max(self._layers, layers)
+        for label, loads in zip(labels, out):
             for layer, v in enumerate(loads):
-                self.expert_load.labels(self._model, str(r), str(layer)).set(v)
+                self.expert_load.labels(self._model, label, str(layer)).set(v)
         return out
+
+    def _remove(self, rank: str) -> None:
+        """Drop every series of DP rank ``rank`` (lost): none stays at its last value."""
+        for metric in (*self.gauges.values(), *self.counters.values()):
+            try:
+                metric.remove(self._model, rank)
+            except KeyError:
+                pass
+        for layer in range(self._layers):
+            try:
+                self.expert_load.remove(self._model, rank, str(layer))
+            except KeyError:
+                pass
+        self._seen = {k: v for k, v in self._seen.items() if k[0] != rank}
 
     def restarted(self) -> None:
         """The group was spawned again: its ranks count from 0."""

@@ -210,7 +210,7 @@ class DPGroup(ElasticGroup, Fronted, TorchrunFront):
         for i, (_, gauges, _, _) in enumerate(replies):
             self.ranks[i].gauges = gauges
         if self.metrics is not None:
-            self.metrics.update(self.rank_gauges)
+            self.metrics.update(self.rank_gauges, self.lost)  # a lost rank's series go (elastic EP)
         for o in got:
             rec = self.requests.get(o.request_id)
             if rec is None:

@@ -2,7 +2,8 @@
 the tiny DeepSeek-V4 (tiny_text.py) with ``eplb.survive_rank_loss`` (8 experts, 18 slots: each expert on two
 ranks). A rank killed mid-stream (SIGKILL): the survivors go on without a restart: every stream of the official
 ``openai`` client ends with the single process's greedy text, ``/health`` answers 200 ``degraded`` naming the lost
-rank, a new request is served, no KV is held on a survivor afterwards and the restart counter stays at 0. A second
+rank, a new request is served, no KV is held on a survivor afterwards, ``/metrics`` shows no series of the lost
+rank and takes the expert-load balance over the survivors, and the restart counter stays at 0. A second
 death, which the 12 slots left cannot cover, restarts the group as without elastic EP, and all three ranks are back.
 The front's decision alone, with stand-in ranks: no shrink without an exited rank, a survivor's refusal or
 different placements; a shrink keeps each survivor's label and places every open request again."""
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -75,6 +77,13 @@ def test_survivors_of_a_covered_rank_death_serve_on_without_a_restart(model_dir)
         _, text = get(url, "/metrics")
         kv = per_rank(text, "inferhal_dp_kv_blocks_in_use")
         assert kv[0] == kv[2] == 0.0  # the survivors, under their own labels
+        assert 'dp_rank="1"' not in text  # none of the lost rank's series stays at its last value
+        load = {0: 0.0, 2: 0.0}  # the survivors' expert load, summed over the layers
+        for labels, v in series(text, "inferhal_dp_expert_load").items():
+            load[int(re.search(r'dp_rank="(\d+)"', labels).group(1))] += v
+        assert set(load) == {0, 2} and sum(load.values()) > 0
+        figure = series(text, "inferhal_dp_balance")['{figure="expert_load",model_name="deepseek_v4_tiny"}']
+        assert figure == pytest.approx(max(load.values()) / (sum(load.values()) / 2))  # over the survivors
         assert series(text, "inferhal_dp_restarts_total") == {'{model_name="deepseek_v4_tiny"}': 0.0}
         assert all(not group.probe(r)["kv_requests"] for r in range(2))
         # a second death: 12 slots cannot hold every expert on both survivors, so the group restarts, all 3 back
