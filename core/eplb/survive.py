@@ -165,8 +165,8 @@ def check_survivable(num_experts: int, num_redundant: int, ep: int, num_nodes: i
     if ep < 2:
         need.append(f"at least 2 EP ranks (parallel.ep={ep})")
     if num_redundant < num_experts:
-        need.append(f"eplb.num_redundant_experts >= {num_experts} (the routed experts, so each is on two ranks; "
-                    f"got {num_redundant})")
+        need.append(f"eplb.num_redundant_experts >= {num_experts} (the model's routed experts, its n_routed_experts, "
+                    f"so each is on two ranks; got {num_redundant})")
     if num_nodes != 1:
         need.append(f"eplb.num_nodes=1 (the hierarchical policy keeps a group's replicas on one node; "
                     f"got {num_nodes})")

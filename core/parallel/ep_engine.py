@@ -95,11 +95,20 @@ def rebalancer(ctl: Optional[EplbController], runner: Any, comm: Any, eplb: Any)
 
 def check_expert_slots(num_experts: int, eplb: Any, ep: int) -> int:
     """Physical expert slots per MoE layer (routed experts + ``eplb.num_redundant_experts`` when EPLB is
-    on); raise :class:`UserError` when they do not divide among ``ep`` ranks."""
+    on); raise :class:`UserError` when they do not divide among ``ep`` ranks, or when ``eplb.survive_rank_loss``
+    cannot put each of the ``num_experts`` on two ranks (:func:`~inferhal.core.eplb.survive.check_survivable`).
+    Run before any rank starts where the model's config declares its routed experts (``check_ranks``), and
+    again by :func:`attach_ep` from the loaded weights."""
     physical = num_experts + (int(eplb.num_redundant_experts) if bool(eplb.enabled) else 0)
     if physical % ep:
         what = "routed experts + eplb.num_redundant_experts" if bool(eplb.enabled) else "routed experts"
         raise UserError(f"{physical} physical expert slots ({what}) do not divide among parallel.ep={ep} ranks")
+    if bool(getattr(eplb, "survive_rank_loss", False)):
+        try:
+            check_survivable(num_experts, int(eplb.num_redundant_experts), ep, int(eplb.num_nodes),
+                             bool(eplb.enabled))
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     return physical
 
 

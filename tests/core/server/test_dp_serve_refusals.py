@@ -39,6 +39,13 @@ def cfg_of(*over, command="serve"):
     (["parallel=dep16"], r"8 physical expert slots \(routed experts\) do not divide among parallel.ep=16 ranks"),
     (["parallel=dep2", "parallel.ep=4"], r"parallel.dp=2 with parallel.ep=4"),
     (["parallel=dep2", "model=smollm2_135m_instruct"], r"is dense: parallel.ep=2 needs a model with routed experts"),
+    # elastic EP: the tiny model's yaml declares 8 routed experts, so a redundancy below 8 is refused before any rank
+    (["parallel=dep2", "eplb=default", "eplb.survive_rank_loss=true", "eplb.num_redundant_experts=4"],
+     r"eplb.survive_rank_loss=true needs eplb.num_redundant_experts >= 8 \(the model's routed experts, its "
+     r"n_routed_experts, so each is on two ranks; got 4\)"),
+    (["parallel=dep2", "eplb.survive_rank_loss=true"], r"eplb.survive_rank_loss=true needs EPLB on \(eplb=default\)"),
+    (["parallel=dep2", "eplb=default", "eplb.survive_rank_loss=true", "eplb.num_redundant_experts=8",
+      "eplb.num_nodes=2"], r"eplb.survive_rank_loss=true needs eplb.num_nodes=1"),
 ])
 def test_serve_refuses_a_dp_layout_it_cannot_run(over, words):
     from inferhal.core.server.serve import check_dp
@@ -90,3 +97,30 @@ def test_the_cli_refuses_before_anything_spawns(capsys):
     assert main(["serve", "model=deepseek_v4_tiny", "parallel=dep2", "parallel.dp_balance=least"]) == 2
     err = capsys.readouterr().err
     assert "parallel.dp_balance must be one of" in err and "Traceback" not in err
+
+
+def test_the_cli_refuses_too_few_redundant_experts_for_elastic_ep_from_config_json(tmp_path, monkeypatch, capsys):
+    """An HF checkpoint's config.json declares its routed experts: too small an eplb.num_redundant_experts for
+    eplb.survive_rank_loss is refused by the CLI before any DP rank is spawned (it was refused by the ranks)."""
+    from inferhal.core.cli.main import main
+    from inferhal.core.server import dp_serve
+
+    def no_group(*a, **k):
+        raise AssertionError("a DP group was started")
+
+    monkeypatch.setattr(dp_serve.DPGroup, "__init__", no_group)
+    (tmp_path / "config.json").write_text('{"model_type": "deepseek_v4", "n_routed_experts": 16}')
+    over = ["serve", "model=deepseek_v4_flash", f"model.path={tmp_path}", "parallel=dep2", "eplb=default",
+            "eplb.survive_rank_loss=true"]
+    assert main([*over, "eplb.num_redundant_experts=2"]) == 2
+    err = capsys.readouterr().err
+    assert "eplb.num_redundant_experts >= 16 (the model's routed experts, its n_routed_experts" in err
+    assert "got 2" in err and "Traceback" not in err
+    assert check_dp_of([*over[1:], "eplb.num_redundant_experts=16"]) == 2  # 32 slots: passes the checks
+
+
+def check_dp_of(over):
+    from inferhal.core.cli.main import compose
+    from inferhal.core.server.serve import check_dp
+
+    return check_dp(compose(over, command="serve"))
