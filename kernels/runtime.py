@@ -42,6 +42,7 @@ def use_interpreter(enabled: bool) -> None:
     if enabled == interpreting():
         if enabled:
             os.environ[ENV] = "1"
+            _lighter_device_calls()
         return
     loaded = imported_kernel_modules()
     if loaded:
@@ -52,6 +53,7 @@ def use_interpreter(enabled: bool) -> None:
         )
     if enabled:
         os.environ[ENV] = "1"
+        _lighter_device_calls()
     else:
         os.environ.pop(ENV, None)
 
@@ -67,3 +69,53 @@ def dot_upcast() -> bool:
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def _lighter_device_calls() -> None:
+    """Triton's interpreter (3.x) patches ``triton.language`` for a kernel's whole grid when the kernel starts, and
+    again at every call of a ``@triton.jit`` helper from inside it (``inspect.getmembers`` over the language
+    modules, per helper call per program), though nothing changed: py-spy on a whole suite run put 29 % of the
+    interpreter's time there. While a kernel's grid runs, a helper that sees no language module the kernel did
+    not is called without the repeat; it runs the same rewritten function either way. A Triton without these
+    internals keeps its own behaviour."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter as ti
+
+        grid_call, device_call = ti.GridExecutor.__call__, ti.InterpretedFunction.__call__
+        error = ti.InterpreterError
+    except (ImportError, AttributeError):
+        return
+    if getattr(device_call, "_inferhal_lighter", False):
+        return
+    seen: dict = {}
+    active: list = []
+
+    def langs(fn) -> frozenset:
+        got = seen.get(fn)
+        if got is None:  # the modules _patch_lang patches for fn
+            got = seen[fn] = frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+        return got
+
+    def run_grid(self, *args, **kwargs):
+        active.append(langs(self.fn))
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            active.pop()
+
+    def call(self, *args, **kwargs):
+        if not active or not langs(self.fn) <= active[-1]:
+            return device_call(self, *args, **kwargs)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # as the interpreter's own call says it
+            raise error(repr(e)) from e
+
+    call._inferhal_lighter = True
+    ti.GridExecutor.__call__, ti.InterpretedFunction.__call__ = run_grid, call
+
+
+if interpreting():
+    _lighter_device_calls()
