@@ -373,7 +373,7 @@ SCHEMA_NAME = "inferhal_schema"
 
 
 def register_schemas() -> None:
-    """Store the root schema (idempotent); ``conf/config.yaml`` lists it first in its defaults.
+    """Store the root schema (once per process); ``conf/config.yaml`` lists it first in its defaults.
 
     Every installed backend (entry-point group ``inferhal.backends``) without a YAML in ``conf/backend/``
     gets a ``backend`` group option of its own name, so ``backend=NAME`` selects an out-of-tree backend
@@ -386,9 +386,20 @@ def register_schemas() -> None:
 
     from inferhal.core.hookspecs import ENTRY_POINT_GROUP
 
+    names = tuple(sorted({ep.name for ep in md.entry_points(group=ENTRY_POINT_GROUP)}))
+    if _STORED.get("backends") == names:  # stored already: a structured root schema costs a fifth of a compose
+        return
     cs = ConfigStore.instance()
-    cs.store(name=SCHEMA_NAME, node=InferhalConfig)
+    if "root" not in _STORED:
+        cs.store(name=SCHEMA_NAME, node=InferhalConfig)
+        _STORED["root"] = True
     shipped = {f.name.removesuffix(".yaml") for f in (res.files("inferhal.conf") / "backend").iterdir()}
-    for ep in md.entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in shipped:
-            cs.store(group="backend", name=ep.name, node=BackendConfig(name=ep.name))
+    for name in names:
+        if name not in shipped:
+            cs.store(group="backend", name=name, node=BackendConfig(name=name))
+    _STORED["backends"] = names
+
+
+#: what register_schemas stored in this process: the root schema, and the backends' entry-point names it stored
+#: options for (a backend installed since is stored at the next compose)
+_STORED: dict = {}
