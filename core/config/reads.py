@@ -53,7 +53,7 @@ READS: dict[str, tuple[str, ...]] = {
                  "eplb", *RANKS),  # core/cli/generate.py, core/parallel/ep_generate.py
     "serve": (*ENGINE, "deterministic", "server", "disagg", "parallel.role", "parallel.timeout_s",  # server/serve.py
               *RANKS, "parallel.dp_balance", "parallel.dp_balance_margin", "parallel.restarts", "parallel.front",
-              "eplb"),  # dp_serve, dp_link
+              "parallel.start_timeout_s", "eplb"),  # dp_serve, dp_link
     "qualify": ("backend", "qualify"),  # cmd_qualify, core/qualify/ (golden and audits run their own tiny models)
     "plan": (*PLANNED_MODEL, "parallel.tp", "parallel.dp", "parallel.ep", "plan", "cache.kv_dtype",
              "scheduler.max_num_batched_tokens", "output"),  # core/plan/deploy.py

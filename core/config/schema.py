@@ -77,6 +77,10 @@ class ParallelConfig:
     # HTTP server, run without torchrun) listens for the ranks torchrun starts with the same command line, on any
     # hosts; they connect there with the key in the environment variable INFERHAL_DP_KEY
     front: str = ""
+    # `inferhal serve`, parallel.dp > 1 (core/server/dp_serve.py): seconds the front waits for every DP rank to start
+    # (launcher=local: spawned, model loaded, hello sent; torchrun: connected to parallel.front and loaded), at start
+    # and after each restart; past it the start fails, or after a restart every open stream ends with engine_dead
+    start_timeout_s: float = 600.0
 
 
 @dataclass

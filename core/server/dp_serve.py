@@ -28,8 +28,8 @@ requests are placed again on them the same way.
 
 **torchrun** (``parallel.launcher=torchrun``, ranks on any hosts): nothing is spawned; the ranks join at
 ``parallel.front`` (:mod:`.dp_link`). When one dies the survivors are told to stop (they exit 1, so torchrun's
-``--max-restarts`` restarts the whole group) and the front waits ``start_timeout_s`` for the new group to connect
-(a restart, counted as above); a group that does not come back ends every stream as above.
+``--max-restarts`` restarts the whole group) and the front waits ``parallel.start_timeout_s`` for the new group
+to connect (a restart, counted as above); a group that does not come back ends every stream as above.
 """
 
 from __future__ import annotations
@@ -73,12 +73,12 @@ class _Rank:
 
 class DPGroup(ElasticGroup, Fronted, TorchrunFront):
     """The DP ranks behind the server (module docstring). Raises a :class:`UserError` when the group cannot
-    start within ``start_timeout_s``."""
+    start within ``parallel.start_timeout_s``."""
 
     door: Any = None  # parallel.launcher=torchrun: where the ranks connect (core/server/dp_link.py)
     final = False  # torchrun: the ranks did not come back; no restart is tried
 
-    def __init__(self, cfg: Any, start_timeout_s: float = 600.0) -> None:
+    def __init__(self, cfg: Any) -> None:
         from omegaconf import OmegaConf
 
         from inferhal.core.config.values import timeout_of
@@ -86,7 +86,7 @@ class DPGroup(ElasticGroup, Fronted, TorchrunFront):
         self.dp = int(cfg.parallel.dp)
         self.timeout_s = timeout_of(cfg.parallel)
         self.max_restarts = int(cfg.parallel.restarts)
-        self.start_timeout_s = float(start_timeout_s)
+        self.start_timeout_s = float(cfg.parallel.start_timeout_s)  # at start and after each restart
         self._cfg = OmegaConf.to_container(cfg, resolve=True)
         self.requests: dict[str, _Rec] = {}
         self._resumed: dict[str, Any] = {}  # request id -> its output as streamed when it was placed again
@@ -313,10 +313,11 @@ class DPGroup(ElasticGroup, Fronted, TorchrunFront):
             if why:
                 break
         if why is None and time.monotonic() - self._started > self.start_timeout_s:
-            why = f"the DP ranks did not start within {self.start_timeout_s:g} s"
+            why = f"the DP ranks did not start within parallel.start_timeout_s={self.start_timeout_s:g} s"
             if self.door is not None:
                 why = f"{self._connected()}/{self.dp} DP ranks connected to parallel.front within " \
-                      f"{self.start_timeout_s:g} s (are the torchrun agents running, with restarts left?)"
+                      f"parallel.start_timeout_s={self.start_timeout_s:g} s (are the torchrun agents running, with " \
+                      f"restarts left?)"
                 self.final = not strict
         if why is not None:
             if strict:

@@ -105,7 +105,8 @@ def make_dp_app(cfg, group=None):
 
 #: the parallel fields `inferhal serve` reads only with data-parallel attention (parallel.dp > 1)
 DP_FIELDS = ("parallel.launcher", "parallel.master_addr", "parallel.master_port", "parallel.tbo",
-             "parallel.dp_balance", "parallel.dp_balance_margin", "parallel.restarts", "parallel.front")
+             "parallel.dp_balance", "parallel.dp_balance_margin", "parallel.restarts", "parallel.front",
+             "parallel.start_timeout_s")
 
 
 def check_dp(cfg) -> int:
@@ -149,6 +150,9 @@ def check_dp(cfg) -> int:
         raise UserError(f"parallel.dp_balance_margin must be >= 0 (tokens), got {p.dp_balance_margin}")
     if int(p.restarts) < 0:
         raise UserError(f"parallel.restarts must be >= 0, got {p.restarts}")
+    if not float(p.start_timeout_s) > 0:
+        raise UserError(f"parallel.start_timeout_s must be > 0 (seconds the front waits for the DP ranks to start), "
+                        f"got {p.start_timeout_s}")
     from inferhal.core.parallel.ep_generate import check_ranks
 
     # the layout, the spec config, the backend, experts that divide, synchronous scheduling

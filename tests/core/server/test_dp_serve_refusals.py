@@ -20,6 +20,8 @@ def cfg_of(*over, command="serve"):
     (["parallel.restarts=1"], r"parallel.restarts=1 is read by `inferhal serve` only with"),
     (["parallel.master_port=0"], r"parallel.master_port=0 is read by `inferhal serve` only with"),
     (["eplb.window_size=5"], r"eplb.window_size=5 is read by `inferhal serve` only with data-parallel attention"),
+    (["parallel.start_timeout_s=60"], r"parallel.start_timeout_s=60.0 is read by `inferhal serve` only with"),
+    (["parallel=dep2", "parallel.start_timeout_s=0"], r"parallel.start_timeout_s must be > 0 \(seconds the front"),
     (["parallel=dep2", "parallel.dp_balance=least"], r"parallel.dp_balance must be one of tokens_cache, vllm, "
                                                       r"round_robin, got 'least'"),
     (["parallel=dep2", "parallel.dp_balance_margin=-1"], r"parallel.dp_balance_margin must be >= 0"),
@@ -124,3 +126,30 @@ def check_dp_of(over):
     from inferhal.core.server.serve import check_dp
 
     return check_dp(compose(over, command="serve"))
+
+
+@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+def test_the_front_waits_parallel_start_timeout_s_for_its_ranks(launcher, monkeypatch):
+    """DPGroup gives up on ranks that did not start within parallel.start_timeout_s, under either launcher: spawned
+    ranks still loading (local), or no rank connected to parallel.front (torchrun: nothing is spawned here)."""
+    import time
+
+    from inferhal.core.parallel.launch import free_port
+    from inferhal.core.server.dp_serve import DPGroup
+
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("INFERHAL_DP_KEY", "k")
+    over = ["parallel=dep2", "parallel.start_timeout_s=0.5"]
+    if launcher == "torchrun":
+        over += ["parallel.launcher=torchrun", f"parallel.front=127.0.0.1:{free_port()}"]
+        words = r"0/2 DP ranks connected to parallel.front within parallel.start_timeout_s=0.5 s"
+    else:
+        over += ["parallel.master_port=0"]
+        words = r"the DP ranks did not start within parallel.start_timeout_s=0.5 s"
+    cfg = cfg_of(*over)
+    assert check_dp_of(["model=deepseek_v4_tiny", *over]) == 2
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match=words):
+        DPGroup(cfg)
+    assert time.monotonic() - t0 < 30  # not the 600 s default
