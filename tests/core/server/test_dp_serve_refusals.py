@@ -130,12 +130,36 @@ def check_dp_of(over):
 
 @pytest.mark.parametrize("launcher", ["local", "torchrun"])
 def test_the_front_waits_parallel_start_timeout_s_for_its_ranks(launcher, monkeypatch):
-    """DPGroup gives up on ranks that did not start within parallel.start_timeout_s, under either launcher: spawned
-    ranks still loading (local), or no rank connected to parallel.front (torchrun: nothing is spawned here)."""
+    """DPGroup gives up on ranks that did not start within parallel.start_timeout_s, under either launcher: local
+    ranks that never say hello (stand-ins: the tiny model's real ranks can start within the 0.5 s), or no rank
+    connected to parallel.front (torchrun). Nothing is spawned."""
     import time
+    from multiprocessing import Pipe
 
     from inferhal.core.parallel.launch import free_port
-    from inferhal.core.server.dp_serve import DPGroup
+    from inferhal.core.server import dp_serve
+
+    class Silent:  # a spawned rank still loading: alive, no hello
+        exitcode = None
+
+        def __init__(self):
+            self.alive = True
+
+        def is_alive(self):
+            return self.alive
+
+        def kill(self):
+            self.alive = False
+
+        def join(self, timeout=None):
+            pass
+
+    pipes = []
+
+    def spawn(self):
+        pipes[:] = [Pipe() for _ in range(self.dp)]  # both ends kept: no EOF reads as an exit
+        self.ranks = [dp_serve._Rank(Silent(), mine) for mine, _ in pipes]
+        self.state, self._started = "starting", time.monotonic()
 
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(var, raising=False)
@@ -145,11 +169,11 @@ def test_the_front_waits_parallel_start_timeout_s_for_its_ranks(launcher, monkey
         over += ["parallel.launcher=torchrun", f"parallel.front=127.0.0.1:{free_port()}"]
         words = r"0/2 DP ranks connected to parallel.front within parallel.start_timeout_s=0.5 s"
     else:
-        over += ["parallel.master_port=0"]
+        monkeypatch.setattr(dp_serve.DPGroup, "_spawn", spawn)
         words = r"the DP ranks did not start within parallel.start_timeout_s=0.5 s"
     cfg = cfg_of(*over)
     assert check_dp_of(["model=deepseek_v4_tiny", *over]) == 2
     t0 = time.monotonic()
     with pytest.raises(UserError, match=words):
-        DPGroup(cfg)
-    assert time.monotonic() - t0 < 30  # not the 600 s default
+        dp_serve.DPGroup(cfg)
+    assert 0.5 <= time.monotonic() - t0 < 30  # not the 600 s default
