@@ -179,9 +179,10 @@ def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:
 
     def reading(fmt, base: str):
         def make(cfg):
-            from inferhal.kernels.kv_records import record_args
+            from inferhal.kernels.kv_records import record_args, tile_args
 
-            return {**specs[base].constexprs(cfg), **record_args(fmt)}
+            cx = {**specs[base].constexprs(cfg), **record_args(fmt)}
+            return {**cx, **tile_args(fmt, cx["BLOCK_D"])} if base == "attn_sparse_topk_csa" else cx
         return make
 
     # the attention kernels decoding records in their key tiles (CSA decode shapes, as their value-cache specs)

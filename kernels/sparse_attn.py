@@ -36,7 +36,7 @@ from inferhal.kernels import attn_split
 from inferhal.kernels.attn_split import online_block_t, range_split, split_start, store_partial
 from inferhal.kernels.common import (dot_operand, interp, launch, query_span, round_to, seq_of_token, softmax_out,
                                      tl_dtype)
-from inferhal.kernels.kv_records import check_record_cache, decode_tile, load_records, record_args, tile_args
+from inferhal.kernels.kv_records import check_record_cache, decode_tile, record_args, tile_args
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
 
@@ -79,7 +79,7 @@ def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, c
                        BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INTERP: tl.constexpr,
                        RECORD: tl.constexpr = False, CODE: tl.constexpr = 0, SCALE: tl.constexpr = 0,
                        RBLOCK: tl.constexpr = 1, CODED: tl.constexpr = 0, RAW_AT: tl.constexpr = 0,
-                       SCALES_AT: tl.constexpr = 0):
+                       SCALES_AT: tl.constexpr = 0, GROUP: tl.constexpr = 16, ALIGN: tl.constexpr = 1):
     """``single``: one program per token, all heads as the M side of ``tl.dot``."""
     t = tl.program_id(0).to(tl.int64)
     b, qpos, first, last = query_span(seq_ptr, pos_ptr, len_ptr, t, window)
@@ -98,8 +98,8 @@ def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, c
         ok = (kpos >= first) & (kpos < last)
         blk = tl.load(bt_ptr + b * stride_bt + kpos // BS, mask=ok, other=0).to(tl.int64)
         if RECORD:  # FP8/FP4 records decoded in the tile (kernels/kv_records.py); exact in bf16 for main records
-            k = load_records(kv_ptr, blk * stride_kb + (kpos % BS) * stride_ks, ok, d, D, CODE, SCALE, RBLOCK,
-                             CODED, RAW_AT, SCALES_AT).to(DTYPE)
+            k = decode_tile(kv_ptr, blk * stride_kb + (kpos % BS) * stride_ks, ok, D, DTYPE, CODE, SCALE, RBLOCK, CODED,
+                            RAW_AT, SCALES_AT, BLOCK_D, GROUP, ALIGN)
         else:
             k = tl.load(kv_ptr + blk[:, None] * stride_kb + (kpos % BS)[:, None] * stride_ks + d[None, :],
                         mask=ok[:, None] & dm[None, :], other=0.0)
@@ -111,8 +111,8 @@ def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, c
             ok = (e >= 0) & (e < n_vis)
             blk = tl.load(cbt_ptr + b * stride_cbt + e // CBS, mask=ok, other=0).to(tl.int64)
             if RECORD:
-                k = load_records(c_ptr, blk * stride_cb + (e % CBS) * stride_cs, ok, d, D, CODE, SCALE, RBLOCK,
-                                 CODED, RAW_AT, SCALES_AT).to(DTYPE)
+                k = decode_tile(c_ptr, blk * stride_cb + (e % CBS) * stride_cs, ok, D, DTYPE, CODE, SCALE, RBLOCK,
+                                CODED, RAW_AT, SCALES_AT, BLOCK_D, GROUP, ALIGN)
             else:
                 k = tl.load(c_ptr + blk[:, None] * stride_cb + (e % CBS)[:, None] * stride_cs + d[None, :],
                             mask=ok[:, None] & dm[None, :], other=0.0)
@@ -216,6 +216,9 @@ def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, 
     common = dict(DTYPE=tl_dtype(q.dtype), PREC="ieee" if q.dtype == torch.float32 else "tf32",
                   BLOCK_D=max(16, next_pow2(d)), INTERP=interp(), **record_args(fmt))
     ptrs = (bt, cbt, tok_seq, batch.positions.contiguous(), batch.seq_lens.contiguous(), clen)
+    tile = tile_args(fmt, common["BLOCK_D"], kv_cache)  # the decode_tile constexprs both kernels take
+    if has_comp and fmt is not None:
+        tile["ALIGN"] = min(tile["ALIGN"], tile_args(fmt, common["BLOCK_D"], cc)["ALIGN"])
     if decode == "single":
         cfg = config("attn_sparse", target)
         launch(sparse_attn_kernel, (t,),
@@ -223,12 +226,9 @@ def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, 
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1),
             cc.stride(0), cc.stride(1), idx.stride(0), bt.stride(0), cbt.stride(0), float(p.scale), int(p.window),
             HAS_COMP=has_comp, HAS_SINKS=sinks is not None, BLOCK_H=max(16, next_pow2(h)), BLOCK_N=cfg["BLOCK_N"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common)
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common, **tile)
         return out
     cfg = config("attn_sparse_split" if fmt is None else "attn_sparse_split_records", target)
-    split_tile = tile_args(fmt, common["BLOCK_D"], kv_cache)
-    if has_comp and fmt is not None:
-        split_tile["ALIGN"] = min(split_tile["ALIGN"], tile_args(fmt, common["BLOCK_D"], cc)["ALIGN"])
     sp = attn_split.plan(t, h, d, cfg, window=int(p.window), reach=bt.shape[1] * kv_cache.shape[1],
                          list_len=c_args[1] if has_comp else 0)
     acc, ml = attn_split.partials(sp.chunk, sp.num_splits, h, d, q.device)
@@ -239,7 +239,7 @@ def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, 
             q.stride(0), q.stride(1), kv_cache.stride(0), kv_cache.stride(1), cc.stride(0), cc.stride(1),
             idx.stride(0), bt.stride(0), cbt.stride(0), *attn_split.partial_strides(acc, ml), float(p.scale),
             int(p.window), HAS_COMP=has_comp, BLOCK_H=sp.block_h, BLOCK_N=cfg["BLOCK_N"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common, **split_tile)
+            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common, **tile)
         attn_split.combine(acc, ml, out, t0, rows, sink_arg, common["DTYPE"], config("attn_combine", target),
                            common["INTERP"])
     return out

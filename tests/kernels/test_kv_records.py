@@ -85,7 +85,7 @@ def test_sparse_attention_and_indexer_kernels_read_records_as_the_reference_does
     args = (cc, attn["comp"], _topk_rows(pos, attn, m, 5, "csa", g))
     expect = ref_sparse(q, kv, attn["swa"], *args, p, sinks)
     vmax = float(max(ref.decode(kv, main).abs().max(), ref.decode(cc, main).abs().max()))
-    for decode in ("split", "single"):  # records decoded by kv_records.decode_tile / load_records
+    for decode in ("split", "single"):  # both decode records with kv_records.decode_tile
         out = attn_sparse_topk(q, kv, attn["swa"], *args, p, sinks, decode=decode)
         close(out, expect, links=2 if dtype == torch.bfloat16 else 1, scale=vmax,
               name=f"attn.sparse_topk {main.name} {decode}")
