@@ -38,9 +38,9 @@ def method() -> str:
     want = os.environ.get(METHOD_ENV, "").strip() or "forkserver"
     if want not in METHODS:
         raise UserError(f"{METHOD_ENV}={want!r}: must be one of {', '.join(METHODS)}")
-    if want == "forkserver" and "forkserver" not in multiprocessing.get_all_start_methods():
-        return "spawn"
     if want == "forkserver":
+        if "forkserver" not in multiprocessing.get_all_start_methods():
+            return "spawn"
         multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))  # read at its first start
     return want
 

@@ -394,9 +394,8 @@ def register_schemas() -> None:
     if _STORED.get("backends") == names:  # stored already: a structured root schema costs a fifth of a compose
         return
     cs = ConfigStore.instance()
-    if "root" not in _STORED:
+    if not _STORED:  # the first call in this process
         cs.store(name=SCHEMA_NAME, node=InferhalConfig)
-        _STORED["root"] = True
     shipped = {f.name.removesuffix(".yaml") for f in (res.files("inferhal.conf") / "backend").iterdir()}
     for name in names:
         if name not in shipped:
@@ -404,6 +403,6 @@ def register_schemas() -> None:
     _STORED["backends"] = names
 
 
-#: what register_schemas stored in this process: the root schema, and the backends' entry-point names it stored
-#: options for (a backend installed since is stored at the next compose)
+#: the backends' entry-point names register_schemas stored options for in this process (empty: nothing stored yet,
+#: the root schema included); a backend installed since is stored at the next compose
 _STORED: dict = {}
