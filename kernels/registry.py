@@ -102,6 +102,21 @@ def _moe_fp8_values(down: bool, w8a8: bool) -> dict[str, int]:
     return {**vals, "blk_k": 128, **({} if down else {"TOPK": 6, "stride_x": d})}
 
 
+def _moe_values(fmt: int, down: bool) -> dict[str, int]:
+    """bf16 (``fmt`` 0) and FP4 e2m1 with ue8m0 scales per 32 (``fmt`` 3) expert GEMMs at V4-Flash's shapes as a
+    launch passes them: a plain weight comes with a [1, 1, 1] scale and block (1, 1), an FP4 one packs two codes
+    a byte with block (1, 32). Unspecialised, the bf16 kernels gathered their tiles element by element and
+    reported 880 / 176 B of spill stack on sm_90a that no launch compiles."""
+    d, i = 4096, 2048
+    rows, cols = (d, i) if down else (2 * i, d)
+    if fmt == 0:
+        vals = {"s_we": rows * cols, "s_wn": cols, "s_se": 1, "s_sn": 1, "blk_k": 1}
+    else:
+        vals = {"s_we": rows * cols // 2, "s_wn": cols // 2, "s_se": rows * cols // 32, "s_sn": cols // 32, "blk_k": 32}
+    vals.update({"D": d, "I": i, "s_wk": 1, "s_sk": 1, "blk_n": 1})
+    return vals if down else {**vals, "TOPK": 6, "stride_x": d}
+
+
 def _specs() -> list[KernelSpec]:
     out = [
         KernelSpec("rms_norm", "norm.rms", "inferhal.kernels.norm:rms_norm_kernel", "norm_rms",
@@ -125,7 +140,7 @@ def _specs() -> list[KernelSpec]:
             kern = "moe_down_kernel" if down else "moe_gate_up_kernel"
             out.append(KernelSpec(f"moe_{'down' if down else 'gate_up_swiglu'}_{label}", "moe.experts",
                                   f"inferhal.kernels.moe_experts:{kern}", tun, ptrs, ("limit",), cx, mma=True,
-                                  values=_moe_fp8_values(down, False) if fmt == 1 else None))
+                                  values=_moe_fp8_values(down, False) if fmt == 1 else _moe_values(fmt, down)))
     out.extend(_moe_fp8_specs())
     out.extend(_later_specs())
     out.extend(_gemm_specs())

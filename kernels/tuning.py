@@ -129,7 +129,10 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
     "cuda_sm90": {
         "moe_gemm_fp8": _DEFAULT["moe_gemm_fp8"],
         "moe_gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
-        "moe_gemm_fp4": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2},
+        # dot_scaled widens e2m1 to bf16 in registers beside the gate and up accumulators: 8 warps keep the
+        # gate/up kernel unspilled (compiled as a V4-Flash launch: 4 warps 255 registers / 448 B of spill stack,
+        # 8 warps 243 / 0; the down kernel 236 -> 140 registers, unspilled either way)
+        "moe_gemm_fp4": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 2},
         # wgmma accumulates in registers: 32-wide K tiles (4 stages) keep the bf16 GEMM unspilled (64 B at 64)
         "gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
         "gemm_fp8": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},

@@ -62,7 +62,8 @@ def test_values_specialise_as_the_jit_does():
     from inferhal.kernels.tuning import config
 
     for name in ("moe_down_fp8_w8a8", "moe_gate_up_swiglu_fp8_w8a8", "moe_gate_up_swiglu_fp8_block",
-                 "moe_down_fp8_block"):
+                 "moe_down_fp8_block", "moe_gate_up_swiglu_bf16", "moe_down_bf16", "moe_gate_up_swiglu_fp4_dot_scaled",
+                 "moe_down_fp4_dot_scaled"):
         spec = by_name(name)
         fn = spec.load()
         cx, attrs = spec.specialization(fn, spec.constexprs(config(spec.tuning, "cuda_sm90")))
@@ -73,4 +74,4 @@ def test_values_specialise_as_the_jit_does():
             assert (kind == "constexpr") == (cx.get(arg) == 1 and v == 1), (name, arg)
             assert (key == "D") == (arg in marked), (name, arg)
         assert {a for a in spec.ptrs} <= marked
-    assert by_name("moe_down_bf16").specialization(by_name("moe_down_bf16").load(), {})[1] == {}
+    assert by_name("rms_norm").specialization(by_name("rms_norm").load(), {})[1] == {}
