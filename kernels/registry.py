@@ -8,6 +8,7 @@ A spec's constexprs may depend on the tuning target (block sizes come from :mod:
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -125,7 +126,8 @@ def _specs() -> list[KernelSpec]:
                                 "BLOCK_D": 4096, "INTERP": False}),
         KernelSpec("rope", "rope.apply", "inferhal.kernels.rope:rope_kernel", "rope",
                    {"x_ptr": "*bf16", "pos_ptr": "*i64", "cs_ptr": "*fp32", "y_ptr": "*bf16"}, (),
-                   lambda cfg: {"R_HALF": 32, "BLOCK_D": 512, "BLOCK_R": 32, "INTERLEAVED": True, "INVERSE": False,
+                   lambda cfg: {"R_HALF": 32, "BLOCK_H": 8, "BLOCK_D": 512, "BLOCK_R": 32, "INTERLEAVED": True,
+                                "INVERSE": False,
                                 "DTYPE": _tl().bfloat16, "INTERP": False}),
         KernelSpec("moe_route", "moe.route", "inferhal.kernels.moe_route:moe_route_kernel", "moe_route",
                    {"logit_ptr": "*fp32", "bias_ptr": "*fp32", "hash_ptr": "*i64", "w_ptr": "*fp32", "id_ptr": "*i64"},
@@ -197,7 +199,10 @@ def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:
             from inferhal.kernels.kv_records import record_args, tile_args
 
             cx = {**specs[base].constexprs(cfg), **record_args(fmt)}
-            return {**cx, **tile_args(fmt, cx["BLOCK_D"])} if base == "attn_sparse_topk_csa" else cx
+            if base != "attn_sparse_topk_csa":
+                return cx
+            # ALIGN as the wrapper derives it from a contiguous cache of these records (tile_args' strides)
+            return {**cx, **tile_args(fmt, cx["BLOCK_D"]), "ALIGN": math.gcd(16, fmt.nbytes)}
         return make
 
     # the attention kernels decoding records in their key tiles (CSA decode shapes, as their value-cache specs)
@@ -206,7 +211,7 @@ def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:
         base = specs["attn_sparse_topk_csa"]
         out.append(KernelSpec(f"attn_sparse_topk_csa_{main.name}", base.op_id, base.fn, base.tuning,
                               {**base.ptrs, "kv_ptr": "*u8", "c_ptr": "*u8"}, base.floats,
-                              reading(main, "attn_sparse_topk_csa"), mma=True))
+                              reading(main, "attn_sparse_topk_csa"), mma=True, values=_csa_values(main.nbytes)))
         base = specs["indexer_scores"]
         out.append(KernelSpec(f"indexer_scores_{index.name}", base.op_id, base.fn, base.tuning,
                               {**base.ptrs, "k_ptr": "*u8"}, base.floats, reading(index, "indexer_scores"),
@@ -430,6 +435,17 @@ def _later_specs() -> list[KernelSpec]:
     ] + _v4_specs()
 
 
+def _csa_values(row: int) -> dict[str, int]:
+    """The one-program-per-token CSA decode (sparse_attn_kernel) as a V4-Flash launch at 64K context passes its
+    integers: 64 heads x 512 channels, 16-slot blocks of ``row`` elements per entry (512 bf16, or a record's
+    bytes) in both caches, the top-512 row, compression ratio 4, a 128-token window. Unspecialised, the bf16
+    kernel reported 197,648 B of shared memory on sm_100a where the launch compiles 263,200 (over the 232,448 a
+    block may hold)."""
+    return {"H": 64, "D": 512, "BS": 16, "CBS": 16, "NK": 512, "RATIO": 4, "stride_qt": 64 * 512, "stride_qh": 512,
+            "stride_ot": 64 * 512, "stride_oh": 512, "stride_kb": 16 * row, "stride_ks": row, "stride_cb": 16 * row,
+            "stride_cs": row, "stride_it": 512, "stride_bt": 65536 // 16, "stride_cbt": 65536 // 4 // 16, "window": 128}
+
+
 def _v4_specs() -> list[KernelSpec]:
     """DeepSeek-V4 sparse-attention kernels and the sampler (V4-Flash shapes)."""
     bf16 = lambda: _tl().bfloat16  # noqa: E731
@@ -453,7 +469,8 @@ def _v4_specs() -> list[KernelSpec]:
                     "sink_ptr": "*fp32", "bt_ptr": "*i32", "cbt_ptr": "*i32", "seq_ptr": "*i64", "pos_ptr": "*i64",
                     "len_ptr": "*i32", "clen_ptr": "*i32"}, ("scale",),
                    lambda cfg: {"HAS_COMP": True, "HAS_SINKS": True, "DTYPE": bf16(), "PREC": "tf32", "BLOCK_H": 64,
-                                "BLOCK_D": 512, "INTERP": False, **_blocks(cfg), **_value_cache()}, mma=True),
+                                "BLOCK_D": 512, "INTERP": False, **_blocks(cfg), **_value_cache()}, mma=True,
+                   values=_csa_values(512)),
     ] + [
         # compressor: CSA (4-token windows with overlap, C = 2 x 512) and HCA (128-token windows, C = 512)
         KernelSpec(f"attn_compress_{name}", "attn.compress", "inferhal.kernels.compress:compress_kernel",

@@ -65,6 +65,14 @@ _SPLIT_KV = {
     "attn_combine": {"BLOCK_H": 16, "BLOCK_D": 128, "num_warps": 4, "num_stages": 1},
 }
 
+# attn.sparse_topk's one program per token (decode=single): the 64 x 512 fp32 accumulator over 8 warps (128
+# registers a thread) and 16-key tiles. Compiled as a V4-Flash CSA launch (registry values), registers / spill
+# stack / shared: sm_90a bf16 255 / 1,880 / 131,328 B at the earlier 32-key tiles and 4 warps -> 250 / 0 / 98,432;
+# sm_100a bf16 221 / 0 / 263,200 B at 64-key tiles (over the 232,448 B a block may hold) -> 204 / 0 / 115,360.
+# FP8 / FP4 records still spill (sm_90a fp8_ds_mla 2,512 -> 560 B, nvfp4 1,872 -> 280; sm_100a 1,416 -> 160,
+# 456 -> 56): decoding a [16, 512] tile beside the accumulator; the split kernels (the default) hold none.
+_SPARSE_SINGLE = {"BLOCK_N": 16, "num_warps": 8, "num_stages": 2}
+
 _DEFAULT: dict[str, dict[str, Any]] = {
     "norm_rms": {"num_warps": 4},
     "rope": {"num_warps": 1},
@@ -120,7 +128,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "attn_paged": {"BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 8, "num_stages": 2},
         # tcgen05 M = 128 entries per tile against the 64 indexer heads
         "indexer_scores": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
-        "attn_sparse": {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
+        "attn_sparse": _SPARSE_SINGLE,
         # HCA pools 128 tokens x BLOCK_C channels (kv and gate) in registers: 8 warps keep it unspilled
         "attn_compress": {"BLOCK_C": 32, "num_warps": 8},
         "gemm_decode": _GEMM_DECODE,
@@ -137,6 +145,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
         "gemm_fp8": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
         "attn_paged": {"BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 4, "num_stages": 2},
+        "attn_sparse": _SPARSE_SINGLE,
         # as on sm_100: the default's 64-channel tiles at 4 warps spilled 1,008 B for HCA's 128-token windows
         "attn_compress": {"BLOCK_C": 32, "num_warps": 8},
         "gemm_decode": _GEMM_DECODE,
