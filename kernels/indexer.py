@@ -33,8 +33,7 @@ import triton.language as tl
 
 from inferhal.core.ops.params import AttnBatch, IndexerParams
 from inferhal.kernels.common import dot_operand, interp, launch, seq_of_token
-from inferhal.kernels.kv_records import (check_record_cache, decode_tile, load_records, record_args,
-                                         record_row_scale, tile_args)
+from inferhal.kernels.kv_records import check_record_cache, decode_tile, record_args, record_row_scale, tile_args
 from inferhal.kernels.tuning import DECODES
 from inferhal.kernels.runtime import next_pow2
 from inferhal.kernels.tuning import config
@@ -47,7 +46,9 @@ def indexer_scores_kernel(q_ptr, k_ptr, w_ptr, o_ptr, bt_ptr, seq_ptr, pos_ptr, 
                           PREC: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                           INTERP: tl.constexpr, RECORD: tl.constexpr = False, CODE: tl.constexpr = 0,
                           SCALE: tl.constexpr = 0, RBLOCK: tl.constexpr = 1, CODED: tl.constexpr = 0,
-                          RAW_AT: tl.constexpr = 0, SCALES_AT: tl.constexpr = 0):
+                          RAW_AT: tl.constexpr = 0, SCALES_AT: tl.constexpr = 0, GROUP: tl.constexpr = 16,
+                          ALIGN: tl.constexpr = 1):
+    """``single``: one program per (token, tile of ``BLOCK_N`` entries)."""
     t = tl.program_id(0).to(tl.int64)
     n0 = tl.program_id(1) * BLOCK_N
     b = tl.load(seq_ptr + t).to(tl.int64)
@@ -65,15 +66,14 @@ def indexer_scores_kernel(q_ptr, k_ptr, w_ptr, o_ptr, bt_ptr, seq_ptr, pos_ptr, 
                     other=0.0)  # [BLOCK_H, BLOCK_D]
         blk = tl.load(bt_ptr + b * stride_bt + s // BS, mask=ok, other=0).to(tl.int64)
         row = blk * stride_kb + (s % BS) * stride_ks
-        if RECORD:
-            if SCALE == 1:  # FP8 keys, one fp32 scale each: the codes (exact in q's dtype) on the tensor cores,
-                k = load_records(k_ptr, row, ok, d, D, CODE, SCALE, RBLOCK, CODED, RAW_AT, SCALES_AT, True)
-                dots = tl.dot(dot_operand(k.to(q.dtype), INTERP), dot_operand(tl.trans(q), INTERP),
-                              input_precision=PREC)
-                dots = dots * record_row_scale(k_ptr, row, ok, SCALES_AT)[:, None]  # then each key's scale
-            else:  # FP4 keys (e2m1 x ue8m0) decode exactly into q's dtype
-                k = load_records(k_ptr, row, ok, d, D, CODE, SCALE, RBLOCK, CODED, RAW_AT, SCALES_AT).to(q.dtype)
-                dots = tl.dot(dot_operand(k, INTERP), dot_operand(tl.trans(q), INTERP), input_precision=PREC)
+        if RECORD:  # as the split kernel: FP8 codes (exact in q's dtype) on the tensor cores, then each key's one
+            # scale; FP4 keys (e2m1 x ue8m0) decode exactly into q's dtype (load_records here spilled 344 / 240 B of
+            # stack on sm_90a / sm_100a for mxfp4 keys)
+            k = decode_tile(k_ptr, row, ok, D, q.dtype, CODE, SCALE, RBLOCK, CODED, RAW_AT, SCALES_AT, BLOCK_D, GROUP,
+                            ALIGN, SCALE == 1)
+            dots = tl.dot(dot_operand(k, INTERP), dot_operand(tl.trans(q), INTERP), input_precision=PREC)
+            if SCALE == 1:
+                dots = dots * record_row_scale(k_ptr, row, ok, SCALES_AT)[:, None]
         else:
             k = tl.load(k_ptr + blk[:, None] * stride_kb + (s % BS)[:, None] * stride_ks + d[None, :],
                         mask=ok[:, None] & dm[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
@@ -190,7 +190,7 @@ def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, w
         key_cache.stride(1), w.stride(0), out.stride(0), bt.stride(0), float(p.scale), float(p.weight_scale),
         PREC="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_H=max(16, next_pow2(hi)), BLOCK_N=bn,
         BLOCK_D=max(16, next_pow2(di)), INTERP=interp(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **record_args(fmt))
+        **record_args(fmt), **tile_args(fmt, max(16, next_pow2(di)), key_cache))
     return out
 
 

@@ -199,8 +199,6 @@ def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:
             from inferhal.kernels.kv_records import record_args, tile_args
 
             cx = {**specs[base].constexprs(cfg), **record_args(fmt)}
-            if base != "attn_sparse_topk_csa":
-                return cx
             # ALIGN as the wrapper derives it from a contiguous cache of these records (tile_args' strides)
             return {**cx, **tile_args(fmt, cx["BLOCK_D"]), "ALIGN": math.gcd(16, fmt.nbytes)}
         return make
@@ -215,7 +213,7 @@ def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:
         base = specs["indexer_scores"]
         out.append(KernelSpec(f"indexer_scores_{index.name}", base.op_id, base.fn, base.tuning,
                               {**base.ptrs, "k_ptr": "*u8"}, base.floats, reading(index, "indexer_scores"),
-                              mma=True))
+                              mma=True, values=_indexer_values(index.nbytes)))
     return out
 
 
@@ -446,6 +444,15 @@ def _csa_values(row: int) -> dict[str, int]:
             "stride_cs": row, "stride_it": 512, "stride_bt": 65536 // 16, "stride_cbt": 65536 // 4 // 16, "window": 128}
 
 
+def _indexer_values(row: int) -> dict[str, int]:
+    """The one-program-per-tile lightning indexer (indexer_scores_kernel) as a V4-Flash launch at 64K context
+    passes its integers: 64 heads x 128 channels, 16-slot blocks of ``row`` elements per key (128 bf16, or a
+    record's bytes), compression ratio 4, a 16,384-column score row."""
+    return {"H": 64, "D": 128, "BS": 16, "M_RATIO": 4, "W": 65536 // 4, "stride_qt": 64 * 128, "stride_qh": 128,
+            "stride_kb": 16 * row, "stride_ks": row, "stride_wt": 64, "stride_ot": 65536 // 4,
+            "stride_bt": 65536 // 4 // 16}
+
+
 def _v4_specs() -> list[KernelSpec]:
     """DeepSeek-V4 sparse-attention kernels and the sampler (V4-Flash shapes)."""
     bf16 = lambda: _tl().bfloat16  # noqa: E731
@@ -461,7 +468,7 @@ def _v4_specs() -> list[KernelSpec]:
                     "seq_ptr": "*i64", "pos_ptr": "*i64", "len_ptr": "*i32"}, ("scale", "weight_scale"),
                    lambda cfg: {"PREC": "tf32", "BLOCK_H": 64, "BLOCK_D": 128, "INTERP": False, **_blocks(cfg),
                                 **_value_cache()},
-                   mma=True),
+                   mma=True, values=_indexer_values(128)),
         # CSA decode: 64 heads on the 512-dim latent, 128-token window + top-512 compressed entries, sinks
         KernelSpec("attn_sparse_topk_csa", "attn.sparse_topk", "inferhal.kernels.sparse_attn:sparse_attn_kernel",
                    "attn_sparse",

@@ -146,6 +146,9 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "gemm_fp8": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
         "attn_paged": {"BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 4, "num_stages": 2},
         "attn_sparse": _SPARSE_SINGLE,
+        # the one-program-per-tile indexer (decode=single) at 8 warps: 48 / 125 / 127 registers for bf16 / fp8_index
+        # / mxfp4 keys where 4 warps held 80 / 201 / 189 (16 resident warps a SM or more where 4 warps left 12)
+        "indexer_scores": {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
         # as on sm_100: the default's 64-channel tiles at 4 warps spilled 1,008 B for HCA's 128-token windows
         "attn_compress": {"BLOCK_C": 32, "num_warps": 8},
         "gemm_decode": _GEMM_DECODE,
