@@ -148,7 +148,7 @@ class Engine:
         if sizes is None:
             return None
         return DecodeGraphs(runner, self.model, self.specs, self.kv_manager.block_size, self.max_model_len, sizes,
-                            self.kv_storage)
+                            self.kv_storage, self.device)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -25,6 +25,11 @@ rather than replay a stale size.
 fails turns graphs off for the engine with a :class:`GraphCaptureWarning` that says why (the reason stays in
 :attr:`DecodeGraphs.disabled`), and the step runs eagerly: never silently. The test suite turns that
 warning into an error (pyproject's ``filterwarnings``).
+
+Under DP attention (``peers``, :mod:`inferhal.core.parallel.dp_graphs`) the ranks' MoE all-to-alls must have
+one shape, so each step's bucket is agreed by every rank before the step (:meth:`DecodeGraphs.plan`, and
+:meth:`DecodeGraphs.idle` on a rank that scheduled nothing: it runs a padding-only step through the agreed
+bucket), and a failed capture raises instead of falling back (its peers' steps exchange at the bucket's shapes).
 """
 
 from __future__ import annotations
@@ -78,8 +83,8 @@ def check_config(cfg: Any, runner: Any, profile: Any = None) -> tuple[int, ...] 
 
 class DecodeGraphs:
     def __init__(self, graph_runner: Any, model: Any, specs: Sequence[KVGroupSpec], block_size: int,
-                 max_model_len: int, sizes: Sequence[int], kv: Any) -> None:
-        self.graph_runner, self.model, self.kv = graph_runner, model, kv
+                 max_model_len: int, sizes: Sequence[int], kv: Any, device: str | torch.device = "cpu") -> None:
+        self.graph_runner, self.model, self.kv, self.device = graph_runner, model, kv, torch.device(device)
         self.specs = tuple(specs)
         self.sizes = check_sizes(sizes)
         self.width = {s.name: max(1, blocks_needed(s, block_size, max_model_len)) for s in self.specs}
@@ -87,6 +92,8 @@ class DecodeGraphs:
         self.disabled: str | None = None  # why graphs are off (a capture failed)
         self.num_captures = 0
         self.num_replays = 0
+        # DP ranks: agree(rows or None, greedy) -> (bucket, greedy) of every rank (core/parallel/dp_graphs.py)
+        self.peers: Any = None
 
     def bucket(self, n: int) -> int | None:
         """The smallest captured batch size that holds ``n`` sequences, or None (run eagerly)."""
@@ -101,13 +108,35 @@ class DecodeGraphs:
                 and int(batch.logits_indices.shape[0]) == n
                 and all(batch.attn[s.name].block_table.shape[1] <= self.width[s.name] for s in self.specs))
 
+    def plan(self, batch: ForwardBatch, num_seqs: int, wanted: bool, greedy: bool) -> tuple[int, bool] | None:
+        """``(bucket, greedy)`` of the graph this step replays, or None (eager). ``wanted``: the caller's own
+        conditions (no drafts, no hidden states); ``greedy``: it wants tokens, not logits. Alone: the smallest
+        bucket of an eligible step, and ``greedy``. With ``peers``, what every DP rank agreed on (a collective:
+        each rank calls this or :meth:`idle` once per step): greedy only when every rank's step is, so every rank
+        replays (and first captures) the same graph in the same step."""
+        ok = wanted and self.eligible(batch, num_seqs)
+        n = int(batch.input_ids.shape[0])
+        if self.peers is None:
+            return (self.bucket(n), greedy) if ok else None
+        return self.peers.agree(n if ok else None, greedy)
+
+    def idle(self) -> None:
+        """A step in which this rank scheduled nothing. With ``peers``: join the step's agreement, and when the
+        other ranks replay a graph, run a padding-only step through it, so that this rank's MoE exchanges are
+        the same program as theirs (vLLM's dummy batch). Alone: nothing."""
+        if self.peers is None:
+            return
+        agreed = self.peers.agree(0 if self.disabled is None else None, hasattr(self.model, "forward_greedy"))
+        if agreed is not None:
+            self.run(self._padding_batch(), agreed[1], agreed[0])
+
     # ------------------------------------------------------------------ the step
 
-    def run(self, batch: ForwardBatch, greedy: bool) -> torch.Tensor | None:
-        """The step's logits ``[B, V]`` (or greedy tokens ``[B]``) from the bucket's graph; None when graphs
-        are off (the caller runs eagerly)."""
+    def run(self, batch: ForwardBatch, greedy: bool, size: int | None = None) -> torch.Tensor | None:
+        """The step's logits ``[B, V]`` (or greedy tokens ``[B]``) from the graph of ``size`` (default: the
+        smallest bucket that holds the batch); None when graphs are off (the caller runs eagerly)."""
         n = int(batch.input_ids.shape[0])
-        size = self.bucket(n)
+        size = self.bucket(n) if size is None else size
         args = self._pad(batch, size)
         key = (size, greedy)
         replay = self._replays.get(key)
@@ -116,6 +145,10 @@ class DecodeGraphs:
                 replay = self.graph_runner.capture(self._step_fn(greedy), *args)
             except Exception as exc:  # noqa: BLE001 - any capture failure: eager from now on, said once
                 self.disabled = f"capturing a {size}-row decode step failed: {type(exc).__name__}: {exc}"
+                if self.peers is not None:
+                    raise RuntimeError(f"backend.graphs: {self.disabled}; a DP rank cannot run this step eagerly "
+                                       f"while its peers exchange at the bucket's shapes: set backend.graphs=false"
+                                       ) from exc
                 log.warning("graphs off for this engine: %s", self.disabled)
                 warnings.warn(f"backend.graphs: graphs off for this engine, decode steps run eagerly: {self.disabled}",
                               GraphCaptureWarning, stacklevel=2)
@@ -140,6 +173,16 @@ class DecodeGraphs:
             return model.forward_greedy(batch, kv) if greedy else model.forward(batch, kv)
 
         return step
+
+    def _padding_batch(self) -> ForwardBatch:
+        """One decode row at position 0 that reads the first entry of block 0 in each group and writes nothing
+        (every slot -1): what an idle DP rank pads to its bucket."""
+        dev, one = self.device, torch.ones(1, dtype=torch.long, device=self.device)
+        zero, qsl = one - 1, torch.tensor([0, 1], dtype=torch.int32, device=dev)
+        attn = {s.name: AttnBatch(qsl, torch.full((1,), 1 // s.tokens_per_slot, dtype=torch.int32, device=dev), zero,
+                                  torch.zeros((1, 1), dtype=torch.int32, device=dev), -one, s.tokens_per_slot)
+                for s in self.specs}
+        return ForwardBatch(zero, zero, qsl, attn, zero)
 
     def _pad(self, batch: ForwardBatch, size: int) -> list[torch.Tensor]:
         """The step's tensors at the bucket's shapes: padding rows copy row 0 and write nothing."""

@@ -209,6 +209,8 @@ class ModelRunner:
     def _execute(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> StepResult:
         res = StepResult()
         if out.is_empty:
+            if self.graphs is not None:  # DP ranks: join the step's graph bucket (core/parallel/dp_graphs.py)
+                self.graphs.idle()
             return res
         t0 = time.perf_counter()
         batch, rows, greedy = self._prepare(out, requests)
@@ -217,7 +219,7 @@ class ModelRunner:
         jobs = self._mask_jobs(rows, requests)
         filling = self.bitmasks.submit(jobs) if jobs else None
         t1 = time.perf_counter()
-        logits = self._forward(batch, greedy, len(out.seqs), bool(rows.spec), res)
+        logits, greedy = self._forward(batch, greedy, len(out.seqs), bool(rows.spec), res)
         t2 = time.perf_counter()
         res.prepare_s, res.model_s = t1 - t0, t2 - t1
         if greedy:  # the tokens came straight from lm_head.argmax
@@ -303,16 +305,20 @@ class ModelRunner:
             at += len(group) * (n_draft + 1)
         return jobs
 
-    def _forward(self, batch: ForwardBatch, greedy: bool, num_seqs: int, drafts: bool, res: StepResult) -> torch.Tensor:
-        """The model's step: a decode graph replayed where one fits, else eager; → the greedy tokens [B'] (when
-        ``greedy``) or the fp32 logits [B', V]; ``res.hidden`` set for a drafter that reads them."""
-        replay = (self.graphs is not None and not self.keep_hidden and not drafts
-                  and self.graphs.eligible(batch, num_seqs))
-        got = self.graphs.run(batch, greedy) if replay else None  # None: eager (no graph, or its capture failed)
-        if got is not None:
-            return got
+    def _forward(self, batch: ForwardBatch, greedy: bool, num_seqs: int, drafts: bool,
+                 res: StepResult) -> tuple[torch.Tensor, bool]:
+        """The model's step: a decode graph replayed where one fits, else eager; → the greedy tokens [B'] or the
+        fp32 logits [B', V], and which (``greedy`` unless DP ranks agreed on a logits graph, whose greedy rows
+        the sampler takes); ``res.hidden`` set for a drafter that reads them."""
+        plan = None if self.graphs is None else self.graphs.plan(batch, num_seqs, not self.keep_hidden and not drafts,
+                                                                 greedy)
+        if plan is not None:
+            size, greedy = plan
+            got = self.graphs.run(batch, greedy, size)
+            if got is not None:
+                return got, greedy  # else eager: the capture failed
         if self.keep_hidden:
             got, res.hidden = self.model.forward_and_hidden(batch, self.kv, greedy=True) if greedy else \
                 self.model.forward_and_hidden(batch, self.kv)
-            return got
-        return self.model.forward_greedy(batch, self.kv) if greedy else self.model.forward(batch, self.kv)
+            return got, greedy
+        return (self.model.forward_greedy(batch, self.kv) if greedy else self.model.forward(batch, self.kv)), greedy

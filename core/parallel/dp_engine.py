@@ -23,7 +23,8 @@ Outputs equal a single process's: each request's tokens depend only on its own r
 row; the experts' rows travel and come back). Sampled requests without a seed get the seed a single
 process would derive from their arrival (:meth:`DPEngine.add`), so they draw the same numbers.
 Refused here: ``scheduler.async_scheduling`` (its step thread would run MoE exchanges while the host
-thread drains).
+thread drains). With ``backend.graphs=true`` the ranks replay decode steps at one bucket per step
+(:mod:`.dp_graphs`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from inferhal.core.eplb.placement import Placement
 from inferhal.core.errors import UserError
 from inferhal.core.paging.hashing import extend_block_hashes
 from inferhal.core.parallel.dp_frontend import RankLoad, place_requests
+from inferhal.core.parallel.dp_graphs import GraphPeers, check_graphs
 from inferhal.core.parallel.dp_moe import DPExperts, MoeTraffic
 from inferhal.core.parallel.ep_engine import check_expert_slots, eplb_controller, rebalancer
 from inferhal.core.parallel.rebalance import Rebalance, Rebalancer
@@ -108,12 +110,16 @@ def attach_dp(engine: Any, comm: Any, eplb: Any, tbo: bool = False) -> DPRank:
     full = model.routed_expert_weights()
     num_layers, num_experts = len(full), int(full[0][0].shape[0])
     check_expert_slots(num_experts, eplb, n)
+    graphs = getattr(engine.runner, "graphs", None)  # backend.graphs=true: a bucket per step on all ranks
+    check_graphs(graphs is not None, bool(eplb.enabled))
     ctl = eplb_controller(eplb, num_layers, num_experts, n)
     placement = ctl.placement if ctl is not None else Placement.identity(num_layers, num_experts)
     # a forward of the main stack calls MoE layers 0 .. L-1 in order (MTP layers L.. are passes of their own)
     main = int(model.num_moe_layers) - int(getattr(model, "num_mtp_layers", 0)) if hasattr(model, "num_moe_layers") else 0
     runner = DPExperts(engine.backend.ops, comm, placement, full, model.experts_p, model.dtype, engine.device,
                        recorder=ctl.recorder if ctl is not None else None, pass_layers=range(main), tbo=tbo)
+    if graphs is not None:
+        graphs.peers = GraphPeers(comm, graphs, runner)
     if tbo:
         engine.scheduler.micro_batch_split = split_two
     del full

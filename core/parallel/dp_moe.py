@@ -42,6 +42,14 @@ empty B; every other rank serves both empty. The exchanges run on the communicat
 headers and every other collective stay on the caller's thread, never interleaved with them. Passes
 nobody split, and rounds outside a pass (MTP layers), run as one exchange each, as without overlap.
 
+**Graph steps** (``backend.graphs=true``, :mod:`.dp_graphs`): the ranks agree before a decode step on one
+bucket, every rank's forward has that many rows (an idle rank's all padding), and :meth:`DPExperts.graph_step`
+sets ``graph_rows``: each MoE layer is then one exchange of those rows without a header (every rank runs the
+main stack's layers in order), through a dispatch that reads nothing on the host (the backend's padded
+exchange while a graph is captured, its capacity rows x top_k the same on every rank). A replayed step runs no
+Python, so its counters are set at the step's end from the bucket: ``pass_layers`` rounds, the rank's own rows,
+and the padded exchange's bytes (``ranks - 1`` blocks of ``rows x top_k`` rows each way); no timing.
+
 Timing (per step, in :class:`MoeTraffic`): ``a2a_s``, the seconds the exchanges' collectives ran
 (``moe.dispatch`` and ``moe.combine``, on whichever thread; on gloo this includes waiting for the peers),
 and ``wait_s``, the seconds the forward's thread spent in them or waiting for them. Without overlap the two
@@ -77,6 +85,7 @@ class MoeTraffic:
     split_passes: int = 0  # passes run as two micro-batches (two-batch overlap), on every rank
     a2a_s: float = 0.0  # seconds in moe.dispatch / moe.combine collectives (on the communication thread with tbo)
     wait_s: float = 0.0  # seconds the forward's thread spent in them or waiting for them (= a2a_s without tbo)
+    graph_rows: int = 0  # a graph step's bucket (every rank's rows; counters from it, not timed); 0: eager
 
     @property
     def a2a_bytes(self) -> int:
@@ -103,6 +112,8 @@ class DPExperts(EPExperts):
         self._pass: list[int] = []  # the layers left of the pass this rank brings tokens to
         self._split = False  # that pass is split: each layer is two exchanges (ours as A, an empty B)
         self._inflight: list[Future] = []  # exchanges submitted and not waited for yet
+        self.graph_rows = 0  # > 0: this step's forward is a graph step of that many rows on every rank (dp_graphs)
+        self._graph_own, self._graph_k = 0, 0  # its real rows here; top_k, as its capture saw it
 
     @property
     def two_batch(self) -> bool:
@@ -111,6 +122,8 @@ class DPExperts(EPExperts):
 
     def __call__(self, layer: int, x: torch.Tensor, weights: torch.Tensor, logical_ids: torch.Tensor) -> torch.Tensor:
         # x: [T, D] this rank's tokens, weights: [T, K] fp32, logical_ids: [T, K] -> y: [T, D] routed experts
+        if self.graph_rows:  # a graph step: every rank at the same rows, no header
+            return self._graph_layer(layer, x, weights, logical_ids)
         if self._pass:  # inside a planned pass: no header, the layer is known
             want = self._pass.pop(0)
             if layer != want:
@@ -135,6 +148,36 @@ class DPExperts(EPExperts):
             return self._settled([self._steps(layer, x, weights, logical_ids)])[0]
         self._split = bool(self._pass)  # the pass's last layer ends it
         return self._settled([self._steps(layer, x, weights, logical_ids), self._empty_steps(layer)])[0]
+
+    def graph_step(self, rows: int, own: int) -> None:
+        """The coming forward is a graph step of ``rows`` rows on every rank, ``own`` of them this rank's
+        (:mod:`.dp_graphs`, before the step); :meth:`drain` counts it and ends it."""
+        self.graph_rows, self._graph_own = int(rows), int(own)
+
+    def _graph_layer(self, layer: int, x: torch.Tensor, weights: torch.Tensor,
+                     logical_ids: torch.Tensor) -> torch.Tensor:
+        """One MoE layer of a graph step: one exchange of the step's rows, nothing read or counted on the host."""
+        t, k = logical_ids.shape
+        if t != self.graph_rows or x.dtype != self.dtype:
+            raise RankDivergenceError(f"rank {self.comm.layout.rank}: MoE layer {layer} got {t} rows of {x.dtype} in "
+                                      f"a graph step of {self.graph_rows} rows of {self.dtype} on every rank")
+        self._graph_k = int(k)
+        p = self.placement
+        phys = to_physical(logical_ids, p.log2phy[layer], p.logcnt[layer], torch.arange(t, device=x.device))
+        return self.through_experts(layer, x, weights, phys)
+
+    def _count_graph_step(self) -> None:
+        """A graph step's counters, from its rows (its exchanges were the padded layout's; see the docstring)."""
+        tr, layers, n = self.traffic, len(self.pass_layers), int(self.comm.layout.world_size)
+        rows, own = self.graph_rows, self._graph_own
+        sent = layers * (n - 1) * rows * self._graph_k  # rows this rank sent to other ranks, each way
+        es = torch.empty((), dtype=self.dtype).element_size()
+        tr.graph_rows = rows
+        tr.rounds += layers
+        tr.empty_rounds += 0 if own else layers
+        tr.token_rows += own * layers
+        tr.dispatch_bytes += sent * (self._dim * es + 8)
+        tr.combine_bytes += sent * self._dim * es
 
     def run_two(self, a: Generator, b: Generator, offset_b: int) -> list[Any]:
         """A forward of the pass layers split in two micro-batches, with overlap. ``a`` and ``b`` are the
@@ -199,6 +242,9 @@ class DPExperts(EPExperts):
             left, self._pass, self._split = self._pass, [], False
             raise RankDivergenceError(f"rank {self.comm.layout.rank}: step {step} ended inside a pass with MoE "
                                       f"layers {left} left (the model does not follow pass_layers)")
+        if self.graph_rows:
+            self._count_graph_step()
+            self.graph_rows = 0
         while True:
             chosen, split, got = self._round(None, step, unfinished)
             if chosen is None:
@@ -213,7 +259,7 @@ class DPExperts(EPExperts):
     def shrink(self, placement: Placement) -> None:
         """:meth:`EPExperts.shrink`, and whatever the torn step left is dropped (its pass, its counters)."""
         super().shrink(placement)
-        self._pass, self._split, self._inflight = [], False, []
+        self._pass, self._split, self._inflight, self.graph_rows = [], False, [], 0
         self.traffic = MoeTraffic()
 
     def end_step(self) -> MoeTraffic:

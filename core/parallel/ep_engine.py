@@ -4,7 +4,9 @@ as an engine step hook.
 Every rank runs the same engine on the same requests (attention and everything outside the routed
 experts is replicated; :mod:`.dp_engine` is the layout where each rank attends over its own requests),
 so every rank schedules the same batch
-at the same step and samples the same tokens. After each step the hook (:class:`EPRank`)
+at the same step and samples the same tokens (with ``backend.graphs=true`` each replays the same bucket: no
+agreement is needed, and :class:`~.ep_moe.EPExperts` pads its shard so that every rank dispatches as many
+rows). After each step the hook (:class:`EPRank`)
 
 1. checks that all ranks are at the same step (:class:`~.sync.StepSync`; a mismatch or a silent peer
    raises :class:`~.sync.RankDivergenceError` on the ranks still running, it does not hang);
@@ -29,6 +31,7 @@ from inferhal.core.eplb.baseline import drift_of, policy_of
 from inferhal.core.eplb.drift import DRIFT
 from inferhal.core.eplb.survive import check_survivable, survivable
 from inferhal.core.errors import UserError
+from inferhal.core.parallel.dp_graphs import check_graphs
 from inferhal.core.parallel.ep_moe import EPExperts
 from inferhal.core.parallel.rebalance import Rebalance, Rebalancer
 from inferhal.core.parallel.sync import StepSync
@@ -123,6 +126,7 @@ def attach_ep(engine: Any, comm: Any, eplb: Any) -> EPRank:
     full = model.routed_expert_weights()
     num_layers, num_experts = len(full), int(full[0][0].shape[0])
     check_expert_slots(num_experts, eplb, ep)
+    check_graphs(getattr(engine.runner, "graphs", None) is not None, bool(eplb.enabled))
     ctl = eplb_controller(eplb, num_layers, num_experts, ep)
     placement = ctl.placement if ctl is not None else Placement.identity(num_layers, num_experts)
     runner = EPExperts(engine.backend.ops, comm, placement, full, model.experts_p,

@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from inferhal.core.backend import ParallelLayout
 from inferhal.core.errors import UserError
 from inferhal.core.parallel.dp_engine import DPEngine, DPRank, attach_dp
+from inferhal.core.parallel.dp_graphs import check_graphs
 from inferhal.core.parallel.ep_engine import EPRank, attach_ep, check_expert_slots
 from inferhal.core.parallel.launch import check_layout, launch
 
@@ -104,6 +105,7 @@ def check_ranks(cfg: Any, front: bool = False) -> int:
                         f"needs a model with routed experts (e.g. model=deepseek_v4_tiny), or use parallel=single")
     if experts is not None:
         check_expert_slots(experts, cfg.eplb, world)
+    check_graphs(bool(cfg.backend.graphs), bool(cfg.eplb.enabled))
     dp = int(cfg.parallel.dp)
     if dp > 1 and bool(cfg.scheduler.async_scheduling):
         raise UserError("scheduler.async_scheduling=true does not run with data-parallel attention "

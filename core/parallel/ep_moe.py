@@ -2,7 +2,10 @@
 
 Per layer call (every EP rank calls it with the same full batch; attention is replicated):
 
-1. this rank takes its contiguous shard of the ``T`` tokens;
+1. this rank takes its contiguous shard of the ``T`` tokens, padded to ``ceil(T / ranks)`` rows that go nowhere
+   (physical id -1) where it is shorter, so every rank dispatches as many rows: under a captured decode step
+   (``backend.graphs=true``, every rank at the same bucket) the padded exchange's capacity, rows x top_k, is
+   the same on every rank;
 2. logical expert ids -> physical slots through the placement's ``log2phy``: token ``t`` (global index)
    uses replica ``t % logcnt[e]`` of expert ``e``, which spreads each expert's tokens evenly and
    deterministically over its replicas;
@@ -77,7 +80,7 @@ class EPExperts:
 
     def __call__(self, layer: int, x: torch.Tensor, weights: torch.Tensor, logical_ids: torch.Tensor) -> torch.Tensor:
         # x: [T, D], weights: [T, K] fp32, logical_ids: [T, K] -> y: [T, D] (routed experts only)
-        ops, comm = self.ops, self.comm
+        comm = self.comm
         n, me = comm.layout.world_size, comm.layout.rank
         t = x.shape[0]
         per = -(-t // n) if t else 0
@@ -88,19 +91,27 @@ class EPExperts:
         if self.recorder is not None:
             self.recorder.record(layer, phys)
         xs, ws = x[lo:hi], weights[lo:hi]
-        if hi == lo:  # an empty shard (T < ranks) still joins the collectives: one row that goes nowhere
-            xs, ws = x.new_zeros((1, x.shape[1])), weights.new_zeros((1, weights.shape[1]))
-            phys = torch.full((1, weights.shape[1]), -1, dtype=torch.long, device=x.device)
-        sent = ops["moe.dispatch"](xs, phys, comm, self.ep_p)
-        gu, down = self.local[layer]
-        ones = torch.ones((sent.x.shape[0], 1), dtype=torch.float32, device=x.device)
-        y_local = ops["moe.experts"](sent.x, ones, sent.local_ids[:, None], gu, down, self.experts_p)
-        y = ops["moe.combine"](y_local, ws, sent.handle, comm, self.ep_p)[: hi - lo]  # [hi-lo, D]
+        short = max(per, 1) - (hi - lo)
+        if short:  # a short or empty shard: rows that go nowhere, so every rank dispatches max(per, 1) rows
+            k = weights.shape[1]  # (a padded exchange's capacity, rows x top_k, is then the same on every rank)
+            xs, ws = torch.cat([xs, x.new_zeros((short, x.shape[1]))]), torch.cat([ws, weights.new_zeros((short, k))])
+            phys = torch.cat([phys, torch.full((short, k), -1, dtype=phys.dtype, device=x.device)])
+        y = self.through_experts(layer, xs, ws, phys)[: hi - lo]  # [hi-lo, D]
         if n == 1:
             return y
         pad = torch.zeros((per, x.shape[1]), dtype=y.dtype, device=y.device)
         pad[: hi - lo] = y
         return torch.cat(comm.all_gather(pad))[:t]
+
+    def through_experts(self, layer: int, xs: torch.Tensor, ws: torch.Tensor, phys: torch.Tensor) -> torch.Tensor:
+        """``moe.dispatch`` of rows ``xs[T, D]`` routed to physical slots ``phys[T, K]``, this rank's slots of
+        ``layer`` on what it received (``moe.experts``), ``moe.combine`` weighted by ``ws[T, K]`` -> ``[T, D]``."""
+        ops, comm = self.ops, self.comm
+        sent = ops["moe.dispatch"](xs, phys, comm, self.ep_p)
+        gu, down = self.local[layer]
+        ones = torch.ones((sent.x.shape[0], 1), dtype=torch.float32, device=xs.device)
+        y_local = ops["moe.experts"](sent.x, ones, sent.local_ids[:, None], gu, down, self.experts_p)
+        return ops["moe.combine"](y_local, ws, sent.handle, comm, self.ep_p)
 
     def shrink(self, placement: Placement) -> None:
         """Go on as a survivor of lost EP ranks: ``self.comm`` has been reformed without them, and

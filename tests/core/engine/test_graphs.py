@@ -155,3 +155,35 @@ def test_graphs_off_run_eagerly_and_bad_settings_are_refused(tiny):
     # buckets without graphs would do nothing: refused
     with pytest.raises(UserError, match="backend.graph_batch_sizes is read only with backend.graphs=true"):
         engine(tiny, FakeGraphs(), graphs=False, graph_batch_sizes=[1, 2])
+
+
+class Peers:
+    """DP ranks' agreement (core/parallel/dp_graphs.py) as a stand-in: every step replays ``agreed``."""
+
+    def __init__(self, agreed):
+        self.agreed, self.votes = agreed, []
+
+    def agree(self, rows, greedy):
+        self.votes.append((rows, greedy))
+        return self.agreed
+
+
+def test_an_idle_dp_ranks_padding_step_replays_the_agreed_graph_and_writes_no_kv(tiny):
+    """A rank that scheduled nothing joins the agreement and, when its peers replay a graph, runs one padding
+    row (block 0's first entry read, nothing written) copied to the bucket through that graph."""
+    fake = FakeGraphs()
+    eng = engine(tiny, fake, graph_batch_sizes=[1, 2, 4])
+    for p in PROMPTS[:2]:
+        eng.add_request(p, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    while eng.has_unfinished():
+        eng.step()
+    graphs = eng.runner.graphs
+    kv = [buf.clone() for buf, _ in eng.kv_storage.groups.values()]
+    graphs.peers = Peers((4, True))
+    captured = list(fake.captured)
+    eng.step()  # nothing scheduled
+    assert graphs.peers.votes == [(0, True)] and fake.captured == captured + [4] and graphs.num_replays > 0
+    assert all(torch.equal(a, buf) for a, (buf, _) in zip(kv, eng.kv_storage.groups.values()))
+    graphs.peers = Peers(None)  # the peers run eagerly: nothing runs here
+    eng.step()
+    assert fake.captured == captured + [4] and graphs.peers.votes == [(0, True)]
