@@ -126,7 +126,7 @@ def _specs() -> list[KernelSpec]:
                                 "BLOCK_D": 4096, "INTERP": False}),
         KernelSpec("rope", "rope.apply", "inferhal.kernels.rope:rope_kernel", "rope",
                    {"x_ptr": "*bf16", "pos_ptr": "*i64", "cs_ptr": "*fp32", "y_ptr": "*bf16"}, (),
-                   lambda cfg: {"R_HALF": 32, "BLOCK_H": 8, "BLOCK_D": 512, "BLOCK_R": 32, "INTERLEAVED": True,
+                   lambda cfg: {"R_HALF": 32, "BLOCK_H": 1, "BLOCK_D": 512, "BLOCK_R": 32, "INTERLEAVED": True,
                                 "INVERSE": False,
                                 "DTYPE": _tl().bfloat16, "INTERP": False}),
         KernelSpec("moe_route", "moe.route", "inferhal.kernels.moe_route:moe_route_kernel", "moe_route",
