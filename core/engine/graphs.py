@@ -21,7 +21,8 @@ test keep the model code free of host reads (DeepSeek-V4's compressor rows: a bo
 -1 rows past the device's count). What still reads (a backend op that synchronises) makes the capture fail
 rather than replay a stale size.
 
-``backend.graphs=true`` on a backend without a graph runner is refused, naming the field. A capture that
+``backend.graphs=true`` on a backend without a graph runner is refused, naming the field, and so is it with a
+drafter that reads every step's hidden states (``spec.method=mtp``: no step would replay). A capture that
 fails turns graphs off for the engine with a :class:`GraphCaptureWarning` that says why (the reason stays in
 :attr:`DecodeGraphs.disabled`), and the step runs eagerly: never silently. The test suite turns that
 warning into an error (pyproject's ``filterwarnings``).
@@ -64,14 +65,20 @@ class GraphCaptureWarning(UserWarning):
     """A decode step's graph capture failed: the engine runs eagerly from then on (the message says why)."""
 
 
-def check_config(cfg: Any, runner: Any, profile: Any = None) -> tuple[int, ...] | None:
+def check_config(cfg: Any, runner: Any, profile: Any = None,
+                 hidden_for: str | None = None) -> tuple[int, ...] | None:
     """``backend.graphs`` and ``backend.graph_batch_sizes`` checked against the backend: the buckets with
-    graphs on, None with graphs off; a clear error for true on a backend without a graph runner, or buckets
-    set while graphs are off (a field that would do nothing)."""
+    graphs on, None with graphs off; a clear error for true on a backend without a graph runner, with a drafter
+    that reads every step's hidden states (``hidden_for``: its ``spec.method``; no step would replay), or
+    buckets set while graphs are off (a field that would do nothing)."""
     if not cfg.graphs:
         if list(cfg.graph_batch_sizes) != list(type(cfg)().graph_batch_sizes):
             raise UserError("backend.graph_batch_sizes is read only with backend.graphs=true")
         return None
+    if hidden_for:
+        raise UserError(f"backend.graphs=true with spec.method={hidden_for}: the drafter reads the target's hidden "
+                        f"states of every step, which a captured decode step does not return, so no step would "
+                        f"replay; set backend.graphs=false")
     sizes = check_sizes(cfg.graph_batch_sizes)
     if runner is None:
         level = getattr(getattr(profile, "exec_level", None), "value", None)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from inferhal import LLM, SamplingParams
-from inferhal.core.config.schema import BackendConfig, CacheConfig, SchedulerConfig
+from inferhal.core.config.schema import BackendConfig, CacheConfig, SchedulerConfig, SpecConfig
 from inferhal.core.engine.engine import Engine
 from inferhal.core.engine.graphs import GraphCaptureWarning
 from inferhal.core.engine.llm import compose_config
@@ -152,6 +152,10 @@ def test_graphs_off_run_eagerly_and_bad_settings_are_refused(tiny):
     for bad in ([], [0, 4], ["x"]):
         with pytest.raises(UserError, match="backend.graph_batch_sizes"):
             engine(tiny, FakeGraphs(), graph_batch_sizes=bad)
+    # an MTP drafter reads every step's hidden states, which no graph returns: no step would replay, refused
+    with pytest.raises(UserError, match=r"backend.graphs=true with spec.method=mtp: .* no step would replay"):
+        Engine(tiny.loaded, WithGraphs(tiny.backend, FakeGraphs(), graphs=True), cache=CacheConfig(num_blocks=10),
+               spec=SpecConfig(method="mtp", num_speculative_tokens=1))
     # buckets without graphs would do nothing: refused
     with pytest.raises(UserError, match="backend.graph_batch_sizes is read only with backend.graphs=true"):
         engine(tiny, FakeGraphs(), graphs=False, graph_batch_sizes=[1, 2])
