@@ -429,7 +429,11 @@ def _later_specs() -> list[KernelSpec]:
                    {"q_ptr": "*bf16", "kv_ptr": "*bf16", "o_ptr": "*bf16", "sink_ptr": "*fp32", "bt_ptr": "*i32",
                     "seq_ptr": "*i64", "pos_ptr": "*i64", "len_ptr": "*i32"}, ("scale", "softcap"),
                    lambda cfg: {"SHARED_KV": True, "HAS_SINKS": True, "SOFTCAP": False, "DTYPE": bf16(), "PREC": "tf32",
-                                "BLOCK_D": 512, "INTERP": False, **_blocks(cfg)}, mma=True),
+                                "BLOCK_D": 512, "INTERP": False, **_blocks(cfg)}, mma=True,
+                   # as a launch at 64K context passes them: 16-slot blocks of [1, 512] bf16 (no separate V)
+                   values={"REP": 64, "D": 512, "BS": 16, "stride_qt": 64 * 512, "stride_qh": 512, "stride_ot": 64 * 512,
+                           "stride_oh": 512, "stride_cb": 16 * 512, "stride_cs": 512, "stride_ckv": 0, "stride_ch": 512,
+                           "stride_bt": 65536 // 16, "window": 128}),
     ] + _v4_specs()
 
 

@@ -72,6 +72,10 @@ _SPLIT_KV = {
 # FP8 / FP4 records still spill (sm_90a fp8_ds_mla 2,512 -> 560 B, nvfp4 1,872 -> 280; sm_100a 1,416 -> 160,
 # 456 -> 56): decoding a [16, 512] tile beside the accumulator; the split kernels (the default) hold none.
 _SPARSE_SINGLE = {"BLOCK_N": 16, "num_warps": 8, "num_stages": 2}
+# attn.paged's program per (token, KV head) (decode=single) the same way, compiled as V4's latent decode (64 heads on
+# one 512-dim head, 16-slot blocks): sm_90a 255 registers / 2,232 B of spill stack / 196,608 B shared at 64-key
+# tiles and 4 warps -> 255 / 64 / 98,304; sm_100a 255 / 16 / 262,688 B (over a block's 232,448) -> 228 / 0 / 115,232
+_PAGED_SINGLE = {"BLOCK_N": 16, "BLOCK_H": 64, "num_warps": 8, "num_stages": 2}
 
 _DEFAULT: dict[str, dict[str, Any]] = {
     "norm_rms": {"num_warps": 4},
@@ -125,7 +129,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "gemm_fp8": {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
         # GGUF blocks gather a scale (and offset) per element: 64-wide N tiles keep them unspilled in ~106 KB
         "gemm_int": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3},
-        "attn_paged": {"BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 8, "num_stages": 2},
+        "attn_paged": _PAGED_SINGLE,
         # tcgen05 M = 128 entries per tile against the 64 indexer heads
         "indexer_scores": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
         "attn_sparse": _SPARSE_SINGLE,
@@ -144,7 +148,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         # wgmma accumulates in registers: 32-wide K tiles (4 stages) keep the bf16 GEMM unspilled (64 B at 64)
         "gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
         "gemm_fp8": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
-        "attn_paged": {"BLOCK_N": 64, "BLOCK_H": 64, "num_warps": 4, "num_stages": 2},
+        "attn_paged": _PAGED_SINGLE,
         "attn_sparse": _SPARSE_SINGLE,
         # the one-program-per-tile indexer (decode=single) at 8 warps: 48 / 125 / 127 registers for bf16 / fp8_index
         # / mxfp4 keys where 4 warps held 80 / 201 / 189 (16 resident warps a SM or more where 4 warps left 12)
