@@ -345,7 +345,11 @@ def _gemm_specs() -> list[KernelSpec]:
                    cx(INT_BLOCK, LINEAR, offset=True), mma=True),
         KernelSpec("linear_fp8_w8a8", "linear", "inferhal.kernels.linear_lowp:linear_w8a8_kernel", "gemm_fp8",
                    {"xq_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "y_ptr": "*bf16"},
-                   (), lambda cfg: {"DTYPE": _tl().bfloat16, "INTERP": False, **_blocks(cfg)}, mma=True),
+                   (), lambda cfg: {"DTYPE": _tl().bfloat16, "INTERP": False, **_blocks(cfg)}, mma=True,
+                   # q_a_proj at decode (fp8_matmul=w8a8 runs it at every M): 64 rows, N 1024, K 4096, 128 x 128
+                   # blocks; unspecialised it reported 952 B of spill stack on sm_90a that no launch compiles
+                   values={"M": 64, "N": 1024, "K": 4096, "stride_xq": 4096, "stride_xs": 32, "s_wn": 4096, "s_wk": 1,
+                           "s_sn": 32, "s_sk": 1, "blk_n": 128, "stride_y": 1024}),
         KernelSpec("act_quant_fp8", "linear", "inferhal.kernels.linear_lowp:act_quant_kernel", "gemm_fp8",
                    {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32"}, (),
                    lambda cfg: {"BLOCK": cfg["BLOCK_K"], "INTERP": False}),
