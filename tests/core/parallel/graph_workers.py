@@ -140,8 +140,9 @@ def params():
             for i, m in enumerate(MAX_TOKENS)]
 
 
-def graph_llm(layout, exchange: str, layout_name: str):
-    """An LLM whose engine is rank ``layout.rank`` of ``layout_name`` (dep2 or ep2) with graphs on."""
+def graph_llm(layout, exchange: str, layout_name: str, tbo: bool = False):
+    """An LLM whose engine is rank ``layout.rank`` of ``layout_name`` (dep2 or ep2) with graphs on (and
+    ``parallel.tbo``)."""
     from inferhal.core.engine.llm import LLM
     from inferhal.core.registry import BackendRegistry
     from inferhal.core.config.schema import BackendConfig
@@ -154,7 +155,7 @@ def graph_llm(layout, exchange: str, layout_name: str):
     llm = LLM.from_config(cfg, active_backend=be)
     comm = be.communicator(layout)
     if layout_name == "dep2":
-        hook = attach_dp(llm.engine, comm, cfg.eplb)
+        hook = attach_dp(llm.engine, comm, cfg.eplb, tbo=tbo)
         llm.engine = DPEngine(llm.engine, hook)
     else:
         hook = attach_ep(llm.engine, comm, cfg.eplb)
@@ -176,8 +177,8 @@ def run(llm, prompts=PROMPTS, sampling=None):
 
 
 def graph_suite(layout, out_dir):
-    """dep2 with the padded exchange, its negative control with the exact one, and ep2; saves each rank's
-    tokens, step log, captures, votes and MoE counters."""
+    """dep2 with the padded exchange (and with two-batch overlap), its negative control with the exact one,
+    and ep2; saves each rank's tokens, step log, captures, votes and MoE counters."""
     torch.set_num_threads(1)
     me, got = layout.rank, {}
     llm, hook, runner = graph_llm(layout, "auto", "dep2")
@@ -185,6 +186,10 @@ def graph_suite(layout, out_dir):
     got["dep2"] = {"tokens": toks, "steps": steps, "captured": runner.captured, "replays": runner.replays,
                    "reads": runner.reads, "votes": llm.engine.engine.runner.graphs.peers.log,
                    "moe": [(s.attn_tokens, s.seqs, s.moe) for s in hook.log], "placements": llm.engine.placements}
+    llm, hook, runner = graph_llm(layout, "auto", "dep2", tbo=True)  # eager steps split in two, graph steps not
+    toks, steps = run(llm)
+    got["tbo"] = {"tokens": toks, "replays": runner.replays,
+                  "split": [(s.moe.graph_rows, s.moe.split_passes) for s in hook.log]}
     llm, hook, runner = graph_llm(layout, "exact", "dep2")
     try:  # a prompt each, then a decode step of one row each
         run(llm, PROMPTS[1:3], params()[2:4])

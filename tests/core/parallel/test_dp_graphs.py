@@ -3,9 +3,10 @@ one bucket (and one graph: greedy or logits) per step and an idle rank runs a pa
 under replicated attention (ep2) every rank pads its shard to as many rows; both so that the padded
 exchange's equal-split all-to-all has one shape on every rank.
 
-The spawned tests (dep2 and ep2 over gloo, ``graph_workers.py``) replay decode steps through a CPU graph runner
-that records a capture and runs each replay on the captured buffers under core's host-read guard, fatal for
-core, model and the kernels' EP ops (Triton's interpreter): CPU reference / interpreter evidence, no GPU."""
+The spawned tests (dep2, dep2 with two-batch overlap, and ep2 over gloo, ``graph_workers.py``) replay decode
+steps through a CPU graph runner that records a capture and runs each replay on the captured buffers under
+core's host-read guard, fatal for core, model and the kernels' EP ops (Triton's interpreter): CPU reference /
+interpreter evidence, no GPU."""
 
 from types import SimpleNamespace
 
@@ -186,6 +187,15 @@ def test_graph_steps_count_the_padded_exchange_without_a_header(ranks):
             assert moe.empty_rounds == (0 if counts[r] else MOE_LAYERS)
             assert moe.dispatch_bytes == MOE_LAYERS * size * K * (D * 4 + 8)
             assert moe.combine_bytes == MOE_LAYERS * size * K * D * 4
+
+
+@pytest.mark.slow
+def test_with_two_batch_overlap_the_eager_steps_split_and_the_graph_steps_do_not(ranks, single):
+    for rank in ranks:
+        got = rank["tbo"]
+        assert got["tokens"] == single and got["replays"] == len(ranks[0]["dep2"]["votes"])
+        assert any(split for rows, split in got["split"] if not rows)  # an eager step ran as two micro-batches
+        assert all(split == 0 for rows, split in got["split"] if rows)  # a graph step as one
 
 
 @pytest.mark.slow
