@@ -191,3 +191,12 @@ def test_an_idle_dp_ranks_padding_step_replays_the_agreed_graph_and_writes_no_kv
     graphs.peers = Peers(None)  # the peers run eagerly: nothing runs here
     eng.step()
     assert fake.captured == captured + [4] and graphs.peers.votes == [(0, True)]
+
+
+def test_a_failed_capture_on_a_dp_rank_raises_instead_of_running_eagerly(tiny):
+    """Its peers' steps exchange at the bucket's shapes: this rank cannot fall back alone."""
+    eng = engine(tiny, FakeGraphs(fail=True), graph_batch_sizes=[4])
+    eng.runner.graphs.peers = Peers((4, True))
+    with pytest.raises(RuntimeError, match=r"backend.graphs: capturing a 4-row decode step failed: .* a DP rank "
+                                           r"cannot run this step eagerly .* set backend.graphs=false"):
+        eng.step()  # nothing scheduled: the padding-only step's capture fails
