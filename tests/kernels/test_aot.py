@@ -14,6 +14,14 @@ import pytest
 from inferhal.kernels.registry import KERNELS
 
 MMA = [k.name for k in KERNELS if k.mma]
+#: issue #46's target: no spill stack in the decode attention, indexer, linear and MoE kernels. The one-program-per-
+#: token CSA kernel (decode=single) still spills with FP8 / FP4 records (sm_100a 160 / 56 B): a [16, 512] tile
+#: decoded beside the 64 x 512 accumulator
+SPILLS = {"attn_sparse_topk_csa_fp8_ds_mla", "attn_sparse_topk_csa_nvfp4"}
+NO_SPILL = [k.name for k in KERNELS if k.mma and k.name not in SPILLS
+            and k.op_id in ("attn.sparse_topk", "attn.paged", "indexer.scores", "linear", "moe.experts")]
+#: the most shared memory one block may use on sm_90 and sm_100 (227 KB)
+SHARED_MAX = 232448
 
 
 def _compile(arch, names, tmp_path):
@@ -35,6 +43,18 @@ def test_mma_kernels_use_tcgen05_on_sm100a(tmp_path):
         assert r["tcgen05"] and r["mma_ok"], f"{name}: no tcgen05.mma in the sm_100a PTX"
         assert r["execution_level"] == "compiled"
         assert r["registers"] is None or 0 < r["registers"] <= 255
+        if name in NO_SPILL:
+            assert r["spill_stack_bytes"] == 0, (name, r["registers"], r["spill_stack_bytes"])
+            assert r["shared_bytes"] <= SHARED_MAX, (name, r["shared_bytes"])
+
+
+@pytest.mark.slow
+def test_the_fp4_expert_gemm_holds_its_registers_on_sm90a(tmp_path):
+    """Hopper's FP4 experts (a V4 decode step's MoE: dot_scaled widens e2m1 to bf16 beside the gate and up
+    accumulators) compiled as a launch specialises them: no spill stack (4 warps spilled 448 B)."""
+    r = _compile("sm_90a", ["moe_gate_up_swiglu_fp4_dot_scaled"], tmp_path)["moe_gate_up_swiglu_fp4_dot_scaled"]
+    assert r["compiled"] and r["mma_ok"] and r["specialized"], r["error"]
+    assert r["spill_stack_bytes"] == 0 and r["shared_bytes"] <= SHARED_MAX, (r["registers"], r["spill_stack_bytes"])
 
 
 @pytest.mark.slow
