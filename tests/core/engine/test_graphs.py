@@ -200,3 +200,24 @@ def test_a_failed_capture_on_a_dp_rank_raises_instead_of_running_eagerly(tiny):
     with pytest.raises(RuntimeError, match=r"backend.graphs: capturing a 4-row decode step failed: .* a DP rank "
                                            r"cannot run this step eagerly .* set backend.graphs=false"):
         eng.step()  # nothing scheduled: the padding-only step's capture fails
+
+
+def test_the_padding_row_runs_on_the_kernels_without_a_host_read_and_writes_nothing():
+    """An idle DP rank's padding row (position 0, block 0's first entry, every slot -1) through the tiny V4's
+    greedy step on cuda_sm100's kernels (Triton's interpreter), under the guard with backend reads fatal; the
+    KV pool, filled with a finite byte pattern first, is unchanged."""
+    from inferhal.core.engine.graphs import DecodeGraphs
+    from inferhal.core.engine.host_sync import HostSyncGuard
+
+    eng = LLM("deepseek_v4_tiny", backend="cuda_sm100",
+              overrides=["backend.interpret=true", "backend.strict=true", "cache.num_blocks=4"]).engine
+    for buf, _ in eng.kv_storage.groups.values():
+        buf.fill_(0x3C)  # 0.0115 as fp32 and bf16, 1.5 as e4m3: finite, and not what a write would leave
+    kv = [buf.clone() for buf, _ in eng.kv_storage.groups.values()]
+    graphs = DecodeGraphs(None, eng.model, eng.specs, eng.kv_manager.block_size, eng.max_model_len, [2],
+                          eng.kv_storage)
+    args = graphs._pad(graphs._padding_batch(), 2)  # on the host, before the step (as DecodeGraphs.run does)
+    with HostSyncGuard(backend_fatal=True):
+        tokens = graphs._step_fn(True)(*args)
+    assert tokens.shape == (2,) and torch.equal(tokens[0], tokens[1])
+    assert all(torch.equal(a, buf) for a, (buf, _) in zip(kv, eng.kv_storage.groups.values()))
