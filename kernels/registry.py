@@ -207,7 +207,7 @@ def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:
     for kv_dtype in ("fp8", "fp4"):
         main, index = formats.record(kv_dtype, 512, 64, role="main"), formats.record(kv_dtype, 128, role="index")
         base = specs["attn_sparse_topk_csa"]
-        out.append(KernelSpec(f"attn_sparse_topk_csa_{main.name}", base.op_id, base.fn, base.tuning,
+        out.append(KernelSpec(f"attn_sparse_topk_csa_{main.name}", base.op_id, base.fn, "attn_sparse_records",
                               {**base.ptrs, "kv_ptr": "*u8", "c_ptr": "*u8"}, base.floats,
                               reading(main, "attn_sparse_topk_csa"), mma=True, values=_csa_values(main.nbytes)))
         base = specs["indexer_scores"]
@@ -484,7 +484,8 @@ def _v4_specs() -> list[KernelSpec]:
                     "sink_ptr": "*fp32", "bt_ptr": "*i32", "cbt_ptr": "*i32", "seq_ptr": "*i64", "pos_ptr": "*i64",
                     "len_ptr": "*i32", "clen_ptr": "*i32"}, ("scale",),
                    lambda cfg: {"HAS_COMP": True, "HAS_SINKS": True, "DTYPE": bf16(), "PREC": "tf32", "BLOCK_H": 64,
-                                "BLOCK_D": 512, "INTERP": False, **_blocks(cfg), **_value_cache()}, mma=True,
+                                "BLOCK_D": 512, "BLOCK_DV": 512 // cfg.get("CHANNEL_SPLIT", 1), "INTERP": False,
+                                **_blocks(cfg), **_value_cache()}, mma=True,
                    values=_csa_values(512)),
     ] + [
         # compressor: CSA (4-token windows with overlap, C = 2 x 512) and HCA (128-token windows, C = 512)

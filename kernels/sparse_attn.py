@@ -20,7 +20,8 @@ Two kernels, selected by the wrapper's ``decode`` argument (the cuda_sm100 backe
 - ``split`` (default): split-KV (:mod:`inferhal.kernels.attn_split`): a program per (token, group of
   ``BLOCK_H`` heads, split); the window is one key range cut by the token's own key count, the top-k
   row is cut every ``SPLIT`` entries; a combine kernel merges the partials and adds the sinks;
-- ``single``: one program per token holding all heads (kept to compare on a device).
+- ``single``: one program per token holding all heads (kept to compare on a device); with FP8 / FP4 records
+  two (the ``attn_sparse_records`` entry's ``CHANNEL_SPLIT``), each holding half the value channels.
 
 Oracle: ``backends/reference/deepseek.py:attn_sparse_topk``.
 """
@@ -42,15 +43,28 @@ from inferhal.kernels.tuning import config
 
 
 @triton.jit
-def _online_block(q, k, ok, m_i, l_i, acc, scale, PREC: tl.constexpr, INTERP: tl.constexpr):
-    """One tile of keys (K = V) into the running (max, denominator, accumulator) of all heads."""
+def _channels(k, c, BLOCK_DV: tl.constexpr):
+    """The values of program ``c``: all channels of ``k [N, W]`` (``BLOCK_DV == W``), or its half ``c``."""
+    v = k
+    if BLOCK_DV < k.shape[1]:
+        lo, hi = tl.split(tl.permute(tl.reshape(k, (k.shape[0], 2, BLOCK_DV)), (0, 2, 1)))
+        v = tl.where(c == 0, lo, hi)
+    return v
+
+
+@triton.jit
+def _online_block(q, k, ok, m_i, l_i, acc, c, scale, PREC: tl.constexpr, INTERP: tl.constexpr,
+                  BLOCK_DV: tl.constexpr):
+    """One tile of keys (K = V) into the running (max, denominator, accumulator) of all heads; the values are
+    the key channels ``[c * BLOCK_DV, (c + 1) * BLOCK_DV)`` (all of them, or one half)."""
     s = tl.dot(q, dot_operand(tl.trans(k), INTERP), input_precision=PREC) * scale  # [BLOCK_H, BLOCK_N]
     s = tl.where(ok[None, :], s, -float("inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(dot_operand(p.to(k.dtype), INTERP), dot_operand(k, INTERP),
+    v = _channels(k, c, BLOCK_DV)
+    acc = acc * alpha[:, None] + tl.dot(dot_operand(p.to(v.dtype), INTERP), dot_operand(v, INTERP),
                                         input_precision=PREC)
     return m_new, l_i, acc
 
@@ -79,9 +93,14 @@ def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, c
                        BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, INTERP: tl.constexpr,
                        RECORD: tl.constexpr = False, CODE: tl.constexpr = 0, SCALE: tl.constexpr = 0,
                        RBLOCK: tl.constexpr = 1, CODED: tl.constexpr = 0, RAW_AT: tl.constexpr = 0,
-                       SCALES_AT: tl.constexpr = 0, GROUP: tl.constexpr = 16, ALIGN: tl.constexpr = 1):
-    """``single``: one program per token, all heads as the M side of ``tl.dot``."""
+                       SCALES_AT: tl.constexpr = 0, GROUP: tl.constexpr = 16, ALIGN: tl.constexpr = 1,
+                       BLOCK_DV: tl.constexpr = 0):
+    """``single``: one program per token, all heads as the M side of ``tl.dot``; with ``BLOCK_DV`` half of
+    ``BLOCK_D``, two per token (``pid(1)``), each scoring the whole keys and holding half the value channels
+    (the same scores and softmax statistics in both). ``BLOCK_DV`` 0: all ``BLOCK_D``."""
+    DV: tl.constexpr = BLOCK_D if BLOCK_DV == 0 else BLOCK_DV
     t = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
     b, qpos, first, last = query_span(seq_ptr, pos_ptr, len_ptr, t, window)
     h = tl.arange(0, BLOCK_H)
     hm = h < H
@@ -91,7 +110,7 @@ def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, c
     q = dot_operand(q, INTERP)
     m_i = tl.full((BLOCK_H,), -1.0e30, dtype=tl.float32)
     l_i = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    acc = tl.zeros((BLOCK_H, BLOCK_D), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_H, DV), dtype=tl.float32)
     j = tl.arange(0, BLOCK_N)
     for n0 in range((first // BLOCK_N) * BLOCK_N, last, BLOCK_N):  # 1. sliding window
         kpos = n0 + j
@@ -103,7 +122,7 @@ def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, c
         else:
             k = tl.load(kv_ptr + blk[:, None] * stride_kb + (kpos % BS)[:, None] * stride_ks + d[None, :],
                         mask=ok[:, None] & dm[None, :], other=0.0)
-        m_i, l_i, acc = _online_block(q, k, ok, m_i, l_i, acc, scale, PREC, INTERP)
+        m_i, l_i, acc = _online_block(q, k, ok, m_i, l_i, acc, c, scale, PREC, INTERP, DV)
     if HAS_COMP:  # 2. the selected compressed entries
         n_vis = tl.minimum(tl.load(clen_ptr + b).to(tl.int32), (qpos + 1) // RATIO)
         for i0 in range(0, NK, BLOCK_N):
@@ -116,10 +135,11 @@ def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, c
             else:
                 k = tl.load(c_ptr + blk[:, None] * stride_cb + (e % CBS)[:, None] * stride_cs + d[None, :],
                             mask=ok[:, None] & dm[None, :], other=0.0)
-            m_i, l_i, acc = _online_block(q, k, ok, m_i, l_i, acc, scale, PREC, INTERP)
+            m_i, l_i, acc = _online_block(q, k, ok, m_i, l_i, acc, c, scale, PREC, INTERP, DV)
     out = softmax_out(m_i, l_i, acc, sink_ptr, h, hm, HAS_SINKS)
-    tl.store(o_ptr + t * stride_ot + h[:, None] * stride_oh + d[None, :], round_to(out, DTYPE, INTERP),
-             mask=hm[:, None] & dm[None, :])
+    dv = c * DV + tl.arange(0, DV)
+    tl.store(o_ptr + t * stride_ot + h[:, None] * stride_oh + dv[None, :], round_to(out, DTYPE, INTERP),
+             mask=hm[:, None] & (dv < D)[None, :])
 
 
 @triton.jit
@@ -220,13 +240,15 @@ def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, 
     if has_comp and fmt is not None:
         tile["ALIGN"] = min(tile["ALIGN"], tile_args(fmt, common["BLOCK_D"], cc)["ALIGN"])
     if decode == "single":
-        cfg = config("attn_sparse", target)
-        launch(sparse_attn_kernel, (t,),
+        cfg = config("attn_sparse" if fmt is None else "attn_sparse_records", target)
+        cs = 2 if cfg.get("CHANNEL_SPLIT", 1) == 2 and common["BLOCK_D"] >= 32 else 1  # >= 16 channels a program
+        launch(sparse_attn_kernel, (t, cs),
             q, kv_cache, cc, idx, out, sink_arg if sinks is not None else q, *ptrs, h, d, kv_cache.shape[1], *c_args,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1),
             cc.stride(0), cc.stride(1), idx.stride(0), bt.stride(0), cbt.stride(0), float(p.scale), int(p.window),
             HAS_COMP=has_comp, HAS_SINKS=sinks is not None, BLOCK_H=max(16, next_pow2(h)), BLOCK_N=cfg["BLOCK_N"],
-            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **common, **tile)
+            BLOCK_DV=common["BLOCK_D"] // cs, num_warps=cfg["num_warps"],
+            num_stages=cfg["num_stages"], **common, **tile)
         return out
     cfg = config("attn_sparse_split" if fmt is None else "attn_sparse_split_records", target)
     sp = attn_split.plan(t, h, d, cfg, window=int(p.window), reach=bt.shape[1] * kv_cache.shape[1],

@@ -69,9 +69,12 @@ _SPLIT_KV = {
 # registers a thread) and 16-key tiles. Compiled as a V4-Flash CSA launch (registry values), registers / spill
 # stack / shared: sm_90a bf16 255 / 1,880 / 131,328 B at the earlier 32-key tiles and 4 warps -> 250 / 0 / 98,432;
 # sm_100a bf16 221 / 0 / 263,200 B at 64-key tiles (over the 232,448 B a block may hold) -> 204 / 0 / 115,360.
-# FP8 / FP4 records still spill (sm_90a fp8_ds_mla 2,512 -> 560 B, nvfp4 1,872 -> 280; sm_100a 1,416 -> 160,
-# 456 -> 56): decoding a [16, 512] tile beside the accumulator; the split kernels (the default) hold none.
+# With FP8 / FP4 records (a [16, 512] tile decoded beside the accumulator) CHANNEL_SPLIT 2 runs two programs a
+# token, each scoring the whole keys and holding half the value channels: fp8_ds_mla / nvfp4 spill stack, at the
+# tiles above -> halves, sm_100a 160 / 56 B -> 0 / 0 (254 / 210 registers), sm_90a 560 / 280 -> 248 / 136 (a
+# quarter of the channels at 4 warps left 24 / 0). The split kernels (the default) hold none.
 _SPARSE_SINGLE = {"BLOCK_N": 16, "num_warps": 8, "num_stages": 2}
+_SPARSE_SINGLE_RECORDS = {"BLOCK_N": 16, "CHANNEL_SPLIT": 2, "num_warps": 8, "num_stages": 2}
 # attn.paged's program per (token, KV head) (decode=single) the same way, compiled as V4's latent decode (64 heads on
 # one 512-dim head, 16-slot blocks): sm_90a 255 registers / 2,232 B of spill stack / 196,608 B shared at 64-key
 # tiles and 4 warps -> 255 / 64 / 98,304; sm_100a 255 / 16 / 262,688 B (over a block's 232,448) -> 228 / 0 / 115,232
@@ -111,6 +114,7 @@ _DEFAULT: dict[str, dict[str, Any]] = {
     "topk_select": {"BLOCK_S": 1024, "BLOCK_SORT": 2048, "num_warps": 4},
     "indexer_scores": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
     "attn_sparse": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+    "attn_sparse_records": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
     "attn_compress": {"BLOCK_C": 64, "num_warps": 4},
     **_SPLIT_KV,
 }
@@ -133,6 +137,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         # tcgen05 M = 128 entries per tile against the 64 indexer heads
         "indexer_scores": {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2},
         "attn_sparse": _SPARSE_SINGLE,
+        "attn_sparse_records": _SPARSE_SINGLE_RECORDS,
         # HCA pools 128 tokens x BLOCK_C channels (kv and gate) in registers: 8 warps keep it unspilled
         "attn_compress": {"BLOCK_C": 32, "num_warps": 8},
         "gemm_decode": _GEMM_DECODE,
@@ -150,6 +155,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "gemm_fp8": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
         "attn_paged": _PAGED_SINGLE,
         "attn_sparse": _SPARSE_SINGLE,
+        "attn_sparse_records": _SPARSE_SINGLE_RECORDS,
         # the one-program-per-tile indexer (decode=single) at 8 warps: 48 / 125 / 127 registers for bf16 / fp8_index
         # / mxfp4 keys where 4 warps held 80 / 201 / 189 (16 resident warps a SM or more where 4 warps left 12)
         "indexer_scores": {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2},
@@ -178,6 +184,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "topk_select": {"BLOCK_S": 64, "BLOCK_SORT": 256, "num_warps": 4},
         "indexer_scores": {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
         "attn_sparse": {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1},
+        "attn_sparse_records": {"BLOCK_N": 16, "CHANNEL_SPLIT": 2, "num_warps": 4, "num_stages": 1},
         # splits of 16 keys (at most 4 to a range) so that the tests' short contexts cross split edges
         "attn_sparse_split": {"BLOCK_H": 16, "BLOCK_N": 16, "SPLIT": 16, "MAX_SPLITS": 4, "num_warps": 4,
                               "num_stages": 1},

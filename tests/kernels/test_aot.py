@@ -14,11 +14,8 @@ import pytest
 from inferhal.kernels.registry import KERNELS
 
 MMA = [k.name for k in KERNELS if k.mma]
-#: issue #46's target: no spill stack in the decode attention, indexer, linear and MoE kernels. The one-program-per-
-#: token CSA kernel (decode=single) still spills with FP8 / FP4 records (sm_100a 160 / 56 B): a [16, 512] tile
-#: decoded beside the 64 x 512 accumulator
-SPILLS = {"attn_sparse_topk_csa_fp8_ds_mla", "attn_sparse_topk_csa_nvfp4"}
-NO_SPILL = [k.name for k in KERNELS if k.mma and k.name not in SPILLS
+#: issue #46's target: no spill stack in the decode attention, indexer, linear and MoE kernels
+NO_SPILL = [k.name for k in KERNELS if k.mma
             and k.op_id in ("attn.sparse_topk", "attn.paged", "indexer.scores", "linear", "moe.experts")]
 #: the most shared memory one block may use on sm_90 and sm_100 (227 KB)
 SHARED_MAX = 232448
