@@ -199,8 +199,7 @@ def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:
             from inferhal.kernels.kv_records import record_args, tile_args
 
             cx = {**specs[base].constexprs(cfg), **record_args(fmt)}
-            # ALIGN as the wrapper derives it from a contiguous cache of these records (tile_args' strides)
-            return {**cx, **tile_args(fmt, cx["BLOCK_D"]), "ALIGN": math.gcd(16, fmt.nbytes)}
+            return {**cx, **tile_args(fmt, cx["BLOCK_D"]), **_align(fmt)}
         return make
 
     # the attention kernels decoding records in their key tiles (CSA decode shapes, as their value-cache specs)
@@ -232,17 +231,18 @@ def _split_specs() -> list[KernelSpec]:
             from inferhal.kernels.kv_records import record_args, tile_args
 
             return {"HAS_COMP": True, "DTYPE": bf16(), "PREC": "tf32", "BLOCK_D": 512, "INTERP": False,
-                    **_blocks(cfg), **record_args(fmt), **tile_args(fmt, 512)}
+                    **_blocks(cfg), **record_args(fmt), **tile_args(fmt, 512), **_align(fmt)}
         return make
 
     fn = "inferhal.kernels.sparse_attn:sparse_attn_split_kernel"
     out = [KernelSpec("attn_sparse_topk_csa_split", "attn.sparse_topk", fn, "attn_sparse_split", sparse, ("scale",),
-                      sparse_cx(None), mma=True)]
+                      sparse_cx(None), mma=True, values=_csa_split_values(512))]
     for kv_dtype in ("fp8", "fp4"):
         main = formats.record(kv_dtype, 512, 64, role="main")
         out.append(KernelSpec(f"attn_sparse_topk_csa_split_{main.name}", "attn.sparse_topk", fn,
                               "attn_sparse_split_records",
-                              {**sparse, "kv_ptr": "*u8", "c_ptr": "*u8"}, ("scale",), sparse_cx(main), mma=True))
+                              {**sparse, "kv_ptr": "*u8", "c_ptr": "*u8"}, ("scale",), sparse_cx(main), mma=True,
+                              values=_csa_split_values(main.nbytes)))
     paged = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "acc_ptr": "*fp32", "ml_ptr": "*fp32", "bt_ptr": "*i32",
              "seq_ptr": "*i64", "pos_ptr": "*i64", "len_ptr": "*i32"}
     fn = "inferhal.kernels.attn_paged:attn_paged_split_kernel"
@@ -264,16 +264,18 @@ def _split_specs() -> list[KernelSpec]:
             from inferhal.kernels.kv_records import record_args, tile_args
 
             return {"PREC": "tf32", "BLOCK_H": 64, "BLOCK_D": 128, "INTERP": False, **_blocks(cfg),
-                    **record_args(fmt), **tile_args(fmt, 128)}
+                    **record_args(fmt), **tile_args(fmt, 128), **_align(fmt)}
         return make
 
+    # as a launch of 64 decode tokens passes them: 128 tiles of 128 entries a token, 8 a program (split_tiles)
     fn = "inferhal.kernels.indexer:indexer_split_kernel"
     out.append(KernelSpec("indexer_scores_split", "indexer.scores", fn, "indexer_split", idx, ("scale", "weight_scale"),
-                          idx_cx(None), mma=True))
+                          idx_cx(None), mma=True, values={**_indexer_values(128), "TILES": 8}))
     for kv_dtype in ("fp8", "fp4"):
         fmt = formats.record(kv_dtype, 128, role="index")
         out.append(KernelSpec(f"indexer_scores_split_{fmt.name}", "indexer.scores", fn, "indexer_split",
-                              {**idx, "k_ptr": "*u8"}, ("scale", "weight_scale"), idx_cx(fmt), mma=True))
+                              {**idx, "k_ptr": "*u8"}, ("scale", "weight_scale"), idx_cx(fmt), mma=True,
+                              values={**_indexer_values(fmt.nbytes), "TILES": 8}))
     partial = {"acc_ptr": "*fp32", "ml_ptr": "*fp32", "o_ptr": "*bf16", "sink_ptr": "*fp32"}
     out.append(KernelSpec("attn_split_combine", "attn.sparse_topk", "inferhal.kernels.attn_split:split_combine_kernel",
                           "attn_combine", partial, (),
@@ -450,6 +452,19 @@ def _csa_values(row: int) -> dict[str, int]:
     return {"H": 64, "D": 512, "BS": 16, "CBS": 16, "NK": 512, "RATIO": 4, "stride_qt": 64 * 512, "stride_qh": 512,
             "stride_ot": 64 * 512, "stride_oh": 512, "stride_kb": 16 * row, "stride_ks": row, "stride_cb": 16 * row,
             "stride_cs": row, "stride_it": 512, "stride_bt": 65536 // 16, "stride_cbt": 65536 // 4 // 16, "window": 128}
+
+
+def _csa_split_values(row: int) -> dict[str, int]:
+    """The split CSA decode kernel's integers at V4-Flash's decode shapes (as :func:`_csa_values`): the window's
+    128 keys in one split of 128 (NSW = WS = 1), the top-512 row in four; fp32 partials [T, 5, 64, 512]."""
+    vals = {k: v for k, v in _csa_values(row).items() if k not in ("stride_ot", "stride_oh")}
+    return {**vals, "t0": 0, "NSW": 1, "WS": 1, "SPLIT": 128, "stride_at": 5 * 64 * 512, "stride_as": 64 * 512,
+            "stride_ah": 512, "stride_mt": 5 * 64 * 2, "stride_ms": 64 * 2}
+
+
+def _align(fmt) -> dict[str, int]:
+    """decode_tile's ALIGN as the wrappers derive it from a contiguous cache of ``fmt`` records (tile_args)."""
+    return {} if fmt is None else {"ALIGN": math.gcd(16, fmt.nbytes)}
 
 
 def _indexer_values(row: int) -> dict[str, int]:

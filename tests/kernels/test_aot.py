@@ -82,7 +82,8 @@ def test_values_specialise_as_the_jit_does():
                  "moe_down_fp8_block", "moe_gate_up_swiglu_bf16", "moe_down_bf16", "moe_gate_up_swiglu_fp4_dot_scaled",
                  "moe_down_fp4_dot_scaled", "attn_sparse_topk_csa", "attn_sparse_topk_csa_fp8_ds_mla",
                  "indexer_scores", "indexer_scores_mxfp4", "attn_paged_latent_decode",
-                 "linear_fp8_w8a8"):
+                 "linear_fp8_w8a8", "attn_sparse_topk_csa_split", "attn_sparse_topk_csa_split_nvfp4", "indexer_scores_split",
+                 "indexer_scores_split_mxfp4"):
         spec = by_name(name)
         fn = spec.load()
         cx, attrs = spec.specialization(fn, spec.constexprs(config(spec.tuning, "cuda_sm90")))
