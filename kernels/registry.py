@@ -8,9 +8,11 @@ A spec's constexprs may depend on the tuning target (block sizes come from :mod:
 from __future__ import annotations
 
 import importlib
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
+
+from inferhal.kernels.launch_shapes import (align, csa_split_values, csa_values, indexer_values, moe_fp8_values,
+                                           moe_values)
 
 
 @dataclass(frozen=True)
@@ -88,36 +90,6 @@ def _moe(fmt: int, wtype: str, stype: str, down: bool):
     return ptrs, cx
 
 
-def _moe_fp8_values(down: bool, w8a8: bool) -> dict[str, int]:
-    """FP8-block expert GEMMs at V4-Flash's shapes (hidden 4096, expert intermediate 2048, top-6; 128 x 128
-    blocks, fp32 block scales), as a launch passes them: contiguous weights, codes and activations."""
-    d, i = 4096, 2048
-    rows, cols = (d, i) if down else (2 * i, d)
-    vals = {"D": d, "I": i, "s_we": rows * cols, "s_wn": cols, "s_wk": 1, "s_se": (rows // 128) * (cols // 128),
-            "s_sn": cols // 128, "s_sk": 1, "blk_n": 128}
-    if w8a8:  # h's codes and scales (written by gate/up, read by down); x's codes and scales
-        vals.update({"stride_hq": i, "stride_hs": i // 128})
-        if not down:
-            vals.update({"TOPK": 6, "stride_xq": d, "stride_xs": d // 128})
-        return vals
-    return {**vals, "blk_k": 128, **({} if down else {"TOPK": 6, "stride_x": d})}
-
-
-def _moe_values(fmt: int, down: bool) -> dict[str, int]:
-    """bf16 (``fmt`` 0) and FP4 e2m1 with ue8m0 scales per 32 (``fmt`` 3) expert GEMMs at V4-Flash's shapes as a
-    launch passes them: a plain weight comes with a [1, 1, 1] scale and block (1, 1), an FP4 one packs two codes
-    a byte with block (1, 32). Unspecialised, the bf16 kernels gathered their tiles element by element and
-    reported 880 / 176 B of spill stack on sm_90a that no launch compiles."""
-    d, i = 4096, 2048
-    rows, cols = (d, i) if down else (2 * i, d)
-    if fmt == 0:
-        vals = {"s_we": rows * cols, "s_wn": cols, "s_se": 1, "s_sn": 1, "blk_k": 1}
-    else:
-        vals = {"s_we": rows * cols // 2, "s_wn": cols // 2, "s_se": rows * cols // 32, "s_sn": cols // 32, "blk_k": 32}
-    vals.update({"D": d, "I": i, "s_wk": 1, "s_sk": 1, "blk_n": 1})
-    return vals if down else {**vals, "TOPK": 6, "stride_x": d}
-
-
 def _specs() -> list[KernelSpec]:
     out = [
         KernelSpec("rms_norm", "norm.rms", "inferhal.kernels.norm:rms_norm_kernel", "norm_rms",
@@ -142,7 +114,7 @@ def _specs() -> list[KernelSpec]:
             kern = "moe_down_kernel" if down else "moe_gate_up_kernel"
             out.append(KernelSpec(f"moe_{'down' if down else 'gate_up_swiglu'}_{label}", "moe.experts",
                                   f"inferhal.kernels.moe_experts:{kern}", tun, ptrs, ("limit",), cx, mma=True,
-                                  values=_moe_fp8_values(down, False) if fmt == 1 else _moe_values(fmt, down)))
+                                  values=moe_fp8_values(down, False) if fmt == 1 else moe_values(fmt, down)))
     out.extend(_moe_fp8_specs())
     out.extend(_later_specs())
     out.extend(_gemm_specs())
@@ -163,10 +135,10 @@ def _moe_fp8_specs() -> list[KernelSpec]:
     return [
         KernelSpec("moe_gate_up_swiglu_fp8_w8a8", "moe.experts", fn + "moe_gate_up_w8a8_kernel", "moe_gemm_fp8",
                    {**common, "xq_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "hq_ptr": "*fp8e4nv", "hs_ptr": "*fp32"},
-                   ("limit",), cx, mma=True, values=_moe_fp8_values(False, True)),
+                   ("limit",), cx, mma=True, values=moe_fp8_values(False, True)),
         KernelSpec("moe_down_fp8_w8a8", "moe.experts", fn + "moe_down_w8a8_kernel", "moe_gemm_fp8",
                    {**common, "hq_ptr": "*fp8e4nv", "hs_ptr": "*fp32", "rw_ptr": "*fp32", "y_ptr": "*fp32"}, (), cx,
-                   mma=True, values=_moe_fp8_values(True, True)),
+                   mma=True, values=moe_fp8_values(True, True)),
     ]
 
 
@@ -199,7 +171,7 @@ def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:
             from inferhal.kernels.kv_records import record_args, tile_args
 
             cx = {**specs[base].constexprs(cfg), **record_args(fmt)}
-            return {**cx, **tile_args(fmt, cx["BLOCK_D"]), **_align(fmt)}
+            return {**cx, **tile_args(fmt, cx["BLOCK_D"]), **align(fmt)}
         return make
 
     # the attention kernels decoding records in their key tiles (CSA decode shapes, as their value-cache specs)
@@ -208,11 +180,11 @@ def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:
         base = specs["attn_sparse_topk_csa"]
         out.append(KernelSpec(f"attn_sparse_topk_csa_{main.name}", base.op_id, base.fn, "attn_sparse_records",
                               {**base.ptrs, "kv_ptr": "*u8", "c_ptr": "*u8"}, base.floats,
-                              reading(main, "attn_sparse_topk_csa"), mma=True, values=_csa_values(main.nbytes)))
+                              reading(main, "attn_sparse_topk_csa"), mma=True, values=csa_values(main.nbytes)))
         base = specs["indexer_scores"]
         out.append(KernelSpec(f"indexer_scores_{index.name}", base.op_id, base.fn, base.tuning,
                               {**base.ptrs, "k_ptr": "*u8"}, base.floats, reading(index, "indexer_scores"),
-                              mma=True, values=_indexer_values(index.nbytes)))
+                              mma=True, values=indexer_values(index.nbytes)))
     return out
 
 
@@ -231,18 +203,18 @@ def _split_specs() -> list[KernelSpec]:
             from inferhal.kernels.kv_records import record_args, tile_args
 
             return {"HAS_COMP": True, "DTYPE": bf16(), "PREC": "tf32", "BLOCK_D": 512, "INTERP": False,
-                    **_blocks(cfg), **record_args(fmt), **tile_args(fmt, 512), **_align(fmt)}
+                    **_blocks(cfg), **record_args(fmt), **tile_args(fmt, 512), **align(fmt)}
         return make
 
     fn = "inferhal.kernels.sparse_attn:sparse_attn_split_kernel"
     out = [KernelSpec("attn_sparse_topk_csa_split", "attn.sparse_topk", fn, "attn_sparse_split", sparse, ("scale",),
-                      sparse_cx(None), mma=True, values=_csa_split_values(512))]
+                      sparse_cx(None), mma=True, values=csa_split_values(512))]
     for kv_dtype in ("fp8", "fp4"):
         main = formats.record(kv_dtype, 512, 64, role="main")
         out.append(KernelSpec(f"attn_sparse_topk_csa_split_{main.name}", "attn.sparse_topk", fn,
                               "attn_sparse_split_records",
                               {**sparse, "kv_ptr": "*u8", "c_ptr": "*u8"}, ("scale",), sparse_cx(main), mma=True,
-                              values=_csa_split_values(main.nbytes)))
+                              values=csa_split_values(main.nbytes)))
     paged = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "acc_ptr": "*fp32", "ml_ptr": "*fp32", "bt_ptr": "*i32",
              "seq_ptr": "*i64", "pos_ptr": "*i64", "len_ptr": "*i32"}
     fn = "inferhal.kernels.attn_paged:attn_paged_split_kernel"
@@ -264,18 +236,18 @@ def _split_specs() -> list[KernelSpec]:
             from inferhal.kernels.kv_records import record_args, tile_args
 
             return {"PREC": "tf32", "BLOCK_H": 64, "BLOCK_D": 128, "INTERP": False, **_blocks(cfg),
-                    **record_args(fmt), **tile_args(fmt, 128), **_align(fmt)}
+                    **record_args(fmt), **tile_args(fmt, 128), **align(fmt)}
         return make
 
     # as a launch of 64 decode tokens passes them: 128 tiles of 128 entries a token, 8 a program (split_tiles)
     fn = "inferhal.kernels.indexer:indexer_split_kernel"
     out.append(KernelSpec("indexer_scores_split", "indexer.scores", fn, "indexer_split", idx, ("scale", "weight_scale"),
-                          idx_cx(None), mma=True, values={**_indexer_values(128), "TILES": 8}))
+                          idx_cx(None), mma=True, values={**indexer_values(128), "TILES": 8}))
     for kv_dtype in ("fp8", "fp4"):
         fmt = formats.record(kv_dtype, 128, role="index")
         out.append(KernelSpec(f"indexer_scores_split_{fmt.name}", "indexer.scores", fn, "indexer_split",
                               {**idx, "k_ptr": "*u8"}, ("scale", "weight_scale"), idx_cx(fmt), mma=True,
-                              values={**_indexer_values(fmt.nbytes), "TILES": 8}))
+                              values={**indexer_values(fmt.nbytes), "TILES": 8}))
     partial = {"acc_ptr": "*fp32", "ml_ptr": "*fp32", "o_ptr": "*bf16", "sink_ptr": "*fp32"}
     out.append(KernelSpec("attn_split_combine", "attn.sparse_topk", "inferhal.kernels.attn_split:split_combine_kernel",
                           "attn_combine", partial, (),
@@ -443,39 +415,6 @@ def _later_specs() -> list[KernelSpec]:
     ] + _v4_specs()
 
 
-def _csa_values(row: int) -> dict[str, int]:
-    """The one-program-per-token CSA decode (sparse_attn_kernel) as a V4-Flash launch at 64K context passes its
-    integers: 64 heads x 512 channels, 16-slot blocks of ``row`` elements per entry (512 bf16, or a record's
-    bytes) in both caches, the top-512 row, compression ratio 4, a 128-token window. Unspecialised, the bf16
-    kernel reported 197,648 B of shared memory on sm_100a where the launch compiles 263,200 (over the 232,448 a
-    block may hold)."""
-    return {"H": 64, "D": 512, "BS": 16, "CBS": 16, "NK": 512, "RATIO": 4, "stride_qt": 64 * 512, "stride_qh": 512,
-            "stride_ot": 64 * 512, "stride_oh": 512, "stride_kb": 16 * row, "stride_ks": row, "stride_cb": 16 * row,
-            "stride_cs": row, "stride_it": 512, "stride_bt": 65536 // 16, "stride_cbt": 65536 // 4 // 16, "window": 128}
-
-
-def _csa_split_values(row: int) -> dict[str, int]:
-    """The split CSA decode kernel's integers at V4-Flash's decode shapes (as :func:`_csa_values`): the window's
-    128 keys in one split of 128 (NSW = WS = 1), the top-512 row in four; fp32 partials [T, 5, 64, 512]."""
-    vals = {k: v for k, v in _csa_values(row).items() if k not in ("stride_ot", "stride_oh")}
-    return {**vals, "t0": 0, "NSW": 1, "WS": 1, "SPLIT": 128, "stride_at": 5 * 64 * 512, "stride_as": 64 * 512,
-            "stride_ah": 512, "stride_mt": 5 * 64 * 2, "stride_ms": 64 * 2}
-
-
-def _align(fmt) -> dict[str, int]:
-    """decode_tile's ALIGN as the wrappers derive it from a contiguous cache of ``fmt`` records (tile_args)."""
-    return {} if fmt is None else {"ALIGN": math.gcd(16, fmt.nbytes)}
-
-
-def _indexer_values(row: int) -> dict[str, int]:
-    """The one-program-per-tile lightning indexer (indexer_scores_kernel) as a V4-Flash launch at 64K context
-    passes its integers: 64 heads x 128 channels, 16-slot blocks of ``row`` elements per key (128 bf16, or a
-    record's bytes), compression ratio 4, a 16,384-column score row."""
-    return {"H": 64, "D": 128, "BS": 16, "M_RATIO": 4, "W": 65536 // 4, "stride_qt": 64 * 128, "stride_qh": 128,
-            "stride_kb": 16 * row, "stride_ks": row, "stride_wt": 64, "stride_ot": 65536 // 4,
-            "stride_bt": 65536 // 4 // 16}
-
-
 def _v4_specs() -> list[KernelSpec]:
     """DeepSeek-V4 sparse-attention kernels and the sampler (V4-Flash shapes)."""
     bf16 = lambda: _tl().bfloat16  # noqa: E731
@@ -491,7 +430,7 @@ def _v4_specs() -> list[KernelSpec]:
                     "seq_ptr": "*i64", "pos_ptr": "*i64", "len_ptr": "*i32"}, ("scale", "weight_scale"),
                    lambda cfg: {"PREC": "tf32", "BLOCK_H": 64, "BLOCK_D": 128, "INTERP": False, **_blocks(cfg),
                                 **_value_cache()},
-                   mma=True, values=_indexer_values(128)),
+                   mma=True, values=indexer_values(128)),
         # CSA decode: 64 heads on the 512-dim latent, 128-token window + top-512 compressed entries, sinks
         KernelSpec("attn_sparse_topk_csa", "attn.sparse_topk", "inferhal.kernels.sparse_attn:sparse_attn_kernel",
                    "attn_sparse",
@@ -501,7 +440,7 @@ def _v4_specs() -> list[KernelSpec]:
                    lambda cfg: {"HAS_COMP": True, "HAS_SINKS": True, "DTYPE": bf16(), "PREC": "tf32", "BLOCK_H": 64,
                                 "BLOCK_D": 512, "BLOCK_DV": 512 // cfg.get("CHANNEL_SPLIT", 1), "INTERP": False,
                                 **_blocks(cfg), **_value_cache()}, mma=True,
-                   values=_csa_values(512)),
+                   values=csa_values(512)),
     ] + [
         # compressor: CSA (4-token windows with overlap, C = 2 x 512) and HCA (128-token windows, C = 512)
         KernelSpec(f"attn_compress_{name}", "attn.compress", "inferhal.kernels.compress:compress_kernel",
