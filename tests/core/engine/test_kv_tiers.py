@@ -6,6 +6,7 @@ recomputing, with the outputs of the run whose pool kept them (bit for bit) and 
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import pytest
@@ -57,12 +58,24 @@ def test_next_turn_restores_with_the_outputs_of_a_kept_prefix(kept, mode):
 
 class _SlowGather:
     """The engine's copier with every gather started late on purpose (a test hook): a block handed out again before
-    its save read it would reach the tier with its new owner's bytes, and the restored turn's logprobs would differ."""
+    its save read it would reach the tier with its new owner's bytes, and the restored turn's logprobs would differ.
+    The first gather also waits (10 s at most) until an allocation asks the pending saves for room, so the pool
+    surely waits for a pinned block: with only the fixed delay, on a loaded host the steps were slower than the
+    saves and nothing waited (1 of the suite's runs here)."""
 
-    def __init__(self, copier, delay):
+    def __init__(self, copier, delay, pending):
         self.copier, self.delay = copier, delay
+        self.asked = threading.Event()
+        make_room = pending.make_room
+
+        def asked_then_make_room(*a, **k):
+            self.asked.set()
+            return make_room(*a, **k)
+
+        pending.make_room = asked_then_make_room
 
     def gather(self, *a):
+        self.asked.wait(10)
         time.sleep(self.delay)
         return self.copier.gather(*a)
 
@@ -75,7 +88,7 @@ def test_slow_saves_still_restore_the_bytes_the_pool_held(kept, mode):
     ov = BASE + SMALL + TIER + (["scheduler.async_scheduling=true"] if mode == "async" else [])
     llm = LLM("deepseek_v4_tiny", backend="reference", overrides=ov)
     tiers = llm.engine.kv_offload
-    tiers.copier = _SlowGather(tiers.copier, 0.05)
+    tiers.copier = _SlowGather(tiers.copier, 0.05, tiers.pending)
     first, second = _session(llm, _p(300, 1))
     st = tiers.stats()
     assert (first.token_ids, second.token_ids) == (kept[0].token_ids, kept[1].token_ids)
