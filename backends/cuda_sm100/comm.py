@@ -3,7 +3,12 @@
 The reference's :class:`TorchDistCommunicator` exchanges its all-to-all sizes and receive buffers on the CPU
 (gloo). :class:`NcclCommunicator` keeps both on the GPU: the sizes through one ``all_to_all_single`` of
 per-rank counts, the rows through one ``all_to_all_single`` with split sizes (NCCL's grouped send/recv).
-Wired, never run here: no GPU on the development machines (the multi-rank check is device-only)."""
+The process group maps devices to backends (:data:`BACKEND`): CUDA tensors go over NCCL, CPU tensors over gloo.
+Core's host-side collectives all-gather CPU tensors through ``comm.all_gather`` (DP round headers in
+core/parallel/dp_moe.py, ``StepSync``, the graph vote in dp_graphs.py, ``gather_objects``), which NCCL cannot
+carry; one group with torch's device-mapped backend string routes each collective by its tensors' device, so
+every caller keeps using ``comm.group``. Wired, never run here: no GPU on the development machines (the
+multi-rank check is device-only)."""
 
 from __future__ import annotations
 
@@ -15,9 +20,13 @@ from inferhal.backends.reference.comm import SingleProcessCommunicator, TorchDis
 from inferhal.core.backend import ParallelLayout
 
 
+#: the process group's backend per device type (torch.distributed's "device:backend,..." form)
+BACKEND = "cpu:gloo,cuda:nccl"
+
+
 class NcclCommunicator(TorchDistCommunicator):
     def __init__(self, layout: ParallelLayout, device: str = "cuda", timeout_s: float | None = None) -> None:
-        super().__init__(layout, backend="nccl", timeout_s=timeout_s)
+        super().__init__(layout, backend=BACKEND, timeout_s=timeout_s)
         self.device = torch.device(device)
 
     def all_to_all(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
