@@ -89,8 +89,8 @@ def check_ranks(cfg: Any, front: bool = False) -> int:
     """Every refusal a rank of any command would meet that can be known from the config alone, before any
     process starts or any weight loads: the layout (:func:`~.launch.check_layout`), the spec config, the
     backend's availability (probe only), whether the model has routed experts that divide among the EP ranks
-    and, with DP attention, synchronous scheduling. Returns the world size. ``front``: as
-    :func:`~.launch.check_layout`'s."""
+    and, with DP attention, synchronous scheduling and no ``backend.options.ep_exchange=padded``. Returns the
+    world size. ``front``: as :func:`~.launch.check_layout`'s."""
     from inferhal.core.config.schema import BackendConfig, SpecConfig
     from inferhal.core.models.registry import routed_experts
     from inferhal.core.registry import BackendRegistry
@@ -110,6 +110,13 @@ def check_ranks(cfg: Any, front: bool = False) -> int:
     if dp > 1 and bool(cfg.scheduler.async_scheduling):
         raise UserError("scheduler.async_scheduling=true does not run with data-parallel attention "
                         f"(parallel.dp={dp}) yet; use scheduler.async_scheduling=false")
+    exchange = (cfg.backend.get("options") or {}).get("ep_exchange")
+    if dp > 1 and exchange == "padded":  # equal blocks of T x top_k rows: every rank must dispatch the same T
+        raise UserError(f"backend.options.ep_exchange=padded does not run with data-parallel attention "
+                        f"(parallel.dp={dp}): the DP ranks' eager steps dispatch different numbers of rows, and the "
+                        f"padded exchange's equal-split all-to-all needs the same on every rank; leave "
+                        f"backend.options.ep_exchange=auto under DP (auto pads inside captured graph steps only, "
+                        f"where the ranks agree on one padded batch)")
     return world
 
 

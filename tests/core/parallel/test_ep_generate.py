@@ -110,3 +110,27 @@ def test_the_ascend_layouts_run_or_are_refused_before_spawning(no_spawn, name, n
     assert main(["generate", f"parallel={name}", "backend=ascend950", "model=deepseek_v4_flash", "prompt_ids=[1,2]"]) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("exchange", ["auto", "exact", "padded"])
+def test_a_padded_ep_exchange_is_refused_under_dp_before_spawning(no_spawn, exchange, tmp_path, capsys):
+    """DP ranks' eager steps dispatch different row counts: padded's equal-split all-to-all cannot carry them
+    (gloo aborted). Refused by name before any rank of generate or serve starts; auto (padded only in captured graph steps) and
+    exact start; padded with replicated attention (every rank the same rows) starts too."""
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_text('{"prompt_token_ids": [1, 2]}\n{"prompt_token_ids": [3]}\n')
+    args = ["model=deepseek_v4_tiny", "backend=cuda_sm100", "backend.interpret=true",
+            f"+backend.options.ep_exchange={exchange}", f"prompts_file={jobs}"]
+    if exchange != "padded":
+        assert check_before_spawn(compose([*args, "parallel=dep2"], "generate")) == 2
+    else:
+        with pytest.raises(UserError, match=r"backend.options.ep_exchange=padded does not run with data-parallel "
+                                            r"attention \(parallel.dp=2\).*leave backend.options.ep_exchange=auto"):
+            check_before_spawn(compose([*args, "parallel=dep2"], "generate"))
+        assert main(["generate", *args, "parallel=dep2"]) == 2
+        assert "ep_exchange=padded" in capsys.readouterr().err
+        from inferhal.core.server.serve import check_dp  # `inferhal serve` meets it before its ranks start too
+
+        with pytest.raises(UserError, match=r"backend.options.ep_exchange=padded does not run"):
+            check_dp(compose([*args[:-1], "parallel=dep2"], "serve"))
+    assert check_before_spawn(compose([*args, "parallel=ep2"], "generate")) == 2
