@@ -1,7 +1,7 @@
 """``inferhal bench soak`` (core/bench/soak*.py): the plan's mix, resends and hang-up points; the client against
 canned answers of every route (SSE and JSON, errors, truncation, each hang-up point); the growth measure, the
 verdict on made-up results and each failed check; the settings refused by name; and a short run end to end
-(slow: SmolLM2-135M-Instruct served with n-gram drafts, 60 requests)."""
+(slow: SmolLM2-135M-Instruct served with n-gram drafts, 40 requests)."""
 
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ def test_bad_settings_are_refused_by_name(field, value):
 # -- end to end -------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_short_soak_against_a_served_model_ends_clean(tmp_path):
-    """60 requests at concurrency 8 (SmolLM2-135M-Instruct on the reference backend, n-gram drafts): no failure,
+    """40 requests at concurrency 8 (SmolLM2-135M-Instruct on the reference backend, n-gram drafts): no failure,
     every greedy output the offline engine's, 0 running, waiting, blocks and requests holding blocks after, the
     server's RSS and fds sampled (a run this short is all warm-up: growth is reported, not judged), exit 0."""
     from inferhal.core.config.compose import compose
@@ -177,16 +177,16 @@ def test_a_short_soak_against_a_served_model_ends_clean(tmp_path):
         pytest.skip(f"SmolLM2 GGUF package unavailable: {exc}")
     out = tmp_path / "soak.json"
     cfg = compose(["model=smollm2_135m_instruct", "model.max_model_len=1024", "spec=ngram",
-                   "spec.num_speculative_tokens=3", "spec.disable_by_batch_size=0", "bench.max_tokens=4", "bench.soak.requests=60",
-                   "bench.soak.concurrency=8", "bench.soak.disconnect=0.2", "bench.soak.max_growth=1.0",
+                   "spec.num_speculative_tokens=3", "spec.disable_by_batch_size=0", "bench.max_tokens=4", "bench.soak.requests=40",
+                   "bench.soak.concurrency=8", "bench.soak.disconnect=0.3", "bench.soak.max_growth=1.0",
                    "bench.soak.sample_s=0.2", f"output={out}"], command="bench soak")
     assert soak.run(cfg) == 0
     got = json.loads(out.read_text())
-    assert got["requests"] == 60 and got["failures"] == {} and got["mismatches"] == 0 and got["failed_checks"] == []
+    assert got["requests"] == 40 and got["failures"] == {} and got["mismatches"] == 0 and got["failed_checks"] == []
     outcomes = Counter()
     for counts in got["by_kind"].values():
         outcomes.update(counts)
-    assert outcomes["hung_up"] > 10 and outcomes["ok"] + outcomes["hung_up"] == 60
+    assert outcomes["hung_up"] > 7 and outcomes["ok"] + outcomes["hung_up"] == 40
     assert set(got["by_kind"]) == set(soak_traffic.KINDS)
     assert all(got["end_state"][k] == 0 for k in soak.END_GAUGES) and got["server_exit"] == 0
     assert len(got["samples"]) > 10 and got["growth"]["rss"] is not None
