@@ -23,7 +23,7 @@ ONE_WORKER = {path: "real_models" for path in (
     "models/gemma3", "models/llama", "models/gguf", "backends/reference/test_batch_invariant_gemma3.py",
     "core/server", "core/disagg/test_router.py", "core/bench/test_serve_bench.py",
     "core/bench/test_structured_bench.py", "core/structured/test_engine.py", "core/engine/test_cli.py",
-    "core/bench/test_soak.py", "core/config/test_context.py")}
+    "core/bench/test_soak.py", "core/config/test_context.py", "core/spec/test_suffix_smollm.py")}
 
 
 def pytest_xdist_auto_num_workers(config):

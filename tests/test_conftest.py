@@ -1,0 +1,33 @@
+"""tests/conftest.py's worker groups: a test module that loads a real model in the test process belongs to the
+real-model worker (ONE_WORKER), or the suite holds that model on both workers at once (test_suffix_smollm.py did:
++0.69 GB on the other worker at the end of a suite run, beside the real-model worker's own)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+TESTS = Path(__file__).parent
+#: an LLM of a real model (a GGUF from PyPI) built in the test process
+REAL = re.compile(r'LLM\(\s*"(smollm2_135m_instruct|gemma3_270m)"')
+#: opt-in modules (skipped unless INFERHAL_LONG=1): never in the README's run
+OPT_IN = {"backends/cuda_sm100/test_e2e_gemma3.py"}
+
+
+def _suite(config):
+    """The loaded tests/conftest.py (under --import-mode=importlib it is no importable module)."""
+    return next(p for p in config.pluginmanager.get_plugins() if getattr(p, "ONE_WORKER", None) is not None)
+
+
+def test_every_module_that_loads_a_real_model_runs_on_the_real_model_worker(pytestconfig):
+    suite = _suite(pytestconfig)
+    loose = [rel for f in sorted(TESTS.rglob("test_*.py"))
+             if REAL.search(f.read_text()) and (rel := f.relative_to(TESTS).as_posix()) not in OPT_IN
+             and suite.group_of(rel) is None]
+    assert not loose, f"load a real model outside tests/conftest.py's ONE_WORKER groups: {loose}"
+
+
+def test_the_pattern_finds_the_known_real_model_modules():
+    """The check above sees what it looks for (a negative control on today's tree)."""
+    hits = {f.relative_to(TESTS).as_posix() for f in TESTS.rglob("test_*.py") if REAL.search(f.read_text())}
+    assert {"core/spec/test_suffix_smollm.py", "backends/cuda_sm100/test_e2e_gemma3.py"} <= hits
