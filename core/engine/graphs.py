@@ -45,7 +45,7 @@ from inferhal.core.models.base import ForwardBatch
 from inferhal.core.ops.params import AttnBatch
 from inferhal.core.paging.kv_manager import blocks_needed
 from inferhal.core.paging.spec import KVGroupSpec
-from inferhal.core.errors import UserError
+from inferhal.core.errors import GraphCaptureWarning, UserError  # noqa: F401 (GraphCaptureWarning: its home before)
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,6 @@ def check_sizes(sizes: Sequence[int]) -> tuple[int, ...]:
     return out
 
 
-class GraphCaptureWarning(UserWarning):
-    """A decode step's graph capture failed: the engine runs eagerly from then on (the message says why)."""
 
 
 def check_config(cfg: Any, runner: Any, profile: Any = None,
