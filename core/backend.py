@@ -119,10 +119,23 @@ class ParallelLayout:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     timeout_s: float = 120.0  # joining the group and each collective: a rank that never comes is an error then
+    # this rank's place on its host, which picks its device (:meth:`on_host`): torchrun's LOCAL_RANK and
+    # LOCAL_WORLD_SIZE, or the local launcher's own (every rank on this host); None = not told: every rank here
+    local_rank: int | None = None
+    local_world_size: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is outside world_size {self.world_size}")
+        if self.local_rank is not None and not 0 <= self.local_rank < (self.local_world_size or self.local_rank + 1):
+            raise ValueError(f"local_rank {self.local_rank} is outside local_world_size {self.local_world_size}")
+
+    def on_host(self) -> tuple[int, int]:
+        """(this rank's index among the ranks on its host, how many ranks that host runs). A rank keeps its
+        place when survivors are renumbered (its device does not change)."""
+        if self.local_rank is None:
+            return self.rank, self.world_size
+        return self.local_rank, self.local_world_size or self.world_size
 
 
 @runtime_checkable

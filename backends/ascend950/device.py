@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
+from inferhal.core.errors import UserError
 from inferhal.core.profile import DeviceProfile, ExecLevel, Probe
 
 KIB, GIB = 1024, 1024**3
@@ -236,8 +237,18 @@ class Host:
     import_torch_npu: Callable[[], Any] = lambda: importlib.import_module("torch_npu")
 
 
+def rank_index(base: int, count: Callable[[], int], host: Host) -> int:
+    """The NPU of this process: ``backend.device_index`` (``base``) moved to this rank's own NPU when ranks share
+    the host (``LOCAL_RANK`` in ``host.environ``: :func:`inferhal.core.parallel.launch.device_index`); a UserError
+    when the host has too few NPUs (``count()``, torch.npu's) for its ranks."""
+    from inferhal.core.parallel.launch import device_index
+
+    return device_index(base, count, "NPU", host.environ)
+
+
 def probe(device_index: int = 0, host: Host | None = None) -> Probe:
-    """Checks, cheapest first; torch_npu is imported only when everything else is there."""
+    """Checks, cheapest first; torch_npu is imported only when everything else is there. ``device_index`` is
+    ``backend.device_index``; this rank's NPU is :func:`rank_index`'s."""
     host = host or Host()
     if host.find_spec("torch_npu") is None:
         return Probe(False, "torch_npu is not installed (pip install 'inferhal[ascend]' on a host with CANN)")
@@ -254,6 +265,10 @@ def probe(device_index: int = 0, host: Host | None = None) -> Probe:
         return Probe(False, f"torch_npu failed to import or count devices: {type(exc).__name__}: {exc}")
     if count == 0:
         return Probe(False, f"{len(nodes)} /dev/davinci node(s) but torch.npu.device_count() == 0 (driver or visibility)")
+    try:
+        device_index = rank_index(device_index, lambda: count, host)
+    except UserError as exc:
+        return Probe(False, str(exc))
     if device_index >= count:
         return Probe(False, f"device_index {device_index} out of range: torch.npu reports {count} device(s)")
     try:
@@ -266,9 +281,11 @@ def probe(device_index: int = 0, host: Host | None = None) -> Probe:
 
 
 def query_profile(device_index: int = 0, host: Host | None = None) -> DeviceProfile:
-    """The profile of a probed, available device (reads the SoC name and total memory)."""
+    """The profile of this rank's NPU (:func:`rank_index` of ``backend.device_index``), probed and available:
+    reads the SoC name and total memory. :class:`AscendDevice` makes it the current NPU."""
     host = host or Host()
     npu = host.import_torch_npu().npu
+    device_index = rank_index(device_index, npu.device_count, host)
     soc = str(npu.get_device_name(device_index))
     mem = None
     with contextlib.suppress(Exception):

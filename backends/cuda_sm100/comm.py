@@ -7,7 +7,9 @@ The process group maps devices to backends (:data:`BACKEND`): CUDA tensors go ov
 Core's host-side collectives all-gather CPU tensors through ``comm.all_gather`` (DP round headers in
 core/parallel/dp_moe.py, ``StepSync``, the graph vote in dp_graphs.py, ``gather_objects``), which NCCL cannot
 carry; one group with torch's device-mapped backend string routes each collective by its tensors' device, so
-every caller keeps using ``comm.group``. Wired, never run here: no GPU on the development machines (the
+every caller keeps using ``comm.group``. ``device`` is this rank's GPU (the profile's ``cuda:<backend.device_index +
+LOCAL_RANK>``, already current: :class:`~.device.CudaDevice`), so no two ranks of a host share one, which NCCL
+refuses. Wired, never run here: no GPU on the development machines (the
 multi-rank check is device-only)."""
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from inferhal.core.errors import UserError
 from inferhal.core.profile import DeviceProfile, ExecLevel, Probe
 
 DTYPES = frozenset({"float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "fp4_e2m1"})
@@ -204,12 +205,30 @@ def environment() -> dict[str, str]:
     return env
 
 
+def rank_index(base: int = 0) -> int:
+    """The GPU of this process: ``backend.device_index`` (``base``) moved to this rank's own GPU when ranks share
+    the host (``LOCAL_RANK``: :func:`inferhal.core.parallel.launch.device_index`), counted by torch
+    (``CUDA_VISIBLE_DEVICES`` applies). A UserError when the host has too few GPUs for its ranks."""
+    from inferhal.core.parallel.launch import device_index
+
+    def count() -> int:
+        import torch
+
+        return torch.cuda.device_count()
+
+    return device_index(base, count, "CUDA")
+
+
 def probe(interpret: bool, index: int = 0) -> Probe:
     if interpret:
         if importlib.util.find_spec("triton") is None:
             return Probe(False, "interpret=true needs triton, which is not installed")
         return Probe(True, "Triton interpreter on the CPU (TRITON_INTERPRET=1): correctness only, not a hardware result",
                      {"exec_level": "interpreter"})
+    try:
+        index = rank_index(index)
+    except UserError as exc:
+        return Probe(False, str(exc))
     try:
         info = query_device(index)
     except RuntimeError as exc:
@@ -228,7 +247,9 @@ def probe(interpret: bool, index: int = 0) -> Probe:
 
 
 def device_profile(index: int = 0) -> DeviceProfile:
-    """Probe the GPU and build its profile from :data:`ARCHS` and :data:`CHIPS`."""
+    """Probe this rank's GPU (``index`` = ``backend.device_index``, moved by :func:`rank_index`) and build its
+    profile from :data:`ARCHS` and :data:`CHIPS`."""
+    index = rank_index(index)
     info = query_device(index)
     arch = ARCHS.get((info.major, info.minor))
     if arch is None:
@@ -276,12 +297,16 @@ def interpreter_profile() -> DeviceProfile:
 
 
 class CudaDevice:
-    """:class:`~inferhal.core.backend.Device` on one GPU. The side stream is created on first use."""
+    """:class:`~inferhal.core.backend.Device` on one GPU, made this process's current GPU when constructed: the
+    backend's selection builds it before any weight, KV page or process group is allocated, so everything that
+    says only "cuda" (NCCL's communicator included) lands on this rank's GPU. The side stream is created on first use."""
 
     def __init__(self, torch_device: str) -> None:
         import torch
 
         self.torch_device = torch.device(torch_device)
+        if self.torch_device.index is not None:
+            torch.cuda.set_device(self.torch_device)
         self._side = None
 
     def synchronize(self) -> None:

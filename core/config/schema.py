@@ -18,6 +18,8 @@ class BackendConfig:
     name: str = "reference"
     strict: bool = False  # refuse reference fallbacks for ops this backend lacks
     interpret: bool = False  # kernel backends: run their kernels in an interpreter on the host (not a device result)
+    # the device of a single process; with several ranks on a host, the first of theirs: rank LOCAL_RANK runs on
+    # device_index + LOCAL_RANK (core/parallel/launch.py device_index; refused when the host has too few devices)
     device_index: int = 0
     batch_invariant: bool = False  # ask for batch-invariant ops (a row's result never depends on its batch)
     # decode steps replayed from graphs captured per batch-size bucket (core/engine/graphs.py). true needs a

@@ -1,6 +1,11 @@
 """Launching EP ranks: ``parallel.launcher=local`` spawns ``world_size`` processes itself (gloo on
 127.0.0.1, a free port); ``launcher=torchrun`` (or any launcher that sets ``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT``) means this process is already one rank.
+
+Each rank of a host runs on its own device: ``backend.device_index + LOCAL_RANK`` (:func:`device_index`).
+torchrun sets ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE``; the local launcher sets them in each rank it spawns
+(:func:`enter_rank`), as torchrun does, because a rank selects its backend (and so its device) before its
+layout reaches the backend's communicator.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from inferhal.core.config.values import timeout_of
 from inferhal.core.errors import UserError
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+LOCAL_VARS = ("LOCAL_RANK", "LOCAL_WORLD_SIZE")  # this rank's place on its host (torchrun's names)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -88,9 +94,66 @@ def layout_from_env(parallel: Any, env: Mapping[str, str] | None = None) -> Para
     if world != want:
         raise UserError(f"WORLD_SIZE={world} but parallel.tp x parallel.ep = {want}; start {want} processes "
                         f"(torchrun --nproc-per-node {want}) or change parallel=")
+    local, here = host_place(env)
     return ParallelLayout(world_size=world, rank=int(env["RANK"]), tp=int(parallel.tp), ep=int(parallel.ep),
                           dp=int(parallel.dp), master_addr=env["MASTER_ADDR"], master_port=int(env["MASTER_PORT"]),
-                          timeout_s=timeout_of(parallel))
+                          timeout_s=timeout_of(parallel), local_rank=local, local_world_size=here)
+
+
+def host_place(env: Mapping[str, str] | None = None) -> tuple[int | None, int | None]:
+    """(``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) from the environment, or None for each that is not set; a value
+    that is no index is a :class:`UserError` naming the variable."""
+    env = os.environ if env is None else env
+    got: list[int | None] = []
+    for var in LOCAL_VARS:
+        raw = env.get(var)
+        try:
+            got.append(None if raw is None else int(raw))
+        except ValueError:
+            raise UserError(f"{var}={raw!r} is not an integer (torchrun sets it: the rank's place on its host)") from None
+    local, here = got
+    if local is not None and not 0 <= local < (here or local + 1):
+        raise UserError(f"LOCAL_RANK={local} is outside LOCAL_WORLD_SIZE={here}")
+    return local, here
+
+
+def device_index(base: int, count: Callable[[], int], kind: str, env: Mapping[str, str] | None = None) -> int:
+    """The device this process runs on: ``base`` (``backend.device_index``) plus its rank's place on this host
+    (``LOCAL_RANK``); ``base`` itself in a single process. ``count()``: the devices this process sees (asked only
+    when ranks share the host). A host with fewer devices than ``base`` + its ranks is a :class:`UserError`
+    naming the fields: collective libraries refuse two ranks on one device."""
+    env = os.environ if env is None else env
+    local, here = host_place(env)
+    if local is None:
+        world = env.get("WORLD_SIZE", "1")
+        if world.isdigit() and int(world) > 1:  # a launcher that told the rank its place in the world, not on its host
+            raise UserError(f"WORLD_SIZE={world} is set but LOCAL_RANK is not: each rank of a host needs its own "
+                            f"{kind} device (backend.device_index + LOCAL_RANK); launch with torchrun, or set "
+                            f"LOCAL_RANK and LOCAL_WORLD_SIZE for each rank")
+        return base
+    here = here or local + 1
+    have = int(count())
+    if base + here > have:
+        raise UserError(f"this host runs {here} ranks (LOCAL_WORLD_SIZE; parallel.tp x parallel.ep ranks in all), "
+                        f"each on its own {kind} device from backend.device_index={base}: devices {base}..{base + here - 1} "
+                        f"are needed, but {kind} reports {have}. Run fewer ranks on this host (a smaller parallel.ep / "
+                        f"parallel.dp, or torchrun --nproc-per-node), or lower backend.device_index")
+    return base + local
+
+
+def enter_rank(layout: ParallelLayout) -> None:
+    """Tell this (spawned) process its place on the host as torchrun would (``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE`` from ``layout.on_host()``), before it selects a backend: the backend reads its device
+    from them (:func:`device_index`)."""
+    local, here = layout.on_host()
+    os.environ.update({"LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(here)})
+
+
+def rank_layout(layout: ParallelLayout, rank: int) -> ParallelLayout:
+    """Rank ``rank`` of ``layout`` as the local launcher spawns it: every rank on this host."""
+    from dataclasses import replace
+
+    return replace(layout, rank=rank, local_rank=rank, local_world_size=layout.world_size)
 
 
 def teardown() -> None:
@@ -123,9 +186,9 @@ def _exit_now() -> None:
 
 
 def _entry(rank: int, fn: Callable, layout: ParallelLayout, args: tuple) -> None:
-    from dataclasses import replace
-
-    fn(replace(layout, rank=rank), *args)
+    layout = rank_layout(layout, rank)
+    enter_rank(layout)
+    fn(layout, *args)
     teardown()
     _exit_now()
 
@@ -159,12 +222,13 @@ def launch(fn: Callable[..., Any], parallel: Any, *args: Any, env: Mapping[str, 
 
 def _file_entry(rank: int, path: str, name: str, layout: ParallelLayout, args: tuple) -> None:
     import importlib.util
-    from dataclasses import replace
 
+    layout = rank_layout(layout, rank)
+    enter_rank(layout)
     spec = importlib.util.spec_from_file_location(f"_inferhal_worker_{abs(hash(path))}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    getattr(mod, name)(replace(layout, rank=rank), *args)
+    getattr(mod, name)(layout, *args)
     teardown()
     _exit_now()
 
