@@ -95,9 +95,11 @@ def rank_main(layout: ParallelLayout, cfg_node: dict, conn: Any) -> None:
     from omegaconf import OmegaConf
 
     from inferhal.core.disagg.instance import end_with_parent
+    from inferhal.core.parallel.launch import enter_rank
 
     end_with_parent()
-    here = int(os.environ.get("LOCAL_WORLD_SIZE", layout.world_size))  # ranks on this host (torchrun says)
+    enter_rank(layout)  # LOCAL_RANK / LOCAL_WORLD_SIZE before the backend is chosen: its device (as torchrun says them)
+    here = int(os.environ["LOCAL_WORLD_SIZE"])  # ranks on this host
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     torch.set_num_threads(max(1, cores // here))  # the ranks share the cores this process may run on
     code = 0
