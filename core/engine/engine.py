@@ -111,7 +111,7 @@ class Engine:
             trim_prefix_hit=prop.reads_next_token if prop else False,
             num_placeholder_drafts=prop.num_speculative_tokens if on_step_thread else 0,
             spec_off_at=off_at if on_step_thread else None)
-        graphs = self._decode_graphs(backend, spec.method if prop is not None and prop.needs_hidden else None)
+        graphs = self._decode_graphs(backend, prop)
         self.runner = ModelRunner(self.model, backend.ops, self.kv_storage, self.specs, bs, self.device,
                                   eos_token_ids=self.eos_token_ids, graphs=graphs,
                                   keep_hidden=prop.needs_hidden if prop else False,
@@ -136,20 +136,22 @@ class Engine:
             kv_tiers.check_transfer(transfer, self.kv_offload, scheduler.async_scheduling)
             transfer.bind(self)
 
-    def _decode_graphs(self, backend: Any, hidden_for: str | None = None) -> Any:
+    def _decode_graphs(self, backend: Any, prop: Any = None) -> Any:
         """Decode steps through the backend's graph runner with ``backend.graphs=true`` (refused where the
-        backend has none, or with a drafter that reads hidden states: ``hidden_for``), or None: graphs are off."""
+        backend has none), or None: graphs are off. With a drafter (``prop``) its ``1 + k``-token verification
+        steps replay too, with the hidden states as an output when it reads them."""
         from inferhal.core.engine.graphs import DecodeGraphs, check_config
 
         cfg = getattr(backend, "config", None)
         if cfg is None:
             return None
         runner = backend.graph_runner() if cfg.graphs and hasattr(backend, "graph_runner") else None
-        sizes = check_config(cfg, runner, getattr(backend, "profile", None), hidden_for)
+        sizes = check_config(cfg, runner, getattr(backend, "profile", None))
         if sizes is None:
             return None
         return DecodeGraphs(runner, self.model, self.specs, self.kv_manager.block_size, self.max_model_len, sizes,
-                            self.kv_storage, self.device)
+                            self.kv_storage, self.device, num_drafts=prop.num_speculative_tokens if prop else 0,
+                            hidden=bool(prop and prop.needs_hidden))
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -11,8 +11,8 @@ the backend's ``lm_head.argmax`` is native, or its ``lm_head`` is the reference'
 give the same token).
 
 With ``keep_hidden`` (a drafter that reads the target's hidden states, e.g. MTP) the model's
-``forward_and_hidden`` runs instead and :attr:`StepResult.hidden` holds the final hidden states of every
-token of the step, in the order of ``out.seqs``.
+``forward_and_hidden`` runs instead (or a decode graph returns them, core/engine/graphs.py) and
+:attr:`StepResult.hidden` holds the final hidden states of every token of the step, in the order of ``out.seqs``.
 
 Structured outputs: a request with a grammar (``Request.grammar``) gets its row of the token bitmask before
 sampling (and one row per draft position before verification, the matcher advanced through the drafts and
@@ -219,7 +219,7 @@ class ModelRunner:
         jobs = self._mask_jobs(rows, requests)
         filling = self.bitmasks.submit(jobs) if jobs else None
         t1 = time.perf_counter()
-        logits, greedy = self._forward(batch, greedy, len(out.seqs), bool(rows.spec), res)
+        logits, greedy = self._forward(batch, greedy, len(out.seqs), res)
         t2 = time.perf_counter()
         res.prepare_s, res.model_s = t1 - t0, t2 - t1
         if greedy:  # the tokens came straight from lm_head.argmax
@@ -305,17 +305,18 @@ class ModelRunner:
             at += len(group) * (n_draft + 1)
         return jobs
 
-    def _forward(self, batch: ForwardBatch, greedy: bool, num_seqs: int, drafts: bool,
-                 res: StepResult) -> tuple[torch.Tensor, bool]:
-        """The model's step: a decode graph replayed where one fits, else eager; → the greedy tokens [B'] or the
-        fp32 logits [B', V], and which (``greedy`` unless DP ranks agreed on a logits graph, whose greedy rows
-        the sampler takes); ``res.hidden`` set for a drafter that reads them."""
-        plan = None if self.graphs is None else self.graphs.plan(batch, num_seqs, not self.keep_hidden and not drafts,
-                                                                 greedy)
+    def _forward(self, batch: ForwardBatch, greedy: bool, num_seqs: int, res: StepResult) -> tuple[torch.Tensor, bool]:
+        """The model's step: a decode graph replayed where one fits (a uniform step: every sequence with the
+        same number of tokens, drafts included), else eager; → the greedy tokens [B'] or the fp32 logits
+        [B', V], and which (``greedy`` unless DP ranks agreed on a logits graph, whose greedy rows the sampler
+        takes); ``res.hidden`` set for a drafter that reads them (a graph's second output)."""
+        plan = None if self.graphs is None else self.graphs.plan(batch, num_seqs, True, greedy)
         if plan is not None:
             size, greedy = plan
             got = self.graphs.run(batch, greedy, size)
             if got is not None:
+                if self.keep_hidden:
+                    got, res.hidden = got
                 return got, greedy  # else eager: the capture failed
         if self.keep_hidden:
             got, res.hidden = self.model.forward_and_hidden(batch, self.kv, greedy=True) if greedy else \

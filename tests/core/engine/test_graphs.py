@@ -113,8 +113,8 @@ def test_padding_rows_write_no_kv_and_read_allocated_blocks(tiny):
     seen = []
     real = eng.runner.graphs._pad
 
-    def pad(batch, size):
-        args = real(batch, size)
+    def pad(batch, size, q=1):
+        args = real(batch, size, q)
         seen.append((int(batch.input_ids.shape[0]), args))
         return args
 
@@ -152,10 +152,10 @@ def test_graphs_off_run_eagerly_and_bad_settings_are_refused(tiny):
     for bad in ([], [0, 4], ["x"]):
         with pytest.raises(UserError, match="backend.graph_batch_sizes"):
             engine(tiny, FakeGraphs(), graph_batch_sizes=bad)
-    # an MTP drafter reads every step's hidden states, which no graph returns: no step would replay, refused
-    with pytest.raises(UserError, match=r"backend.graphs=true with spec.method=mtp: .* no step would replay"):
-        Engine(tiny.loaded, WithGraphs(tiny.backend, FakeGraphs(), graphs=True), cache=CacheConfig(num_blocks=10),
-               spec=SpecConfig(method="mtp", num_speculative_tokens=1))
+    # an MTP drafter: its steps replay with the hidden states as an output (test_graphs_spec.py), not refused
+    g = Engine(tiny.loaded, WithGraphs(tiny.backend, FakeGraphs(), graphs=True), cache=CacheConfig(num_blocks=10),
+               spec=SpecConfig(method="mtp", num_speculative_tokens=2)).runner.graphs
+    assert g.hidden and g.widths == (1, 3)
     # buckets without graphs would do nothing: refused
     with pytest.raises(UserError, match="backend.graph_batch_sizes is read only with backend.graphs=true"):
         engine(tiny, FakeGraphs(), graphs=False, graph_batch_sizes=[1, 2])
