@@ -34,11 +34,31 @@ def imported_kernel_modules() -> list[str]:
     return sorted(m for m in sys.modules if m.startswith(_KERNEL_MODULE_PREFIX) and m not in _NON_KERNEL)
 
 
+def language_mode() -> bool | None:
+    """How ``triton.language`` defined its own ``@triton.jit`` helpers (``tl.sum``, ``tl.max``, ...) when it was
+    imported: interpreted (True) or compiled (False); None before its import (or a Triton with neither kind).
+    Fixed then, as for every ``@triton.jit``: something that imports triton before :func:`use_interpreter` (a torch
+    dispatch mode does, e.g. core's host-read guard) fixes it for the whole process."""
+    tl = sys.modules.get("triton.language")
+    kind = type(getattr(getattr(tl, "standard", None), "sum", None)).__name__
+    return {"InterpretedFunction": True, "JITFunction": False}.get(kind)
+
+
 def use_interpreter(enabled: bool) -> None:
     """Select the execution mode of this process's kernels; call before importing any kernel module.
 
-    Raises RuntimeError when kernel modules are already defined in the other mode.
+    Raises RuntimeError when kernel modules, or triton.language's own helpers, are already defined in the other
+    mode (interpreted kernels calling compiled ``tl.sum`` fail with "Cannot call @triton.jit'd outside of the scope
+    of a kernel", naming neither cause).
     """
+    lang = language_mode()
+    if lang is not None and lang != enabled:
+        have, want = ("interpreted", "compiled") if lang else ("compiled", "interpreted")
+        raise RuntimeError(
+            f"cannot run Triton kernels {want}: triton.language was imported before with its own helpers "
+            f"(tl.sum, tl.max, ...) {have}; set {ENV}={'1' if enabled else '0'} before anything imports triton "
+            f"(a torch dispatch mode or torch.compile may), or start a new process"
+        )
     if enabled == interpreting():
         if enabled:
             os.environ[ENV] = "1"
