@@ -19,15 +19,17 @@ def _suite(config):
     return next(p for p in config.pluginmanager.get_plugins() if getattr(p, "ONE_WORKER", None) is not None)
 
 
+def real_model_modules() -> list[str]:
+    """The test modules (paths relative to tests/) that build an LLM of a real model in the test process."""
+    return [f.relative_to(TESTS).as_posix() for f in sorted(TESTS.rglob("test_*.py")) if REAL.search(f.read_text())]
+
+
 def test_every_module_that_loads_a_real_model_runs_on_the_real_model_worker(pytestconfig):
     suite = _suite(pytestconfig)
-    loose = [rel for f in sorted(TESTS.rglob("test_*.py"))
-             if REAL.search(f.read_text()) and (rel := f.relative_to(TESTS).as_posix()) not in OPT_IN
-             and suite.group_of(rel) is None]
+    loose = [rel for rel in real_model_modules() if rel not in OPT_IN and suite.group_of(rel) is None]
     assert not loose, f"load a real model outside tests/conftest.py's ONE_WORKER groups: {loose}"
 
 
 def test_the_pattern_finds_the_known_real_model_modules():
     """The check above sees what it looks for (a negative control on today's tree)."""
-    hits = {f.relative_to(TESTS).as_posix() for f in TESTS.rglob("test_*.py") if REAL.search(f.read_text())}
-    assert {"core/spec/test_suffix_smollm.py", "backends/cuda_sm100/test_e2e_gemma3.py"} <= hits
+    assert {"core/spec/test_suffix_smollm.py", "backends/cuda_sm100/test_e2e_gemma3.py"} <= set(real_model_modules())

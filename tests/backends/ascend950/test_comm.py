@@ -14,7 +14,6 @@ import types
 
 import pytest
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import BackendConfig
 
 from inferhal.backends.ascend950 import comm as ascend_comm
 from inferhal.backends.ascend950.device import Host, probe, query_profile
@@ -22,15 +21,11 @@ from inferhal.core.backend import ParallelLayout
 from inferhal.core.errors import UserError
 from inferhal.core.parallel.launch import free_port
 
-
-def device_map(backend: str) -> dict[str, str]:
-    return dict(BackendConfig(dist.Backend(backend)).get_device_backend_map())
+from dist_requests import device_map, record_groups  # tests/fixtures
 
 
 def test_the_group_maps_cpu_tensors_to_gloo_and_npu_tensors_to_hccl(monkeypatch):
-    asked = []
-    monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: asked.append((backend, kw)))
+    asked = record_groups(monkeypatch)
     comm = ascend_comm.make_communicator(ParallelLayout(world_size=2, rank=1, ep=2, dp=2, master_port=1234))
     (backend, kw), = asked
     assert device_map(backend) == {"cpu": "gloo", "npu": "hccl"}  # "hccl" alone maps only npu (torch_npu's devices)

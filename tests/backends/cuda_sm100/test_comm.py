@@ -9,7 +9,6 @@ formed from the request's CPU half, on which core's host-side callers run. NCCL 
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import BackendConfig
 
 from omegaconf import OmegaConf
 
@@ -25,16 +24,11 @@ from inferhal.core.parallel.dp_graphs import GraphPeers
 from inferhal.core.parallel.launch import free_port
 from inferhal.core.parallel.sync import StepSync, gather_objects
 
-
-def device_map(backend: str) -> dict[str, str]:
-    """device type -> backend name, as torch.distributed reads ``backend`` in init_process_group."""
-    return dict(BackendConfig(dist.Backend(backend)).get_device_backend_map())
+from dist_requests import device_map, record_groups  # tests/fixtures
 
 
 def test_the_group_maps_cpu_tensors_to_gloo_and_cuda_tensors_to_nccl(monkeypatch):
-    asked = []
-    monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: asked.append((backend, kw)))
+    asked = record_groups(monkeypatch)
     layout = ParallelLayout(world_size=2, rank=1, ep=2, dp=2, master_port=1234)
     comm = cuda_comm.make_communicator(layout, interpret=False)
     assert isinstance(comm, cuda_comm.NcclCommunicator)
@@ -136,9 +130,7 @@ def rank_on_gpu(layout: ParallelLayout, seen: list, asked: list) -> None:
 
 def test_the_local_launchers_dep2_ranks_get_cuda0_and_cuda1(host_env, monkeypatch):
     gpus = FakeGpus(monkeypatch, 2)
-    asked = []
-    monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: asked.append((backend, kw)))
+    asked = record_groups(monkeypatch)
     monkeypatch.setattr(launch, "_exit_now", lambda: None)
 
     def in_process(entry, args, nprocs, join, start_method):  # the spawned ranks, one after another, here
