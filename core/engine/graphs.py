@@ -54,7 +54,7 @@ from inferhal.core.models.base import ForwardBatch
 from inferhal.core.ops.params import AttnBatch
 from inferhal.core.paging.kv_manager import blocks_needed
 from inferhal.core.paging.spec import KVGroupSpec
-from inferhal.core.errors import GraphCaptureWarning, UserError  # noqa: F401 (GraphCaptureWarning: its home before)
+from inferhal.core.errors import GraphCaptureWarning, UserError
 
 log = logging.getLogger(__name__)
 
