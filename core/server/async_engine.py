@@ -117,6 +117,19 @@ class AsyncEngine:
         self.draining = True
 
     # -- requests (event loop side) ----------------------------------------------------------------
+    def check_room(self, requests: int, prompt_tokens: int) -> None:
+        """Raise :class:`QueueFull` unless ``requests`` more requests holding ``prompt_tokens`` prompt tokens in all
+        fit under ``max_queued`` and ``max_queued_tokens`` now. A caller admitting several requests as one (an
+        ``n > 1`` completion) checks them together first: admitted one by one, earlier ones could finish between
+        two admissions and let the whole through a bound it exceeds."""
+        if len(self._open) + requests > self.max_queued:
+            raise QueueFull(f"{len(self._open)} requests are queued or running and {requests} more would pass "
+                            f"server.max_queued_requests={self.max_queued}; retry later")
+        bound = self.max_queued_tokens
+        if bound is not None and self.queued_tokens + prompt_tokens > bound:
+            raise QueueFull(f"{self.queued_tokens} prompt tokens are waiting for their first token; {prompt_tokens} "
+                            f"more would pass server.max_queued_tokens={bound}; retry later")
+
     async def submit(self, prompt: Sequence[int], params, timeout_s: Optional[float] = None,
                      session: Optional[str] = None) -> tuple[str, asyncio.Queue]:
         """Admit one request → (request id, its queue of :class:`Delta`); ``session``: its client's session key
@@ -126,16 +139,11 @@ class AsyncEngine:
             raise EngineDead("the engine loop is not running")
         if self.draining:
             raise Draining("the server is shutting down")
-        if len(self._open) >= self.max_queued:
-            raise QueueFull(f"{len(self._open)} requests are queued or running (server.max_queued_requests="
-                            f"{self.max_queued}); retry later")
         n, bound = len(prompt), self.max_queued_tokens
         if bound is not None and n > bound:
             raise UserError(f"the prompt has {n} tokens, more than the server queues at once "
                             f"(server.max_queued_tokens={bound})")
-        if bound is not None and self.queued_tokens + n > bound:
-            raise QueueFull(f"{self.queued_tokens} prompt tokens are waiting for their first token; {n} more would "
-                            f"pass server.max_queued_tokens={bound}; retry later")
+        self.check_room(1, n)
         timeout = timeout_s if timeout_s is not None else self.request_timeout_s
         deadline = time.monotonic() + timeout if timeout is not None else None
         rid = f"req-{next(self._ids)}"

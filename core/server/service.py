@@ -146,6 +146,17 @@ class Service:
         return "messages" if job.chat else "prompt"
 
     # -- admission and outputs --------------------------------------------------------------------
+    def check_choices(self, job: Job, prompt_len: int) -> None:
+        """A 400 naming ``n`` for choices the server could never queue at once (more requests than
+        ``server.max_queued_requests``, or more prompt tokens than ``server.max_queued_tokens``): retrying, which a
+        429 asks for, would never help."""
+        eng, tokens = self.engine, job.n * prompt_len
+        bound = eng.max_queued_tokens
+        if job.n > eng.max_queued or (job.n > 1 and bound is not None and tokens > bound):
+            raise APIError(400, f"n={job.n} choices of a {prompt_len}-token prompt are {job.n} requests and {tokens} "
+                                f"prompt tokens, more than the server queues at once (server.max_queued_requests="
+                                f"{eng.max_queued}, server.max_queued_tokens={bound})", "n")
+
     async def start(self, job: Job) -> tuple[list[int], list[tuple[str, asyncio.Queue]]]:
         """Admit ``job``'s ``n`` choices → (prompt ids, [(request id, its Delta queue)])."""
         self.check_model(job)
@@ -153,8 +164,10 @@ class Service:
         if job.tools is not None and job.tools.forced:
             job.sampling["structured"] = constraint(job.tools, self.fmt, bool(job.thinking))
             job.structured_field = "tools"
+        self.check_choices(job, len(ids))
         subs: list[tuple[str, asyncio.Queue]] = []
         try:
+            self.engine.check_room(job.n, job.n * len(ids))  # the n choices fit together, or none is admitted
             for i in range(job.n):
                 subs.append(await self.engine.submit(ids, self.sampling(job, len(ids), i), job.timeout_s,
                                                      session=job.session))

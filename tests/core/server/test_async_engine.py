@@ -102,6 +102,29 @@ def test_queued_tokens_count_prompts_until_their_first_token():
     assert run(body, eng, max_queued_tokens=100) == 0
 
 
+def test_check_room_counts_several_requests_together():
+    """An ``n > 1`` completion's choices are checked as one (service.start calls check_room before admitting any):
+    one by one, a choice finishing between two admissions would let the whole through the bound."""
+    eng = Scripted(n=1)
+
+    async def body(ae):
+        ae.check_room(3, 20)  # fits an empty queue
+        with pytest.raises(QueueFull, match="0 requests are queued or running and 4 more would pass "
+                                            "server.max_queued_requests=3"):
+            ae.check_room(4, 4)
+        with pytest.raises(QueueFull, match="30 more would pass server.max_queued_tokens=20"):
+            ae.check_room(1, 30)
+        _, q = await ae.submit([1, 2], None)
+        with pytest.raises(QueueFull, match="1 requests are queued or running and 3 more"):
+            ae.check_room(3, 3)
+        eng.go.set()
+        await drain_queue(q)  # finished: its room is free again
+        ae.check_room(3, 20)
+        return ae.num_unfinished
+
+    assert run(body, eng, max_queued=3, max_queued_tokens=20) == 0
+
+
 def test_a_deadline_ends_the_request_with_timeout_and_aborts_it():
     eng = Scripted()
 

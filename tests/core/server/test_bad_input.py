@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 
 import pytest
 
-from server_fixtures import API_KEY, MAX_QUEUED, MODEL
+from server_fixtures import API_KEY, MAX_QUEUED, MAX_QUEUED_TOKENS, MODEL
 
 AUTH = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
 CHAT = [{"role": "user", "content": "Hi"}]
@@ -55,7 +55,9 @@ BAD = {
     "no key": (lambda url: call(url, "GET", "/v1/models", headers={}), 401, "invalid_api_key", None),
     "unknown model": (lambda url: chat(url, model="gpt-4o"), 404, "model_not_found", "model"),
     "huge body": (lambda url: call(url, "POST", "/v1/chat/completions", b"x" * 70_000), 413, "request_too_large", None),
-    "queue full": (lambda url: chat(url, n=MAX_QUEUED + 1, max_tokens=50), 429, "queue_full", None),
+    "more choices than the queue holds": (lambda url: chat(url, n=MAX_QUEUED + 1, max_tokens=50), 400, None, "n"),
+    "choices' prompt tokens more than the queue holds": (lambda url: chat(url, n=MAX_QUEUED, messages=[
+        {"role": "user", "content": "word " * (MAX_QUEUED_TOKENS // MAX_QUEUED + 10)}]), 400, None, "n"),
     "top_logprobs > 20": (lambda url: chat(url, logprobs=True, top_logprobs=21), 400, None, "top_logprobs"),
     "unsupported field": (lambda url: chat(url, presence_penalty=0.5), 400, None, "presence_penalty"),
     "unknown route": (lambda url: call(url, "GET", "/v2/nothing"), 404, None, None),
