@@ -36,10 +36,10 @@ fails turns graphs off for the engine with a :class:`GraphCaptureWarning` that s
 warning into an error (pyproject's ``filterwarnings``).
 
 Under DP attention (``peers``, :mod:`inferhal.core.parallel.dp_graphs`) the ranks' MoE all-to-alls must have
-one shape, so each step's bucket is agreed by every rank before the step (:meth:`DecodeGraphs.plan`, and
-:meth:`DecodeGraphs.idle` on a rank that scheduled nothing: it runs a padding-only step through the agreed
-bucket), and a failed capture raises instead of falling back (its peers' steps exchange at the bucket's shapes).
-The agreement counts one token a sequence, so with peers only plain decode steps (``q = 1``) replay.
+one shape, so each step's bucket and ``q`` are agreed by every rank before the step (:meth:`DecodeGraphs.plan`,
+and :meth:`DecodeGraphs.idle` on a rank that scheduled nothing: it runs a padding-only step of ``q`` tokens a
+sequence through the agreed graph), and a failed capture raises instead of falling back (its peers' steps
+exchange at the bucket's shapes). Ranks whose uniform steps have different ``q`` all run eagerly.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class DecodeGraphs:
         """``num_drafts``: the drafter's ``k`` (0: none), so ``1 + k``-token steps replay too; ``hidden``: the
         drafter reads the target's final hidden states of every token (MTP), a second output of each graph."""
         self.graph_runner, self.model, self.kv, self.device = graph_runner, model, kv, torch.device(device)
-        self.specs = tuple(specs)
+        self.specs, self.block_size = tuple(specs), int(block_size)
         self.sizes = check_sizes(sizes)
         self.widths = (1, 1 + num_drafts) if num_drafts else (1,)  # tokens a sequence of a uniform step
         self.hidden = hidden
@@ -117,14 +117,14 @@ class DecodeGraphs:
         row, in order), or None. Decided on the host: ``n`` tokens of ``n`` sequences are one each, and for
         ``q > 1`` the plan's ``num_new``; ``n`` logits rows of ``n`` tokens are every token in order (the
         runner's ``_prepare``: a sequence's last token, or its last known token and each draft), so no device
-        value is read. ``q > 1`` only without peers (their agreement counts one token a sequence)."""
+        value is read."""
         n = int(batch.input_ids.shape[0])
         if self.disabled is not None or num_seqs <= 0 or n % num_seqs or self.bucket(num_seqs) is None:
             return None
         q = n // num_seqs
         if q not in self.widths or int(batch.logits_indices.shape[0]) != n:
             return None
-        if q > 1 and (self.peers is not None or batch.seqs is None or any(s.num_new != q for s in batch.seqs)):
+        if q > 1 and (batch.seqs is None or any(s.num_new != q for s in batch.seqs)):
             return None
         if any(batch.attn[s.name].block_table.shape[1] > self.width[s.name] for s in self.specs):
             return None
@@ -138,12 +138,13 @@ class DecodeGraphs:
         """``(bucket, greedy)`` of the graph this step replays, or None (eager). ``wanted``: the caller's own
         conditions; ``greedy``: it wants tokens, not logits. Alone: the smallest bucket of a uniform step, and
         ``greedy``. With ``peers``, what every DP rank agreed on (a collective: each rank calls this or
-        :meth:`idle` once per step): greedy only when every rank's step is, so every rank replays (and first
-        captures) the same graph in the same step."""
-        ok = wanted and self.uniform(batch, num_seqs) is not None
+        :meth:`idle` once per step): greedy only when every rank's step is, and eager when the ranks' ``q``
+        differ, so every rank replays (and first captures) the same graph in the same step."""
+        q = self.uniform(batch, num_seqs) if wanted else None
         if self.peers is None:
-            return (self.bucket(num_seqs), greedy) if ok else None
-        return self.peers.agree(num_seqs if ok else None, greedy)
+            return (self.bucket(num_seqs), greedy) if q is not None else None
+        agreed = self.peers.agree(None if q is None else num_seqs, greedy, q or 1)
+        return None if agreed is None else agreed[:2]
 
     def idle(self) -> None:
         """A step in which this rank scheduled nothing. With ``peers``: join the step's agreement, and when the
@@ -153,7 +154,8 @@ class DecodeGraphs:
             return
         agreed = self.peers.agree(0 if self.disabled is None else None, hasattr(self.model, "forward_greedy"))
         if agreed is not None:
-            self.run(self._padding_batch(), agreed[1], agreed[0])
+            size, greedy, q = agreed
+            self.run(self._padding_batch(q), greedy, size)
 
     # ------------------------------------------------------------------ the step
 
@@ -184,7 +186,11 @@ class DecodeGraphs:
                 return None
             self._replays[key] = replay
             self.num_captures += 1
-        out = replay(*args)
+        try:
+            out = replay(*args)
+        finally:
+            if self.peers is not None:  # the rest of the step (a drafter's MoE layers) exchanges in rounds
+                self.peers.done()
         self.num_replays += 1
         return (out[0][:n], out[1][:n]) if self.hidden else out[:n]
 
@@ -205,15 +211,17 @@ class DecodeGraphs:
 
         return step
 
-    def _padding_batch(self) -> ForwardBatch:
-        """One decode row at position 0 that reads the first entry of block 0 in each group and writes nothing
-        (every slot -1): what an idle DP rank pads to its bucket."""
-        dev, one = self.device, torch.ones(1, dtype=torch.long, device=self.device)
-        zero, qsl = one - 1, torch.tensor([0, 1], dtype=torch.int32, device=dev)
-        attn = {s.name: AttnBatch(qsl, torch.full((1,), 1 // s.tokens_per_slot, dtype=torch.int32, device=dev), zero,
-                                  torch.zeros((1, 1), dtype=torch.int32, device=dev), -one, s.tokens_per_slot)
+    def _padding_batch(self, q: int = 1) -> ForwardBatch:
+        """One sequence of ``q`` tokens at positions ``0 .. q-1`` that reads the first entries of block 0 in
+        each group and writes nothing (every slot -1), each token a logits row: what an idle DP rank pads to
+        its bucket."""
+        dev, blocks = self.device, -(-q // self.block_size)  # block 0 as each block the q positions reach
+        pos, qsl = torch.arange(q, device=dev), torch.tensor([0, q], dtype=torch.int32, device=dev)
+        attn = {s.name: AttnBatch(qsl, torch.full((1,), q // s.tokens_per_slot, dtype=torch.int32, device=dev), pos,
+                                  torch.zeros((1, blocks), dtype=torch.int32, device=dev), torch.full_like(pos, -1),
+                                  s.tokens_per_slot)
                 for s in self.specs}
-        return ForwardBatch(zero, zero, qsl, attn, zero)
+        return ForwardBatch(torch.zeros_like(pos), pos, qsl, attn, torch.arange(q, device=dev))
 
     def _pad(self, batch: ForwardBatch, size: int, q: int = 1) -> list[torch.Tensor]:
         """The step's tensors at the bucket's shapes (``size`` sequences of ``q`` tokens): padding sequences

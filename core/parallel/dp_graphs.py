@@ -7,25 +7,30 @@ it while a graph is being captured, DeepEP's low-latency layout): one equal-spli
 ``capacity = rows x top_k`` rows, so every rank must dispatch as many rows. As vLLM's and SGLang's DP attention
 do, every rank pads its decode step to the bucket of the largest batch across the ranks:
 
-1. before its forward, outside the step, each rank all-gathers a vote ``[state, rows, greedy]`` over the
-   communicator the MoE round headers use (:meth:`GraphPeers.agree`): ``state`` 1 with its rows when its step
-   is eligible (:meth:`~inferhal.core.engine.graphs.DecodeGraphs.eligible`: a pure decode a bucket holds, no
-   drafts, no hidden states wanted), 0 when it scheduled nothing, 2 when its forward is not eligible (a
-   prompt chunk, drafts, graphs off after a failed capture); ``greedy`` when it wants tokens, not logits;
-2. any 2: no rank replays, every rank runs its step eagerly (:mod:`.dp_moe`'s rounds); every rank idle:
-   nothing runs; otherwise every rank takes the smallest bucket that holds the largest rows, and the greedy
-   graph only when every rank's step is greedy (else the logits graph, whose greedy rows the sampler takes):
-   every rank then uses each graph first in the same step, so the exchanges of a device runner's warm-up
-   before its capture match across the ranks too;
-3. a rank that scheduled nothing runs a padding-only step through that bucket's graph (one row that reads
-   block 0 and writes nothing, copied to the bucket: :meth:`~inferhal.core.engine.graphs.DecodeGraphs.idle`),
-   so its exchanges are the same program as its peers';
-4. :meth:`~.dp_moe.DPExperts.graph_step` tells the expert runner: each MoE layer of the step is one exchange of
-   the bucket's rows without a header; its counters are set at the step's end.
+1. before its forward, outside the step, each rank all-gathers a vote ``[state, rows, greedy, q]`` over the
+   communicator the MoE round headers use (:meth:`GraphPeers.agree`): ``state`` 1 with its sequences ``rows``
+   when its step is eligible (:meth:`~inferhal.core.engine.graphs.DecodeGraphs.uniform`: every sequence
+   computes the same ``q`` tokens, a plain decode ``q = 1`` or a speculative verification step ``q = 1 + k``,
+   a bucket holds them), 0 when it scheduled nothing, 2 when its forward is not eligible (a prompt chunk,
+   sequences with different draft counts, graphs off after a failed capture); ``greedy`` when it wants tokens,
+   not logits;
+2. any 2, or eligible ranks with different ``q`` (one rank verifies drafts while another runs a plain
+   decode, or fewer drafts): no rank replays, every rank runs its step eagerly (:mod:`.dp_moe`'s rounds);
+   every rank idle: nothing runs; otherwise every rank takes the eligible ranks' ``q`` and the smallest bucket
+   that holds the largest rows, and the greedy graph only when every rank's step is greedy (else the logits
+   graph, whose greedy rows the sampler takes): every rank then uses each (bucket, ``q``, kind) graph first in
+   the same step, so the exchanges of a device runner's warm-up before its capture match across the ranks too;
+3. a rank that scheduled nothing runs a padding-only step through that graph (one sequence of ``q`` tokens
+   that reads block 0 and writes nothing, copied to the bucket:
+   :meth:`~inferhal.core.engine.graphs.DecodeGraphs.idle`), so its exchanges are the same program as its peers';
+4. :meth:`~.dp_moe.DPExperts.graph_step` tells the expert runner: each MoE layer of the step's forward is one
+   exchange of the bucket's ``bucket x q`` token rows without a header; :meth:`GraphPeers.done` ends that
+   after the forward (a drafter's own MoE layers, MTP's, then run in rounds again); its counters are set at the
+   step's end.
 
-The capacity needs no argument: every rank dispatches the bucket's rows (its own rows and row-0 copies), so
-the dispatch's default capacity, rows x top_k, is the same on every rank; it holds every routed pair even if
-all go to one rank. A failed capture raises on that rank (it cannot run the step eagerly while its peers
+The capacity needs no argument: every rank dispatches the bucket's token rows (its own and the padding sequences'
+copies), so the dispatch's default capacity, rows x top_k, is the same on every rank; it holds every routed pair
+even if all go to one rank. A failed capture raises on that rank (it cannot run the step eagerly while its peers
 exchange at the bucket's shapes); its peers then fail at their next exchange, as at any rank's error.
 
 Graph steps run as one batch: with ``parallel.tbo=true`` the eager steps (prompt chunks) split in two
@@ -56,28 +61,35 @@ def check_graphs(graphs_on: bool, eplb_on: bool) -> None:
 
 class GraphPeers:
     """The ranks' agreement on each step's bucket (the module docstring); ``graphs.peers`` of every DP rank.
-    ``log``: per agreed graph step, every rank's rows (0: padding only), the bucket and whether greedy."""
+    ``log``: per agreed graph step, every rank's rows (0: padding only), the bucket, whether greedy and ``q``."""
 
     def __init__(self, comm: Any, graphs: Any, experts: Any) -> None:
         if not experts.pass_layers:
             raise UserError("backend.graphs=true under parallel.dp > 1 needs a model whose forward calls its MoE "
                             "layers in a fixed order (pass_layers, e.g. DeepSeek-V4); set backend.graphs=false")
         self.comm, self.graphs, self.experts = comm, graphs, experts
-        self.log: list[tuple[list[int], int, bool]] = []
+        self.log: list[tuple[list[int], int, bool, int]] = []
 
-    def agree(self, rows: int | None, greedy: bool) -> tuple[int, bool] | None:
-        """This rank's vote (``rows`` of an eligible step, 0 for an idle rank, None for a step that is not
-        eligible; ``greedy``: its step wants tokens, not logits) → ``(bucket, greedy)`` of the graph every rank
-        replays this step, or None (all eager). Collective."""
+    def agree(self, rows: int | None, greedy: bool, q: int = 1) -> tuple[int, bool, int] | None:
+        """This rank's vote (``rows``: the sequences of an eligible step of ``q`` tokens each, 0 for an idle
+        rank, None for a step that is not eligible; ``greedy``: its step wants tokens, not logits) →
+        ``(bucket, greedy, q)`` of the graph every rank replays this step, or None (all eager). Collective."""
         state = EAGER if rows is None else ELIGIBLE if rows else IDLE
-        mine = torch.tensor([state, rows or 0, int(greedy)], dtype=torch.long)
+        mine = torch.tensor([state, rows or 0, int(greedy), q if rows else 0], dtype=torch.long)
         got = [mine] if self.comm.layout.world_size == 1 else \
             collective(self.comm, "the graph bucket of a step", self.comm.all_gather, mine)
         states, counts = [int(g[0]) for g in got], [int(g[1]) for g in got]
-        if EAGER in states or ELIGIBLE not in states:
+        qs = {int(g[3]) for g in got if int(g[0]) == ELIGIBLE}
+        if EAGER in states or len(qs) != 1:  # not eligible somewhere, nobody eligible, or different q
             return None
+        (width,) = qs
         size = self.graphs.bucket(max(counts))  # the largest rows fit a bucket of its rank: the same sizes here
         both = all(int(g[2]) for g in got)  # one graph for all: a logits graph when any rank samples
-        self.experts.graph_step(size, rows or 0)
-        self.log.append((counts, size, both))
-        return size, both
+        self.experts.graph_step(size * width, (rows or 0) * width)
+        self.log.append((counts, size, both, width))
+        return size, both, width
+
+    def done(self) -> None:
+        """The graph step's forward has ended (replayed or captured): the rest of the step (a drafter's MoE
+        layers) runs in rounds again."""
+        self.experts.graph_done()

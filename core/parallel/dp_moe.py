@@ -43,12 +43,14 @@ headers and every other collective stay on the caller's thread, never interleave
 nobody split, and rounds outside a pass (MTP layers), run as one exchange each, as without overlap.
 
 **Graph steps** (``backend.graphs=true``, :mod:`.dp_graphs`): the ranks agree before a decode step on one
-bucket, every rank's forward has that many rows (an idle rank's all padding), and :meth:`DPExperts.graph_step`
-sets ``graph_rows``: each MoE layer is then one exchange of those rows without a header (every rank runs the
-main stack's layers in order), through a dispatch that reads nothing on the host (the backend's padded
-exchange while a graph is captured, its capacity rows x top_k the same on every rank). A replayed step runs no
-Python, so its counters are set at the step's end from the bucket: ``pass_layers`` rounds, the rank's own rows,
-and the padded exchange's bytes (``ranks - 1`` blocks of ``rows x top_k`` rows each way); no timing.
+bucket and tokens a sequence ``q``, every rank's forward has ``bucket x q`` token rows (an idle rank's all
+padding), and :meth:`DPExperts.graph_step` sets ``graph_rows``: each MoE layer is then one exchange of those
+rows without a header (every rank runs the main stack's layers in order), through a dispatch that reads nothing
+on the host (the backend's padded exchange while a graph is captured, its capacity rows x top_k the same on
+every rank), until :meth:`DPExperts.graph_done` after the forward (a drafter's MoE layers, MTP's, run later in
+the step in rounds). A replayed step runs no Python, so its counters are set at the step's end from those rows:
+``pass_layers`` rounds, the rank's own rows, and the padded exchange's bytes (``ranks - 1`` blocks of
+``rows x top_k`` rows each way); no timing.
 
 Timing (per step, in :class:`MoeTraffic`): ``a2a_s``, the seconds the exchanges' collectives ran
 (``moe.dispatch`` and ``moe.combine``, on whichever thread; on gloo this includes waiting for the peers),
@@ -85,7 +87,7 @@ class MoeTraffic:
     split_passes: int = 0  # passes run as two micro-batches (two-batch overlap), on every rank
     a2a_s: float = 0.0  # seconds in moe.dispatch / moe.combine collectives (on the communication thread with tbo)
     wait_s: float = 0.0  # seconds the forward's thread spent in them or waiting for them (= a2a_s without tbo)
-    graph_rows: int = 0  # a graph step's bucket (every rank's rows; counters from it, not timed); 0: eager
+    graph_rows: int = 0  # a graph step's token rows, bucket x q (every rank's; counters from it, not timed); 0: eager
 
     @property
     def a2a_bytes(self) -> int:
@@ -112,8 +114,9 @@ class DPExperts(EPExperts):
         self._pass: list[int] = []  # the layers left of the pass this rank brings tokens to
         self._split = False  # that pass is split: each layer is two exchanges (ours as A, an empty B)
         self._inflight: list[Future] = []  # exchanges submitted and not waited for yet
-        self.graph_rows = 0  # > 0: this step's forward is a graph step of that many rows on every rank (dp_graphs)
+        self.graph_rows = 0  # > 0: inside a graph step's forward of that many token rows on every rank (dp_graphs)
         self._graph_own, self._graph_k = 0, 0  # its real rows here; top_k, as its capture saw it
+        self._graph_counted = 0  # the step's graph rows, counted at its end (graph_rows is 0 after its forward)
 
     @property
     def two_batch(self) -> bool:
@@ -150,9 +153,14 @@ class DPExperts(EPExperts):
         return self._settled([self._steps(layer, x, weights, logical_ids), self._empty_steps(layer)])[0]
 
     def graph_step(self, rows: int, own: int) -> None:
-        """The coming forward is a graph step of ``rows`` rows on every rank, ``own`` of them this rank's
-        (:mod:`.dp_graphs`, before the step); :meth:`drain` counts it and ends it."""
-        self.graph_rows, self._graph_own = int(rows), int(own)
+        """The coming forward is a graph step of ``rows`` token rows on every rank, ``own`` of them this rank's
+        (:mod:`.dp_graphs`, before the step); :meth:`graph_done` ends it, :meth:`drain` counts it."""
+        self.graph_rows = self._graph_counted = int(rows)
+        self._graph_own = int(own)
+
+    def graph_done(self) -> None:
+        """The graph step's forward has ended: later MoE calls of the step (a drafter's layers) run in rounds."""
+        self.graph_rows = 0
 
     def _graph_layer(self, layer: int, x: torch.Tensor, weights: torch.Tensor,
                      logical_ids: torch.Tensor) -> torch.Tensor:
@@ -169,7 +177,7 @@ class DPExperts(EPExperts):
     def _count_graph_step(self) -> None:
         """A graph step's counters, from its rows (its exchanges were the padded layout's; see the docstring)."""
         tr, layers, n = self.traffic, len(self.pass_layers), int(self.comm.layout.world_size)
-        rows, own = self.graph_rows, self._graph_own
+        rows, own = self._graph_counted, self._graph_own
         sent = layers * (n - 1) * rows * self._graph_k  # rows this rank sent to other ranks, each way
         es = torch.empty((), dtype=self.dtype).element_size()
         tr.graph_rows = rows
@@ -242,9 +250,9 @@ class DPExperts(EPExperts):
             left, self._pass, self._split = self._pass, [], False
             raise RankDivergenceError(f"rank {self.comm.layout.rank}: step {step} ended inside a pass with MoE "
                                       f"layers {left} left (the model does not follow pass_layers)")
-        if self.graph_rows:
+        if self._graph_counted:
             self._count_graph_step()
-            self.graph_rows = 0
+            self.graph_rows = self._graph_counted = 0
         while True:
             chosen, split, got = self._round(None, step, unfinished)
             if chosen is None:
@@ -259,7 +267,7 @@ class DPExperts(EPExperts):
     def shrink(self, placement: Placement) -> None:
         """:meth:`EPExperts.shrink`, and whatever the torn step left is dropped (its pass, its counters)."""
         super().shrink(placement)
-        self._pass, self._split, self._inflight, self.graph_rows = [], False, [], 0
+        self._pass, self._split, self._inflight, self.graph_rows, self._graph_counted = [], False, [], 0, 0
         self.traffic = MoeTraffic()
 
     def end_step(self) -> MoeTraffic:

@@ -165,16 +165,20 @@ class Peers:
     """DP ranks' agreement (core/parallel/dp_graphs.py) as a stand-in: every step replays ``agreed``."""
 
     def __init__(self, agreed):
-        self.agreed, self.votes = agreed, []
+        self.agreed, self.votes, self.done_calls = agreed, [], 0
 
-    def agree(self, rows, greedy):
+    def agree(self, rows, greedy, q=1):
         self.votes.append((rows, greedy))
         return self.agreed
+
+    def done(self):
+        self.done_calls += 1
 
 
 def test_an_idle_dp_ranks_padding_step_replays_the_agreed_graph_and_writes_no_kv(tiny):
     """A rank that scheduled nothing joins the agreement and, when its peers replay a graph, runs one padding
-    row (block 0's first entry read, nothing written) copied to the bucket through that graph."""
+    sequence (block 0's first entries read, nothing written) copied to the bucket through that graph: of one
+    token, or of ``q`` when its peers verify drafts (a logits graph of ``q`` tokens a sequence)."""
     fake = FakeGraphs()
     eng = engine(tiny, fake, graph_batch_sizes=[1, 2, 4])
     for p in PROMPTS[:2]:
@@ -183,20 +187,24 @@ def test_an_idle_dp_ranks_padding_step_replays_the_agreed_graph_and_writes_no_kv
         eng.step()
     graphs = eng.runner.graphs
     kv = [buf.clone() for buf, _ in eng.kv_storage.groups.values()]
-    graphs.peers = Peers((4, True))
+    graphs.peers = Peers((4, True, 1))
     captured = list(fake.captured)
     eng.step()  # nothing scheduled
     assert graphs.peers.votes == [(0, True)] and fake.captured == captured + [4] and graphs.num_replays > 0
+    assert graphs.peers.done_calls == 1  # the MoE exchanges of the rest of the step run in rounds again
+    graphs.peers = Peers((2, False, 3))  # the peers verify 2 drafts a sequence
+    eng.step()
+    assert fake.captured == captured + [4, 2 * 3] and (2, 3, False) in graphs._replays
     assert all(torch.equal(a, buf) for a, (buf, _) in zip(kv, eng.kv_storage.groups.values()))
     graphs.peers = Peers(None)  # the peers run eagerly: nothing runs here
     eng.step()
-    assert fake.captured == captured + [4] and graphs.peers.votes == [(0, True)]
+    assert fake.captured == captured + [4, 6] and graphs.peers.votes == [(0, True)]
 
 
 def test_a_failed_capture_on_a_dp_rank_raises_instead_of_running_eagerly(tiny):
     """Its peers' steps exchange at the bucket's shapes: this rank cannot fall back alone."""
     eng = engine(tiny, FakeGraphs(fail=True), graph_batch_sizes=[4])
-    eng.runner.graphs.peers = Peers((4, True))
+    eng.runner.graphs.peers = Peers((4, True, 1))
     with pytest.raises(RuntimeError, match=r"backend.graphs: capturing a 4-row decode step failed: .* a DP rank "
                                            r"cannot run this step eagerly .* set backend.graphs=false"):
         eng.step()  # nothing scheduled: the padding-only step's capture fails

@@ -1,20 +1,19 @@
 """Rank bodies of the decode-graph tests under dep2 and ep2 (loaded by file in each spawned process), and the
 CPU's stand-in for a device graph runner.
 
-:class:`RecordingGraphs` does what a CUDA graph does to a step, as far as the CPU can: ``capture`` records the
-step function and copies of its example tensors (the captured buffers) and runs nothing (on a device the
-capture records kernels without running them); each replay copies the new inputs into those buffers (same
-shapes, new values), runs the function on them under core's host-read guard, and returns one output tensor
-(the first replay's, overwritten by each later one). The guard (:func:`ep_reads_fatal`) raises at a read in core
-or model code and at a read in the EP ops, the cuda_sm100 kernels' ``moe.dispatch`` / ``moe.combine`` (Triton's
-interpreter) bound with ``backend.options.ep_exchange``, where ``auto`` is ``padded`` (what the kernels'
-``auto`` picks while a CUDA graph is being captured). Outside a replay (the eager steps, which the other dep2
-tests cover) the EP ops are the reference's, whose exact exchange the kernels' ``auto`` matches there; the
-other ops are always the reference backend's stand-ins
-(a device graph captures a device backend's ops, whose own reads tests/backends/cuda_sm100/test_host_reads.py
-checks), and their reads are counted. Unlike a device, a replay runs the step's Python again; the code under
-test keeps the host's work for a graph step outside it (core/parallel/dp_graphs.py), which these tests check
-by the counters.
+:class:`RecordingGraphs` does what a CUDA graph does to a step, as far as the CPU can: ``capture`` records the step
+function and copies of its example tensors (the captured buffers) and runs nothing (on a device the capture records
+kernels without running them); each replay copies the new inputs into those buffers (same shapes, new values), runs
+the function on them under core's host-read guard, and returns its output tensors (the first replay's, overwritten
+by each later one: the logits or tokens, and with MTP the hidden states). The guard (:func:`ep_reads_fatal`) raises
+at a read in core or model code and at a read in the EP ops, the cuda_sm100 kernels' ``moe.dispatch`` /
+``moe.combine`` (Triton's interpreter) bound with ``backend.options.ep_exchange``, where ``auto`` is ``padded``
+(what the kernels' ``auto`` picks while a CUDA graph is being captured). Outside a replay (the eager steps, which
+the other dep2 tests cover) the EP ops are the reference's, whose exact exchange the kernels' ``auto`` matches
+there; the other ops are always the reference backend's stand-ins (a device graph captures a device backend's ops,
+whose own reads tests/backends/cuda_sm100/test_host_reads.py checks), and their reads are counted. Unlike a device,
+a replay runs the step's Python again; the code under test keeps the host's work for a graph step outside it
+(core/parallel/dp_graphs.py), which these tests check by the counters.
 """
 
 import collections
@@ -32,6 +31,11 @@ MAX_TOKENS = [8, 4, 6, 2, 5, 2]
 SAMPLED = 1
 SIZES = [1, 2, 4]
 EP_OPS = ("moe.dispatch", "moe.combine")
+# speculative decoding under dep2 (greedy): requests 0 and 2 on rank 0, 1 on rank 1. MTP drafts 2 (limits
+# permitting), so decodes verify 3 tokens a sequence on both ranks, then on rank 0 alone (rank 1 idle), and near
+# a request's max_tokens fewer (q differs between the ranks, or within rank 0's batch: eager)
+SPEC = ["spec=mtp", "spec.num_speculative_tokens=2", "spec.disable_by_batch_size=0"]
+SPEC_PROMPTS, SPEC_MAX_TOKENS = [[11, 12, 13], [90, 91], [150, 151, 152, 153]], [8, 4, 7]
 
 
 class _KernelReadsFatal(collections.Counter):
@@ -57,7 +61,8 @@ class RecordingGraphs:
     reads of every replay."""
 
     def __init__(self) -> None:
-        self.captured: list[int] = []
+        self.captured: list[int] = []  # token rows
+        self.keys: list[tuple[int, int]] = []  # (sequences, tokens a sequence) of each capture
         self.replays = 0
         self.replaying = False  # the CPU's "a graph is being captured"
         self.reads: dict[str, int] = {}
@@ -65,6 +70,8 @@ class RecordingGraphs:
     def capture(self, fn, *example):
         static = [a.clone() for a in example]
         self.captured.append(int(static[0].shape[0]))
+        seqs = int(static[2].shape[0]) - 1  # query_start_loc
+        self.keys.append((seqs, int(static[0].shape[0]) // seqs))
         out: list[torch.Tensor] = []
 
         def replay(*args):
@@ -80,9 +87,14 @@ class RecordingGraphs:
                 self.replaying = False
             for k, n in guard.backend_reads.items():
                 self.reads[k] = self.reads.get(k, 0) + n
-            out.append(got) if not out else out[0].copy_(got)
+            got = got if isinstance(got, tuple) else (got,)  # with MTP: (logits, hidden states)
+            if not out:
+                out.extend(got)
+            else:
+                for o, g in zip(out, got):
+                    o.copy_(g)
             self.replays += 1
-            return out[0]
+            return tuple(out) if len(out) > 1 else out[0]
 
         return replay
 
@@ -133,23 +145,25 @@ def tiny_cfg(overrides=()):
                           overrides=["cache.num_blocks=64", "scheduler.max_num_batched_tokens=16", *overrides])
 
 
-def params():
+def params(spec: bool = False):
     from inferhal.core.sampling.params import SamplingParams
 
+    if spec:
+        return [SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True) for m in SPEC_MAX_TOKENS]
     return [SamplingParams(max_tokens=m, temperature=0.8 if i == SAMPLED else 0.0, top_k=20, seed=7, ignore_eos=True)
             for i, m in enumerate(MAX_TOKENS)]
 
 
-def graph_llm(layout, exchange: str, layout_name: str, tbo: bool = False):
+def graph_llm(layout, exchange: str, layout_name: str, tbo: bool = False, overrides=()):
     """An LLM whose engine is rank ``layout.rank`` of ``layout_name`` (dep2 or ep2) with graphs on (and
-    ``parallel.tbo``)."""
+    ``parallel.tbo``, and config ``overrides``)."""
     from inferhal.core.engine.llm import LLM
     from inferhal.core.registry import BackendRegistry
     from inferhal.core.config.schema import BackendConfig
     from inferhal.core.parallel.dp_engine import DPEngine, attach_dp
     from inferhal.core.parallel.ep_engine import attach_ep
 
-    cfg = tiny_cfg()
+    cfg = tiny_cfg(overrides)
     runner = RecordingGraphs()
     be = GraphBackend(BackendRegistry.discover().select(BackendConfig()), runner, exchange)
     llm = LLM.from_config(cfg, active_backend=be)
@@ -177,8 +191,8 @@ def run(llm, prompts=PROMPTS, sampling=None):
 
 
 def graph_suite(layout, out_dir):
-    """dep2 with the padded exchange (and with two-batch overlap), its negative control with the exact one,
-    and ep2; saves each rank's tokens, step log, captures, votes and MoE counters."""
+    """dep2 with the padded exchange (and with two-batch overlap, and with MTP drafts), its negative control with
+    the exact one, and ep2; saves each rank's tokens, step log, captures, votes and MoE counters."""
     torch.set_num_threads(1)
     me, got = layout.rank, {}
     llm, hook, runner = graph_llm(layout, "auto", "dep2")
@@ -190,6 +204,11 @@ def graph_suite(layout, out_dir):
     toks, steps = run(llm)
     got["tbo"] = {"tokens": toks, "replays": runner.replays,
                   "split": [(s.moe.graph_rows, s.moe.split_passes) for s in hook.log]}
+    llm, hook, runner = graph_llm(layout, "auto", "dep2", overrides=SPEC)  # verification steps of 1 + K tokens
+    toks, steps = run(llm, SPEC_PROMPTS, params(spec=True))
+    got["spec"] = {"tokens": toks, "steps": steps, "keys": runner.keys, "replays": runner.replays,
+                   "reads": runner.reads, "votes": llm.engine.engine.runner.graphs.peers.log,
+                   "moe": [(s.attn_tokens, s.seqs, s.moe) for s in hook.log]}
     llm, hook, runner = graph_llm(layout, "exact", "dep2")
     try:  # a prompt each, then a decode step of one row each
         run(llm, PROMPTS[1:3], params()[2:4])
@@ -200,3 +219,4 @@ def graph_suite(layout, out_dir):
     toks, steps = run(llm)
     got["ep2"] = {"tokens": toks, "steps": steps, "captured": runner.captured, "replays": runner.replays}
     torch.save(got, os.path.join(out_dir, f"rank{me}.pt"))
+

@@ -3,10 +3,10 @@ one bucket (and one graph: greedy or logits) per step and an idle rank runs a pa
 under replicated attention (ep2) every rank pads its shard to as many rows; both so that the padded
 exchange's equal-split all-to-all has one shape on every rank.
 
-The spawned tests (dep2, dep2 with two-batch overlap, and ep2 over gloo, ``graph_workers.py``) replay decode
-steps through a CPU graph runner that records a capture and runs each replay on the captured buffers under
-core's host-read guard, fatal for core, model and the kernels' EP ops (Triton's interpreter): CPU reference /
-interpreter evidence, no GPU."""
+The spawned tests (dep2, dep2 with two-batch overlap, dep2 with MTP drafts, and ep2 over gloo, ``graph_workers.py``)
+replay decode and speculative verification steps through a CPU graph runner that records a capture and runs each
+replay on the captured buffers under core's host-read guard, fatal for core, model and the kernels' EP ops (Triton's
+interpreter): CPU reference / interpreter evidence, no GPU."""
 
 from types import SimpleNamespace
 
@@ -50,19 +50,26 @@ class Experts:
 
 
 @pytest.mark.parametrize("mine,others,want", [
-    ((3, True), [(ELIGIBLE, 1, 1)], (4, True)),  # uneven rows: the largest's bucket
-    ((0, True), [(ELIGIBLE, 3, 1)], (4, True)),  # an idle rank pads to its peer's bucket
-    ((2, True), [(ELIGIBLE, 1, 0)], (2, False)),  # a peer samples: the logits graph for all
-    ((2, True), [(EAGER, 0, 1)], None),  # a peer's step is not eligible (a prompt chunk): nobody replays
-    ((None, True), [(ELIGIBLE, 1, 1)], None),  # nor when this rank's is not
-    ((0, True), [(IDLE, 0, 1)], None),  # nobody has work
-    ((1, True), [(ELIGIBLE, 5, 1), (IDLE, 0, 1)], (8, True)),
+    ((3, True), [(ELIGIBLE, 1, 1, 1)], (4, True, 1)),  # uneven rows: the largest's bucket
+    ((0, True), [(ELIGIBLE, 3, 1, 1)], (4, True, 1)),  # an idle rank pads to its peer's bucket
+    ((2, True), [(ELIGIBLE, 1, 0, 1)], (2, False, 1)),  # a peer samples: the logits graph for all
+    ((2, True), [(EAGER, 0, 1, 0)], None),  # a peer's step is not eligible (a prompt chunk): nobody replays
+    ((None, True), [(ELIGIBLE, 1, 1, 1)], None),  # nor when this rank's is not
+    ((0, True), [(IDLE, 0, 1, 0)], None),  # nobody has work
+    ((1, True), [(ELIGIBLE, 5, 1, 1), (IDLE, 0, 1, 0)], (8, True, 1)),
+    # speculative verification steps (q tokens a sequence): the same q everywhere replays that q's graph
+    ((3, False, 3), [(ELIGIBLE, 1, 0, 3)], (4, False, 3)),
+    ((0, True), [(ELIGIBLE, 2, 0, 3)], (2, False, 3)),  # an idle rank pads q-token sequences
+    ((1, False, 3), [(IDLE, 0, 1, 0), (ELIGIBLE, 5, 0, 3)], (8, False, 3)),
+    ((2, False, 3), [(ELIGIBLE, 2, 1, 1)], None),  # drafts here, a plain decode there: all eager
+    ((2, False, 3), [(ELIGIBLE, 2, 0, 2)], None),  # fewer drafts there: all eager
 ])
 def test_the_ranks_agree_on_one_graph_per_step(mine, others, want):
     graphs, experts = DecodeGraphs(None, None, (), 16, 64, [1, 2, 4, 8], None), Experts()
     peers = GraphPeers(Votes(*others), graphs, experts)
     assert peers.agree(*mine) == want
-    assert experts.steps == ([] if want is None else [(want[0], mine[0])])  # the expert runner is told the rows
+    # the expert runner is told the step's token rows (bucket x q) and its own
+    assert experts.steps == ([] if want is None else [(want[0] * want[2], mine[0] * want[2])])
 
 
 def test_graphs_with_eplb_are_refused_by_name():
@@ -119,12 +126,19 @@ def ranks(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def single():
-    """The prompts in one plain process, eagerly (the reference backend, no graphs)."""
+def singles():
+    """The prompts, and the speculative run's prompts (greedy: a drafter changes no token), in one plain
+    process, eagerly (the reference backend, no graphs, no drafter)."""
     from inferhal.core.engine.llm import LLM
 
-    outs = LLM.from_config(wk.tiny_cfg()).generate(wk.PROMPTS, wk.params())
-    return [list(o.outputs[0].token_ids) for o in outs]
+    outs = LLM.from_config(wk.tiny_cfg()).generate(wk.PROMPTS + wk.SPEC_PROMPTS, wk.params() + wk.params(spec=True))
+    toks = [list(o.outputs[0].token_ids) for o in outs]
+    return toks[: len(wk.PROMPTS)], toks[len(wk.PROMPTS):]
+
+
+@pytest.fixture(scope="module")
+def single(singles):
+    return singles[0]
 
 
 def bucket(n):
@@ -157,10 +171,10 @@ def test_ep2_replays_every_pure_decode_step_at_its_bucket(ranks):
 def test_dep2_ranks_replay_one_bucket_per_step_at_uneven_batches(ranks):
     votes = ranks[0]["dep2"]["votes"]
     assert ranks[1]["dep2"]["votes"] == votes  # every rank agreed on the same steps, buckets and kind
-    counts = [c for c, _, _ in votes]
+    counts = [c for c, _, _, _ in votes]
     assert [3, 1] in counts and [3, 0] in counts and [1, 0] in counts  # uneven, and a rank with no request
-    assert all(size == bucket(max(c)) for c, size, _ in votes)
-    used = {(s, g) for _, s, g in votes}
+    assert all(size == bucket(max(c)) and q == 1 for c, size, _, q in votes)
+    used = {(s, g) for _, s, g, _ in votes}
     assert (4, False) in used and (4, True) in used  # a logits graph for all while rank 1's request sampled
     eager_decodes = 0
     for rank in ranks:
@@ -180,8 +194,8 @@ def test_graph_steps_count_the_padded_exchange_without_a_header(ranks):
     votes = ranks[0]["dep2"]["votes"]
     for r, rank in enumerate(ranks):
         graph = [(attn, moe) for attn, _, moe in rank["dep2"]["moe"] if moe.graph_rows]
-        assert [m.graph_rows for _, m in graph] == [s for _, s, _ in votes]
-        for (attn, moe), (counts, size, _) in zip(graph, votes):
+        assert [m.graph_rows for _, m in graph] == [s for _, s, _, _ in votes]
+        for (attn, moe), (counts, size, _, _) in zip(graph, votes):
             assert attn == counts[r] and moe.headers == 1  # the step's end only
             assert moe.rounds == MOE_LAYERS and moe.token_rows == MOE_LAYERS * counts[r]
             assert moe.empty_rounds == (0 if counts[r] else MOE_LAYERS)
@@ -204,3 +218,30 @@ def test_the_exact_exchange_fails_the_guarded_step(ranks):
     for rank in ranks:
         assert rank["exact"].startswith("host synchronisation in a step: ")
         assert " at kernels/moe_ep.py:" in rank["exact"] and "moe_dispatch" in rank["exact"]
+
+
+@pytest.mark.slow
+def test_dep2_replays_verification_steps_when_every_rank_has_the_same_q(ranks, singles):
+    """MTP drafts 2 a sequence under dep2: the ranks vote their tokens a sequence, so a step where every rank
+    with work verifies 3 tokens a sequence replays one (bucket, 3) graph on both, an idle rank's padding
+    sequence of 3 tokens included; a step where the ranks' q differ (a request near max_tokens drafts fewer)
+    runs eagerly on both. The tokens are the single process's; the MTP layer's MoE, after the graph step's
+    forward, runs in rounds."""
+    votes = ranks[0]["spec"]["votes"]
+    assert ranks[1]["spec"]["votes"] == votes
+    assert ([2, 1], 2, False, 3) in votes and ([2, 0], 2, False, 3) in votes  # both verify; rank 1 idle
+    steps = [rank["spec"]["steps"] for rank in ranks]
+    for rank in ranks:
+        got = rank["spec"]
+        assert got["tokens"] == singles[1]
+        # one capture per (bucket, q, kind) used, each replayed at every agreed step
+        assert set(got["keys"]) == {(s, q) for _, s, _, q in votes} and got["replays"] == len(votes)
+        assert len(got["keys"]) == len({(s, g, q) for _, s, g, q in votes})
+        assert got["reads"] and all(" at backends/reference/" in k for k in got["reads"])
+        graph = [moe for _, _, moe in got["moe"] if moe.graph_rows]
+        assert [m.graph_rows for m in graph] == [s * q for _, s, _, q in votes]  # token rows: bucket x q
+        assert all(m.rounds > MOE_LAYERS for m, v in zip(graph, votes) if v[3] > 1)  # + the MTP layer's rounds
+    # a decode on each rank, 3 tokens a sequence on rank 0 and fewer on rank 1: eager on both
+    differ = [i for i, ((n0, t0, _), (n1, t1, _)) in enumerate(zip(*steps))
+              if i and t0 == 3 * n0 and n1 and t1 % n1 == 0 and t1 != 3 * n1]
+    assert differ and all(steps[r][i][2] == steps[r][i - 1][2] for r in (0, 1) for i in differ)
