@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from inferhal.backends.reference import kv_records
-from inferhal.backends.reference.attention import attend_gathered, gather_slots, token_seqs
+from inferhal.backends.reference.attention import attend_chunked, attend_gathered, gather_slots, token_seqs
 from inferhal.backends.reference.elementwise import norm_rms, rope_apply
 from inferhal.core.ops.params import AttnBatch, AttnParams, CompressParams, IndexerParams, RmsNormParams
 
@@ -87,8 +87,13 @@ def indexer_scores(q: torch.Tensor, key_cache: torch.Tensor, batch: AttnBatch, w
 
 def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, comp_cache: torch.Tensor | None,
                      comp_batch: AttnBatch | None, topk_idx: torch.Tensor | None, p: AttnParams,
-                     sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     sinks: torch.Tensor | None = None, *, fixed_order: bool = False) -> torch.Tensor:
     # q: [T, H, D]; kv_cache: [NB, BS, D] shared latent K = V; comp_cache: [NB', BS', D]; topk_idx: [T, K]
+    # fixed_order (batch-invariant mode): each row's visible keys first, at places that depend on the row alone
+    # (its window, then its entries ascending), then the masked ones, attended by attend_chunked: a top-k row
+    # padded wider with -1 (a CUDA graph's HCA row spans max_model_len // ratio entries, an eager step's only
+    # the batch's context) gives bitwise the same output. The default sorts -1 first and attends over the
+    # whole width at once, so its last bits follow the width.
     t = q.shape[0]
     if t == 0:
         return q.new_zeros(0, q.shape[1], q.shape[2])
@@ -96,21 +101,32 @@ def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, 
     qpos = batch.positions.long()  # [T]
     # window keys: the p.window positions ending at each query (all of 0..qpos when window == 0)
     w = p.window if p.window > 0 else int(qpos.max()) + 1
-    kpos = qpos[:, None] - (w - 1) + torch.arange(w, device=q.device)  # [T, W]
-    mask = kpos >= 0
+    if fixed_order and p.window == 0:  # every key up to the query, ascending: the batch's longest pads the end
+        kpos = torch.arange(w, device=q.device)[None, :].expand(t, w)
+        mask = kpos <= qpos[:, None]
+    else:
+        kpos = qpos[:, None] - (w - 1) + torch.arange(w, device=q.device)  # [T, W]
+        mask = kpos >= 0
     keys = read(gather_slots(kv_cache, batch.block_table, seq[:, None], kpos, mask), p.kv_format)  # [T, W, D]
     if comp_batch is not None and topk_idx is not None and topk_idx.shape[1] > 0:
         n_c = comp_batch.seq_lens.long()[seq]  # [T] entries of each query's sequence
         visible = (qpos + 1) // comp_batch.tokens_per_slot  # [T]
         idx = topk_idx.long()
         ok = (idx >= 0) & (idx < n_c[:, None]) & (idx < visible[:, None])
-        idx = torch.sort(torch.where(ok, idx, -1), dim=1).values  # [T, K]; a repeated entry counts once
+        if fixed_order:  # the entries ascending, the others last
+            last = torch.iinfo(idx.dtype).max
+            idx = torch.sort(torch.where(ok, idx, last), dim=1).values
+            idx = torch.where(idx == last, -1, idx)
+        else:
+            idx = torch.sort(torch.where(ok, idx, -1), dim=1).values  # [T, K]; a repeated entry counts once
         pick = idx >= 0
         pick[:, 1:] &= idx[:, 1:] != idx[:, :-1]
         comp = read(gather_slots(comp_cache, comp_batch.block_table, seq[:, None], idx, pick), p.kv_format)
         keys = torch.cat((keys, comp), dim=1)
         mask = torch.cat((mask, pick), dim=1)
     kv = keys[:, :, None]  # [T, S, 1, D]
+    if fixed_order:
+        return attend_chunked(q, kv, kv, mask, p, sinks)
     return attend_gathered(q, kv, kv, mask, p, sinks)
 
 

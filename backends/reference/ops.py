@@ -173,6 +173,7 @@ def batch_invariance() -> dict:
     :func:`ops_for`), where the model-level needle tests (tests/core/engine/test_deterministic.py,
     tests/backends/reference/test_batch_invariant_gemma3.py) check it bitwise; the default mode's products
     (oneDNN, F.linear) and attention (a padded gather) depend on the batch."""
+    from inferhal.backends.reference.attention import KEY_CHUNK
     from inferhal.backends.reference.matmul import TILE_ROWS
     from inferhal.core.ops.invariance import BatchInvariance
 
@@ -182,13 +183,16 @@ def batch_invariance() -> dict:
     why["indexer.scores"] = "scores in a fixed order per row"
     why["moe.route"] += "; each row's experts sorted by id (the summation order)"
     why["attn.paged"] = "one query row at a time over exactly its own visible keys"
+    why["attn.sparse_topk"] = (f"each row's visible keys first, summed over fixed {KEY_CHUNK}-key slices in a "
+                               "fixed tree (masked keys past them add exact zeros, however wide the top-k row)")
     rest = "each row computed from its own inputs by torch ops over its own dimensions"
     return {op: BatchInvariance(True, why.get(op, rest), mode_only=True) for op in OPS}
 
 
 def ops_for(batch_invariant: bool) -> dict:
     """The op table; ``batch_invariant``: every matrix product over fixed row tiles, row-wise ops over fixed
-    tiles, the indexer's and the router's orders fixed, paged attention one row at a time over its own keys."""
+    tiles, the indexer's and the router's orders fixed, paged attention one row at a time over its own keys,
+    sparse attention's sums over fixed key slices (whatever the top-k row's width)."""
     if not batch_invariant:
         return dict(OPS)
     import functools
@@ -201,5 +205,6 @@ def ops_for(batch_invariant: bool) -> dict:
         table[op] = row_tiled(table[op], rows)
     table["indexer.scores"] = functools.partial(table["indexer.scores"], fixed_order=True)
     table["moe.route"] = functools.partial(table["moe.route"], fixed_order=True)
+    table["attn.sparse_topk"] = functools.partial(table["attn.sparse_topk"], fixed_order=True)
     table["attn.paged"] = attn_paged_rowwise
     return table

@@ -136,3 +136,25 @@ def test_mhc_head_and_softmax_routing():
     probs = torch.softmax(logits, -1)
     assert torch.equal(ids.sort(1).values, probs.topk(2).indices.sort(1).values)
     assert torch.allclose(w.sum(1), torch.full((6,), 1.5))
+
+
+def test_sparse_topk_in_fixed_order_is_bitwise_the_same_however_wide_the_padded_row():
+    """Batch-invariant mode (``fixed_order``): a top-k row padded with -1 (a CUDA graph's HCA row spans
+    ``max_model_len // ratio`` entries, an eager step's only its context's) changes no bit: 2 to 13 slices of 64
+    keys (trees with odd levels), rows unsorted, with a repeat and an entry past the sequence, with and without
+    sinks and window. Within fp32 rounding of the default mode, whose bits follow the width."""
+    d, h, m, ctx = 16, 4, 4, 320
+    lat, comp = torch.randn(ctx, d, generator=G), torch.randn(ctx // m, d, generator=G)
+    kc, row = _paged(lat, 48)
+    cc, crow = _paged(comp, 16)
+    pos = [319, 200, 37, 3]
+    q = torch.randn(len(pos), h, d, generator=G)
+    base = torch.stack([torch.randperm(80, generator=G) for _ in pos])  # every entry, shuffled
+    base[1, 5], base[2, 0] = base[1, 4], 300  # a repeat, one past the sequence
+    for sinks, win in ((torch.randn(h, generator=G), 16), (None, 0)):
+        p = AttnParams(scale=0.25, window=win, shared_kv=True)
+        args = (q, kc, _batch(pos, ctx, row), cc, _batch(pos, ctx // m, crow, m))
+        outs = [attn_sparse_topk(*args, torch.cat((base, torch.full((len(pos), w - 80), -1)), 1), p, sinks,
+                                 fixed_order=True) for w in (80, 81, 300, 500)]
+        assert all(torch.equal(o, outs[0]) for o in outs[1:])
+        assert torch.allclose(outs[0], attn_sparse_topk(*args, base, p, sinks), atol=1e-5)

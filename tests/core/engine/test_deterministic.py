@@ -1,9 +1,9 @@
 """``deterministic=true`` on the reference (tiny DeepSeek-V4, fp32), tested the way SGLang's and vLLM's
-determinism suites test it: a "needle" request alone and inside random batches of 1..32 gives bitwise the
-same tokens and logprobs, across chunked-prefill chunk sizes, prefix-cache hits at lengths that cross block
-and chunk boundaries, preemption, and speculative decoding (greedy); seeded sampling too. The negative
-control: with the mode off, the same batches change the needle's logprobs (this backend path is not batch
-invariant by default). Refusals: a backend whose ops cannot honour the mode, naming them; commands and
+determinism suites test it: a "needle" request alone, beside a longer prompt and inside random batches of
+1..32 gives bitwise the same tokens and logprobs, across chunked-prefill chunk sizes, prefix-cache hits at
+lengths that cross block and chunk boundaries, preemption, and speculative decoding (greedy); seeded sampling
+too. The negative control: with the mode off, the same batches change the needle's logprobs (this backend path
+is not batch invariant by default). Refusals: a backend whose ops cannot honour the mode, naming them; commands and
 layouts that do not run it."""
 
 from __future__ import annotations
@@ -61,6 +61,16 @@ def test_the_needle_is_bitwise_the_same_in_any_batch(chunked, size):
     e, alone = chunked
     batch, at = batch_around(NEEDLE, size, seed=size)
     assert same(e.generate(batch, greedy())[at], alone)
+
+
+def test_a_longer_prompt_beside_the_needle_changes_nothing(chunked):
+    """The batches above hold shorter prompts than the needle; beside a longer one the needle's HCA rows are
+    padded to the batch's width (its largest position // 16 entries, -1 past the needle's own). Sparse
+    attention's fixed key slices make that padding add exact zeros (before them the needle's logprobs
+    differed here in the last bits)."""
+    e, alone = chunked
+    longer = [random.Random(5).randrange(1, 190) for _ in range(120)]
+    assert same(e.generate([longer, NEEDLE], greedy())[1], alone)
 
 
 @pytest.mark.parametrize("prefix", [1, BS - 1, CHUNK + 1, 3 * BS + 5])
