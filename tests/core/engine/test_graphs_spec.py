@@ -1,15 +1,17 @@
 """Speculative decoding's verification steps replayed from decode graphs (core/engine/graphs.py): a step whose
 every sequence carries its last token and ``k`` drafts is captured per (bucket, tokens a sequence, kind), with
 the target's hidden states as a second output for the MTP drafter. The tiny DeepSeek-V4 with its fitted MTP
-layer and with n-gram drafts, greedy, ``deterministic=true``: graphs on give the eager run's tokens and every
-draft the drafter made, and its logprobs within 1e-5. Not bit for bit: a graph step has no host plan, so
-DeepSeek-V4's HCA layers index ``max_model_len // 16`` entries (-1 padded) where the eager step indexes its own
-context's, and the reference's attention over the wider index differs in the last bits (up to 1e-6 measured on
-200-token contexts; plain decode steps the same). The graph runner is the CPU's stand-in (as
-tests/core/parallel/graph_workers.py's): capture records the step and copies of its inputs, each replay copies
-new inputs into them and runs the step under core's host-read guard (a read in core or model code raises), and
-every replay returns the same output tensors, overwritten. Reference ops on the CPU, and one step on cuda_sm100's
-kernels in Triton's interpreter: no device graph is captured here (.ci/device_check does that)."""
+layer and with n-gram drafts, greedy, ``deterministic=true``: graphs on give the eager run's tokens, every draft
+the drafter made and its logprobs bit for bit (plain decode steps replay among them). That needs more than equal
+inputs: a graph step has no host plan, so DeepSeek-V4's HCA layers index ``max_model_len // 16`` entries (-1
+padded) where the eager step indexes its own context's, and the batch-invariant mode's sparse attention sums over
+fixed key slices, so trailing masked entries add exact zeros (backends/reference/attention.py:attend_chunked).
+The negative control plants a split whose boundary follows the padded width (half of it): the replayed
+logprobs then differ. The graph runner is the CPU's stand-in (as tests/core/parallel/graph_workers.py's):
+capture records the step and copies of its inputs, each replay copies new inputs into them and runs the step
+under core's host-read guard (a read in core or model code raises), and every replay returns the same output
+tensors, overwritten. Reference ops on the CPU, and one step on cuda_sm100's kernels in Triton's interpreter:
+no device graph is captured here (.ci/device_check does that)."""
 
 from __future__ import annotations
 
@@ -145,16 +147,14 @@ def test_verification_steps_replay_with_the_eager_tokens_logprobs_and_drafts(loa
     want_outs, want_drafts, _, _ = eager(method, async_scheduling)
     fake, pads = GuardedGraphs(), []
     outs, drafts, steps, eng = run(loaded, prompts(method), method, fake, async_scheduling, pads)
-    assert [o[0] for o in outs] == [o[0] for o in want_outs]
-    for (_, got), (_, want) in zip(outs, want_outs):
-        assert len(got) == len(want) and all(p.keys() == q.keys() and all(abs(p[t] - q[t]) < 1e-5 for t in p)
-                                             for p, q in zip(got, want))
+    assert outs == want_outs and any(lp for _, lp in outs)  # tokens and logprobs, bit for bit
     if async_scheduling:  # the step thread's calls with no room for drafts (limit 0) depend on its timing
         drafts, want_drafts = ({k: d for k, d in x.items() if d} for x in (drafts, want_drafts))
     assert drafts == want_drafts and sum(len(d) for d in drafts.values()) > 0
     graphs = eng.runner.graphs
     # verification steps (every sequence: 1 + K tokens) replayed, each (bucket, q, kind) captured once
     assert len(fake.replays) == graphs.num_replays and sum(q == 1 + K for _, q in fake.replays) > 0
+    assert any(q == 1 for _, q in fake.replays)  # plain decode steps too
     assert len(fake.captured) == graphs.num_captures == len(graphs._replays)
     assert {(b, q) for b, q, _ in graphs._replays} == set(fake.replays) == set(fake.captured)
     # steps whose sequences carry different token counts (prompt chunks, drafts cut short) ran eagerly
@@ -184,6 +184,20 @@ def test_stale_hidden_states_change_the_mtp_drafts(loaded, eager):
     outs, drafts, _, _ = run(loaded, prompts("mtp"), "mtp", fake)
     assert fake.replays and [o[0] for o in outs] == [o[0] for o in want_outs]
     assert drafts != want_drafts
+
+
+def test_a_split_that_follows_the_padded_width_changes_the_replayed_logprobs(loaded, monkeypatch):
+    """The negative control of the bitwise comparison above: sparse attention's slices cut at half of the
+    row's width (a split-KV whose boundary moves with -1 padding, what the mode forbids), eager and replayed
+    alike; the graph's wider HCA rows then round otherwise and the logprobs differ (the tokens need not)."""
+    from inferhal.backends.reference import attention, deepseek
+
+    monkeypatch.setattr(deepseek, "attend_chunked", lambda q, k, v, mask, p, sinks: attention.attend_chunked(
+        q, k, v, mask, p, sinks, chunk=-(-k.shape[1] // 2)))
+    want_outs, _, _, _ = run(loaded, prompts("mtp"), "mtp", None)
+    fake = GuardedGraphs()
+    outs, _, _, _ = run(loaded, prompts("mtp"), "mtp", fake)
+    assert fake.replays and [lp for _, lp in outs] != [lp for _, lp in want_outs]
 
 
 def test_a_verification_step_runs_on_the_kernels_without_a_host_read():
