@@ -79,19 +79,22 @@ class Drafting:
                 prop.accept(s.request_id, len(s.spec_token_ids), r.num_computed_tokens - s.num_computed - known)
             if r is not None and not r.is_finished and r.num_computed_tokens > s.num_computed:
                 seqs.append(StepSeq(s.request_id, s.num_computed, r.num_computed_tokens - s.num_computed, row,
-                                    r.all_token_ids, self.kv_manager.block_ids(s.request_id)))
+                                    r.all_token_ids, self.kv_manager.block_ids(s.request_id), s.num_new))
             row += s.num_new
         for r in changed:
             if r.is_finished:
                 prop.free(r.request_id)
-        prop.prefill(TargetStep(tuple(seqs), hidden, self.kv_storage))
-        if self.off_at and num_running >= self.off_at:
-            return
-        wants = []
-        for r in changed:
+        step = TargetStep(tuple(seqs), hidden, self.kv_storage)
+        wants: list[DraftWant] | None = None if self.off_at and num_running >= self.off_at else []
+        for r in changed if wants is not None else ():
             if r.is_finished or r.num_tokens - r.num_computed_tokens != 1:
                 continue
             left = min(r.params.max_tokens - r.num_output_tokens, self.max_model_len - r.num_tokens)
             wants.append(DraftWant(r.request_id, r.all_token_ids, left - 1, self.kv_manager.block_ids(r.request_id)))
-        for rid, drafts in prop.propose(wants, self.kv_storage).items():
-            requests[rid].spec_token_ids = list(drafts)
+        if hasattr(prop, "prefill_and_propose"):  # MTP: one draft graph replay where it can (core/spec/mtp_graph.py)
+            drafts = prop.prefill_and_propose(step, wants, self.kv_storage)
+        else:
+            prop.prefill(step)
+            drafts = {} if wants is None else prop.propose(wants, self.kv_storage)
+        for rid, got in drafts.items():
+            requests[rid].spec_token_ids = list(got)

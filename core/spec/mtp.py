@@ -22,6 +22,10 @@ Models with several MTP layers: layers past 0 run only in chained steps, so thei
 those steps wrote (vLLM's behaviour too); drafts stay exact to verify, only acceptance can suffer.
 Drafts are the MTP head's argmax (``q`` one-hot), which the rejection sampler (``spec.verify``) verifies
 exactly for greedy and sampled requests alike.
+
+With ``backend.graphs=true`` and synchronous scheduling the engine calls :meth:`MtpProposer.prefill_and_propose`,
+which replays the prefill and the drafts as one fixed-shape graph after a uniform step (:attr:`MtpProposer.graphs`,
+core/spec/mtp_graph.py) and runs this eager code otherwise.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ class MtpProposer:
         n = model.cfg.num_layers
         self.group = dataclasses.replace(swa, name=GROUP, layers=tuple(range(n, n + self.num_mtp_layers)))
         self._first: dict[str, tuple[int, torch.Tensor]] = {}  # request → (draft 1, MTP streams at c' - 1)
+        self.graphs: Any = None  # core/spec/mtp_graph.MtpDraftGraphs (backend.graphs=true, synchronous, one process)
 
     @property
     def num_speculative_tokens(self) -> int:
@@ -129,6 +134,17 @@ class MtpProposer:
             toks = self.model.mtp_head(tail, 0).tolist()
             for rid, tok, h in zip(last_req, toks, tail):
                 self._first[rid] = (int(tok), h)
+
+    def prefill_and_propose(self, step: TargetStep, wants: Sequence[DraftWant] | None,
+                            kv: Any = None) -> dict[str, list[int]]:
+        """:meth:`prefill` then :meth:`propose` (``wants`` None: drafting paused, the prefill alone): one replay
+        of a draft graph where :attr:`graphs` takes the call (core/spec/mtp_graph.py), else eagerly."""
+        got = None if self.graphs is None else self.graphs.draft(step, wants)
+        if got is not None:
+            self._first.clear()
+            return got
+        self.prefill(step)
+        return {} if wants is None else self.propose(wants, kv)
 
     def propose(self, wants: Sequence[DraftWant], kv: Any = None) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}

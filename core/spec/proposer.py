@@ -54,6 +54,7 @@ class StepSeq:
     row: int
     token_ids: Sequence[int]  # the request's tokens now (prompt + output, this step's tokens included)
     block_ids: Mapping[str, Sequence[int]]
+    num_rows: int = 0  # the step's rows of this request (its scheduled tokens, rejected drafts included; 0: unknown)
 
 
 @dataclass(frozen=True)

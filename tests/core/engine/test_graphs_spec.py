@@ -116,6 +116,16 @@ def run(loaded, prompts, method, runner, async_scheduling=False, pads=None):
         return got
 
     eng.proposer.propose = logged
+    if hasattr(eng.proposer, "prefill_and_propose"):  # MTP, synchronous: a draft graph's drafts skip propose
+        fused = eng.proposer.prefill_and_propose
+
+        def logged_fused(step, wants, kv=None):
+            got = fused(step, wants, kv)
+            for w in wants or ():
+                drafts[(w.request_id, len(w.token_ids))] = list(got.get(w.request_id, ()))
+            return got
+
+        eng.proposer.prefill_and_propose = logged_fused
     ids = [eng.add_request(p, SamplingParams(max_tokens=m, temperature=0.0, ignore_eos=True, logprobs=2 * (i % 2)))
            for i, (p, m) in enumerate(zip(prompts, MAX_TOKENS))]
     done, steps = {}, []
@@ -152,11 +162,18 @@ def test_verification_steps_replay_with_the_eager_tokens_logprobs_and_drafts(loa
         drafts, want_drafts = ({k: d for k, d in x.items() if d} for x in (drafts, want_drafts))
     assert drafts == want_drafts and sum(len(d) for d in drafts.values()) > 0
     graphs = eng.runner.graphs
+    # MTP, synchronous: its draft steps after a uniform step replay too (core/spec/mtp_graph.py: the same
+    # runner, under the guard), each (bucket, q, k) captured once
+    drafter = getattr(eng.proposer, "graphs", None)
+    assert (drafter is not None) == (method == "mtp" and not async_scheduling)
+    d_caps, d_reps, d_keys = (0, 0, set()) if drafter is None else \
+        (drafter.num_captures, drafter.num_replays, {(b, q) for b, q, _ in drafter._replays})
+    assert drafter is None or (d_reps > 0 and drafter.disabled is None and d_caps == len(drafter._replays))
     # verification steps (every sequence: 1 + K tokens) replayed, each (bucket, q, kind) captured once
-    assert len(fake.replays) == graphs.num_replays and sum(q == 1 + K for _, q in fake.replays) > 0
+    assert len(fake.replays) == graphs.num_replays + d_reps and sum(q == 1 + K for _, q in fake.replays) > 0
     assert any(q == 1 for _, q in fake.replays)  # plain decode steps too
-    assert len(fake.captured) == graphs.num_captures == len(graphs._replays)
-    assert {(b, q) for b, q, _ in graphs._replays} == set(fake.replays) == set(fake.captured)
+    assert len(fake.captured) == graphs.num_captures + d_caps and graphs.num_captures == len(graphs._replays)
+    assert {(b, q) for b, q, _ in graphs._replays} | d_keys == set(fake.replays) == set(fake.captured)
     # steps whose sequences carry different token counts (prompt chunks, drafts cut short) ran eagerly
     assert graphs.num_replays < len(steps)
     assert graphs.hidden is (method == "mtp") and graphs.disabled is None
@@ -229,3 +246,25 @@ def test_a_verification_step_runs_on_the_kernels_without_a_host_read():
     assert logits.shape == (2 * (1 + K), 192) and bool(torch.isfinite(logits).all())
     assert torch.equal(logits[:1 + K], want) and torch.equal(hidden[:1 + K], want_hidden)
     assert torch.equal(logits[1 + K:], want) and torch.equal(hidden[1 + K:], want_hidden)
+
+
+def test_an_mtp_draft_step_runs_on_the_kernels_without_a_host_read():
+    """The MTP drafter's prefill over 3 rows of a sequence (2 exact) and its chained step
+    (core/spec/mtp_graph.py), through cuda_sm100's kernels (Triton's interpreter) under the guard with backend
+    reads fatal: the eager drafter's drafts, and the KV pool bit for bit as the eager drafter leaves it."""
+    from tests.core.spec.test_mtp_graph import graphs, kv_state, setup
+
+    eng = LLM("deepseek_v4_tiny_mtp", backend="cuda_sm100", overrides=[
+        "backend.interpret=true", "backend.strict=true", "cache.num_blocks=8", "spec=mtp",
+        f"spec.num_speculative_tokens={K}"]).engine
+    step, wants = setup(eng, [2], [5])
+    eng.proposer.prefill(step)
+    want, want_kv = eng.proposer.propose(wants, eng.kv_storage), kv_state(eng)
+    g = graphs(eng, None)
+    step, wants = setup(eng, [2], [5])
+    q, keep = g.plan(step, wants)
+    args = g.inputs(step, q, keep, 1)  # on the host, before the step (as MtpDraftGraphs.draft does)
+    with HostSyncGuard(backend_fatal=True):
+        drafts = g.step_fn()(*args)
+    assert drafts.tolist() == [want["r0"]] and keep == [K]
+    assert all(torch.equal(a, b) for a, b in zip(kv_state(eng), want_kv))
