@@ -34,17 +34,31 @@ def register(array: Any) -> None:
         _MAPS[start] = (int(array.nbytes), weakref.ref(mm))
 
 
+def _mapping_of(t: torch.Tensor):
+    """(start address, bytes, mmap) of the registered, open file mapping that holds all of ``t``'s bytes, or None."""
+    if t.device.type != "cpu":
+        return None
+    ptr, n = int(t.data_ptr()), t.numel() * t.element_size()
+    with _LOCK:
+        hit = next(((a, size, ref()) for a, (size, ref) in _MAPS.items() if a <= ptr and ptr + n <= a + size), None)
+    return None if hit is None or hit[2] is None or hit[2].closed else hit
+
+
+def is_mapped(t: torch.Tensor) -> bool:
+    """Whether ``t``'s bytes lie in a registered read-only file mapping (nothing can write them)."""
+    return _mapping_of(t) is not None
+
+
 def release(t: torch.Tensor) -> int:
     """Give back the resident pages of ``t``'s bytes when they lie in a registered file mapping (only the
     pages wholly inside them, so a neighbour's bytes stay); → the bytes released (0 when ``t`` is not
     mapped). ``t`` stays valid: its bytes are read from the file again if it is used."""
-    if t.device.type != "cpu" or not t.is_contiguous():
+    if not t.is_contiguous():
+        return 0
+    hit = _mapping_of(t)
+    if hit is None:
         return 0
     ptr, n = int(t.data_ptr()), t.numel() * t.element_size()
-    with _LOCK:
-        hit = next(((a, size, ref()) for a, (size, ref) in _MAPS.items() if a <= ptr and ptr + n <= a + size), None)
-    if hit is None or hit[2] is None or hit[2].closed:
-        return 0
     start, _, mm = hit
     lo = -(-(ptr - start) // _PAGE) * _PAGE  # offsets into the mapping, rounded inwards to whole pages
     hi = ((ptr + n - start) // _PAGE) * _PAGE

@@ -83,13 +83,36 @@ def int_block_values(w: QuantWeight) -> torch.Tensor:
     return v.view(n, k)
 
 
+def _back_to_back(ws: list[torch.Tensor]) -> torch.Tensor | None:
+    """``ws`` stacked along N as a view, without a copy, where they are contiguous row blocks lying back to back in
+    one storage of a read-only weight mapping (the disk weight cache writes a layer's q, k, v and gate, up so,
+    and maps them as one storage); None otherwise. Only for such mappings: nothing can write them, so the view
+    aliasing its parts changes nothing, and its pages stay file-backed (a backend's packed copy gives them back)."""
+    first = ws[0]
+    if len(ws) < 2 or not all(w.is_contiguous() and w.dim() >= 1 and w.dtype == first.dtype and w.device == first.device
+                              and w.shape[1:] == first.shape[1:] for w in ws):
+        return None
+    base = first.untyped_storage().data_ptr()
+    off = first.storage_offset()
+    for w in ws:
+        if w.untyped_storage().data_ptr() != base or w.storage_offset() != off:
+            return None
+        off += w.numel()
+    joined = first.as_strided((sum(w.shape[0] for w in ws), *first.shape[1:]), first.stride(), first.storage_offset())
+    return joined if mapped.is_mapped(joined) else None
+
+
 def cat_rows(ws) -> torch.Tensor | QuantWeight:
     """Weights ``[N_i, K]`` stacked along N: ``torch.cat`` for tensors; int_block weights of one block size
-    (a zero offset stands in where one has none and another has one: fl(v - 0) = v). The parts' pages go
+    (a zero offset stands in where one has none and another has one: fl(v - 0) = v). Tensors lying back to back
+    in a mapped weight file are joined as a view of it (:func:`_back_to_back`); otherwise the parts' pages go
     back where they view a mapped weight file (:func:`~inferhal.core.ops.mapped.release`): the fused copy is
     what a model keeps and reads."""
     ws = list(ws)
     if all(isinstance(w, torch.Tensor) for w in ws):
+        joined = _back_to_back(ws)
+        if joined is not None:
+            return joined
         out = torch.cat(ws)
         for w in ws:
             mapped.release(w)

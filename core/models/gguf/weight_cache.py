@@ -6,7 +6,9 @@ Dequantising the Gemma 3 270M GGUF to fp32 takes a few seconds; the result (1.07
 dtype and :data:`VERSION` (bump it when dequantisation changes), so an edited file or another dtype
 never hits a stale entry; int_block weights (a bf16 model's integer blocks, :mod:`.loader`) are stored as
 their int8 and fp32 parts under their own key. Mapped tensors are read-only views of the page cache: loading
-is ~0.1 s and the pages are shared between processes. Disable with ``INFERHAL_WEIGHT_CACHE=0``.
+is ~0.1 s and the pages are shared between processes. They all view one storage over the file, so weights
+written back to back (a layer's q, k, v and gate, up, decoded in that order) join as one view where a model fuses
+them (:func:`~inferhal.core.ops.quant.cat_rows`): no anonymous copy. Disable with ``INFERHAL_WEIGHT_CACHE=0``.
 
 A miss writes the entry as the weights are decoded, one at a time, each dropped once written, and then maps
 it like a hit: a first load holds no more than a later one (plus the one weight being decoded). Holding every
@@ -85,12 +87,13 @@ def load(d: Path) -> dict[str, Weight] | None:
         out = {}
         with warnings.catch_warnings():  # read-only mapping: the model never writes its weights
             warnings.simplefilter("ignore", UserWarning)
-            for name, (off, shape, dt) in index["tensors"].items():
-                bf16 = dt == "bfloat16"
-                npd = np.dtype(np.int16 if bf16 else dt)
-                n = int(np.prod(shape, dtype=np.int64)) * npd.itemsize
-                t = torch.from_numpy(mm[off : off + n].view(npd).reshape(shape))
-                out[name] = t.view(torch.bfloat16) if bf16 else t
+            # every weight a view of one storage over the whole file: weights written back to back (a layer's
+            # q, k, v; gate, up) are then one tensor's rows, which cat_rows joins without a copy
+            flat = torch.from_numpy(mm)
+        for name, (off, shape, dt) in index["tensors"].items():
+            tdt = torch.bfloat16 if dt == "bfloat16" else torch.from_numpy(np.empty(0, np.dtype(dt))).dtype
+            n = int(np.prod(shape, dtype=np.int64)) * tdt.itemsize
+            out[name] = flat[off : off + n].view(tdt).view(shape)
         return _unflatten(out)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         log.debug("weight cache %s unusable: %s", d, exc)

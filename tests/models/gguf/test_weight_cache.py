@@ -32,6 +32,28 @@ def test_round_trip_is_exact_and_mapped(tmp_path):
             assert got[k].dtype == dtype and torch.equal(got[k], want[k])
 
 
+def test_weights_written_back_to_back_join_as_a_view_of_the_mapping(tmp_path):
+    """A layer's q, k, v (and gate, up) are decoded one after another, so the entry holds them back to back;
+    mapped as one storage, cat_rows joins them without a copy (a model's fused product reads the file's pages,
+    which a backend's packed copy gives back). Parts apart in the file, or not mapped, are copied."""
+    from inferhal.core.ops import mapped
+    from inferhal.core.ops.quant import cat_rows
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x")
+    g = torch.Generator().manual_seed(1)
+    want = {n: torch.randn(r, 16, generator=g) for n, r in (("q", 8), ("k", 4), ("v", 4), ("o", 16), ("gate", 8))}
+    got, _ = wc.cached(tmp_path / "c", gguf, torch.float32, lambda: iter(want.items()))
+    qkv = cat_rows((got["q"], got["k"], got["v"]))
+    assert qkv.data_ptr() == got["q"].data_ptr() and mapped.is_mapped(qkv)  # a view, no copy
+    assert torch.equal(qkv, torch.cat((want["q"], want["k"], want["v"])))
+    apart = cat_rows((got["q"], got["gate"]))  # o lies between them
+    assert apart.data_ptr() != got["q"].data_ptr() and torch.equal(apart, torch.cat((want["q"], want["gate"])))
+    mem = torch.randn(16, 16)
+    anon = cat_rows((mem[:8], mem[8:]))  # back to back, but anonymous memory: a copy, as before
+    assert anon.data_ptr() != mem.data_ptr() and torch.equal(anon, mem)
+
+
 def test_changed_file_misses_and_corrupt_entry_rebuilds(tmp_path):
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"x")
