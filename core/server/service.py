@@ -167,7 +167,8 @@ class Service:
         self.check_choices(job, len(ids))
         subs: list[tuple[str, asyncio.Queue]] = []
         try:
-            self.engine.check_room(job.n, job.n * len(ids))  # the n choices fit together, or none is admitted
+            if job.n > 1:  # the n choices fit together, or none is admitted (one goes through submit's own checks)
+                self.engine.check_room(job.n, job.n * len(ids))
             for i in range(job.n):
                 subs.append(await self.engine.submit(ids, self.sampling(job, len(ids), i), job.timeout_s,
                                                      session=job.session))
