@@ -24,6 +24,10 @@ ONE_WORKER = {path: "real_models" for path in (
     "core/server", "core/disagg/test_router.py", "core/bench/test_serve_bench.py",
     "core/bench/test_structured_bench.py", "core/structured/test_engine.py", "core/engine/test_cli.py",
     "core/bench/test_soak.py", "core/config/test_context.py", "core/spec/test_suffix_smollm.py")}
+#: other test paths that share one package-scoped run, kept on one worker so that it runs once: the tiny
+#: DeepSeek-V4's greedy run on cuda_sm100's kernels in the interpreter (backends/cuda_sm100/conftest.py)
+SHARED_RUNS = {path: "cuda_sm100_tiny_v4" for path in (
+    "backends/cuda_sm100/test_e2e_tiny_v4.py", "backends/cuda_sm100/test_host_reads.py")}
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -45,8 +49,10 @@ def pytest_configure(config):
 
 
 def group_of(rel: str):
-    """The ONE_WORKER group of a test path relative to tests/ (``models/gemma3/test_bf16.py``), or None."""
-    return next((g for prefix, g in ONE_WORKER.items() if rel == prefix or rel.startswith(prefix + "/")), None)
+    """The ONE_WORKER (or SHARED_RUNS) group of a test path relative to tests/ (``models/gemma3/test_bf16.py``),
+    or None."""
+    return next((g for prefix, g in (ONE_WORKER | SHARED_RUNS).items()
+                 if rel == prefix or rel.startswith(prefix + "/")), None)
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)  # xdist's hook: unknown (not an error) without it

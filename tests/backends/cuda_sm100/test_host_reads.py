@@ -28,10 +28,8 @@ from inferhal.core.engine.host_sync import HostSyncGuard
 from inferhal.core.engine.llm import LLM
 from inferhal.core.models.base import LoadedModel
 from inferhal.core.sampling.params import SamplingParams
+from tests.backends.cuda_sm100.conftest import PROMPTS, watch
 from tests.core.engine.test_host_sync import CONFIGS, _decoder
-
-PROMPTS = [[1, 17, 130, 5, 99, 42, 7], [3, 3, 81, 190, 12]]  # vocab 192
-ENTRY_POINTS = ("forward", "forward_greedy", "forward_and_hidden")
 
 #: "what at path function" -> (reads per step of the tiny V4 (2 CSA layers), why it stays). Empty: the last
 #: one, indexer.scores' ``int(seq_lens.max())`` width, went when its contract took the block table's reach
@@ -44,37 +42,11 @@ def _place(key: str) -> str:
     return re.sub(r"(\S+):\d+ ", r"\1 ", key)
 
 
-def watch(model, guards: list, backend_fatal: bool = False) -> None:
-    """Run each model call under a fresh guard, kept in ``guards`` as (tokens in the batch, guard)."""
-    for name in ENTRY_POINTS:
-        fn = getattr(model, name, None)
-        if fn is None:
-            continue
-
-        def run(batch, *a, _fn=fn, **k):
-            guard = HostSyncGuard(backend_fatal=backend_fatal)
-            with guard:
-                out = _fn(batch, *a, **k)
-            guards.append((int(batch.input_ids.shape[0]), guard))
-            return out
-
-        setattr(model, name, run)
-
-
-@pytest.fixture(scope="module")
-def tiny_v4():
-    return LLM("deepseek_v4_tiny", backend="cuda_sm100", overrides=["backend.interpret=true", "backend.strict=true"])
-
-
 @pytest.mark.slow
-def test_tiny_v4_steps_read_only_the_listed_places(tiny_v4):
-    guards: list = []
-    watch(tiny_v4.engine.runner.model, guards)
-    sp = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-    got = [o.token_ids for o in tiny_v4.generate(PROMPTS, sp)]
-    want = [o.token_ids for o in LLM("deepseek_v4_tiny", backend="reference").generate(PROMPTS, sp)]
+def test_tiny_v4_steps_read_only_the_listed_places(tiny_v4_greedy):
+    got, want, guards = tiny_v4_greedy  # the package's plain greedy run, each model call under a counting guard
     assert got == want  # the guard watched the real ops: tokens unchanged
-    assert [n for n, _ in guards] == [12, 2, 2]  # a prefill, then two decode steps
+    assert [n for n, _ in guards] == [12, 2, 2, 2, 2, 2]  # a prefill, then five decode steps
     expected = {k: n for k, (n, _) in REMAINING.items()}
     for i, (_, guard) in enumerate(guards):
         places: dict = {}
