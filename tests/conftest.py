@@ -24,10 +24,14 @@ ONE_WORKER = {path: "real_models" for path in (
     "core/server", "core/disagg/test_router.py", "core/bench/test_serve_bench.py",
     "core/bench/test_structured_bench.py", "core/structured/test_engine.py", "core/engine/test_cli.py",
     "core/bench/test_soak.py", "core/config/test_context.py", "core/spec/test_suffix_smollm.py")}
-#: other test paths that share one package-scoped run, kept on one worker so that it runs once: the tiny
-#: DeepSeek-V4's greedy run on cuda_sm100's kernels in the interpreter (backends/cuda_sm100/conftest.py)
-SHARED_RUNS = {path: "cuda_sm100_tiny_v4" for path in (
-    "backends/cuda_sm100/test_e2e_tiny_v4.py", "backends/cuda_sm100/test_host_reads.py")}
+#: other test paths whose tests share an expensive module- or package-scoped fixture, kept on one worker so that it
+#: runs once (xdist makes every test its own unit here: a module's tests spread over the workers, each worker
+#: building the module's fixtures again): the tiny DeepSeek-V4's greedy run on cuda_sm100's kernels in the
+#: interpreter (backends/cuda_sm100/conftest.py); test_dp_engine.py's dep2 ranks and single-process references
+#: (~19 s, built on both workers before)
+SHARED_RUNS = {"backends/cuda_sm100/test_e2e_tiny_v4.py": "cuda_sm100_tiny_v4",
+               "backends/cuda_sm100/test_host_reads.py": "cuda_sm100_tiny_v4",
+               "core/parallel/test_dp_engine.py": "dp_engine"}
 
 
 def pytest_xdist_auto_num_workers(config):
