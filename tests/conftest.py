@@ -27,11 +27,12 @@ ONE_WORKER = {path: "real_models" for path in (
 #: other test paths whose tests share an expensive module- or package-scoped fixture, kept on one worker so that it
 #: runs once (xdist makes every test its own unit here: a module's tests spread over the workers, each worker
 #: building the module's fixtures again): the tiny DeepSeek-V4's greedy run on cuda_sm100's kernels in the
-#: interpreter (backends/cuda_sm100/conftest.py); test_dp_engine.py's dep2 ranks and single-process references
-#: (~19 s, built on both workers before)
+#: interpreter (backends/cuda_sm100/conftest.py); the spawned ranks (and single-process references) of
+#: test_dp_engine.py, test_tbo.py, test_dp_graphs.py and test_elastic.py (6-19 s each, built on both workers before)
 SHARED_RUNS = {"backends/cuda_sm100/test_e2e_tiny_v4.py": "cuda_sm100_tiny_v4",
                "backends/cuda_sm100/test_host_reads.py": "cuda_sm100_tiny_v4",
-               "core/parallel/test_dp_engine.py": "dp_engine"}
+               **{f"core/parallel/test_{name}.py": f"parallel_{name}"
+                  for name in ("dp_engine", "tbo", "dp_graphs", "elastic")}}
 
 
 def pytest_xdist_auto_num_workers(config):
