@@ -53,6 +53,26 @@ def close():
     return check
 
 
+def dot_rows_move_freely(m: int = 64, k: int = 128, n: int = 64) -> bool:
+    """Whether the interpreter's ``tl.dot`` (numpy's matmul, i.e. the host's BLAS) gives a row the same bits
+    wherever it sits among the ``m`` rows of a tile. An MMA row never depends on its place on a GPU; a CPU BLAS
+    may pick its micro-kernel path by row position: OpenBLAS's Haswell sgemm on an AVX2-only EPYC gives about
+    half the rows of a [64, 128] x [128, 64] product other last bits when moved to row 0 (measured); its
+    AVX-512 kernels on Zen 4 do not. Tests that move a row to another place in a tile assert bitwise equality
+    only where this holds, else within one rounding (the same products in another order)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    full, moved = a @ b, np.zeros_like(a)
+    for r in range(m):
+        moved[0] = a[r]
+        if not np.array_equal((moved @ b)[0], full[r]):
+            return False
+    return True
+
+
 def pytest_terminal_summary(terminalreporter):
     if MAX_ERRORS:
         terminalreporter.section("kernel max errors vs reference (execution level: interpreter)")
