@@ -153,6 +153,10 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         # wgmma accumulates in registers: 32-wide K tiles (4 stages) keep the bf16 GEMM unspilled (64 B at 64)
         "gemm": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
         "gemm_fp8": {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
+        # GGUF blocks (a scale and offset gathered per element) at the default's 64 x 64 x 64 and 4 warps: 255
+        # registers / 16 B of spill stack; 32-wide K tiles over 128 x 64 at 8 warps (4 stages): 167 / 0 / 61,440 B
+        # shared (128 x 128: 255 / 0; compiled for sm_90a, not run)
+        "gemm_int": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
         "attn_paged": _PAGED_SINGLE,
         "attn_sparse": _SPARSE_SINGLE,
         "attn_sparse_records": _SPARSE_SINGLE_RECORDS,

@@ -68,4 +68,7 @@ def _print(rows, target, backend, out) -> None:
             t.add_row(r["kernel"], r["op"], "[red]no[/]", "", "", "", "", "", escape(r["error"]))
     console = make_console()
     console.print(t)
+    spilled = [f"{r['kernel']} ({r['spill_stack_bytes']} B)" for r in rows if r["compiled"] and r["spill_stack_bytes"]]
+    console.print(f"spill stack in {len(spilled)} of {len(rows)} kernels: {', '.join(spilled)}" if spilled
+                  else f"spill stack in none of the {len(rows)} kernels")
     console.print(f"JSON written to {out}")
