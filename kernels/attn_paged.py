@@ -39,9 +39,10 @@ def attn_paged_kernel(q_ptr, kv_ptr, o_ptr, sink_ptr, bt_ptr, seq_ptr, pos_ptr, 
                       DTYPE: tl.constexpr, PREC: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
                       BLOCK_D: tl.constexpr, INTERP: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
-    hk = tl.program_id(1).to(tl.int64)
+    groups = tl.cdiv(REP, BLOCK_H)  # programs per KV head, BLOCK_H of its REP query heads each
+    hk = tl.program_id(1).to(tl.int64) // groups
     b, qpos, first, last = query_span(seq_ptr, pos_ptr, len_ptr, t, window)
-    hi = tl.arange(0, BLOCK_H)
+    hi = (tl.program_id(1) % groups) * BLOCK_H + tl.arange(0, BLOCK_H)
     hm = hi < REP
     heads = hk * REP + hi
     d = tl.arange(0, BLOCK_D)
@@ -139,8 +140,8 @@ def attn_paged(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, p: Att
     if decode == "split":
         return _split(q, kv_cache, batch, p, sinks, target, out, tok_seq, bt, stride_ckv, stride_ch)
     cfg = config("attn_paged", target)
-    bh = max(16, next_pow2(rep))  # all query heads of one KV head in one tile (tl.dot needs M >= 16)
-    launch(attn_paged_kernel, (t, hk),
+    bh = min(max(16, next_pow2(rep)), max(16, cfg["BLOCK_H"]))  # query heads of one KV head a tile (tl.dot: M >= 16)
+    launch(attn_paged_kernel, (t, hk * triton.cdiv(rep, bh)),
         q, kv_cache, out, sinks.float().contiguous() if sinks is not None else q, bt, tok_seq.contiguous(),
         batch.positions.contiguous(), batch.seq_lens.contiguous(), rep, d, kv_cache.shape[1], q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1), stride_ckv, stride_ch, bt.stride(0),

@@ -78,6 +78,9 @@ _SPARSE_SINGLE_RECORDS = {"BLOCK_N": 16, "CHANNEL_SPLIT": 2, "num_warps": 8, "nu
 # attn.paged's program per (token, KV head) (decode=single) the same way, compiled as V4's latent decode (64 heads on
 # one 512-dim head, 16-slot blocks): sm_90a 255 registers / 2,232 B of spill stack / 196,608 B shared at 64-key
 # tiles and 4 warps -> 255 / 64 / 98,304; sm_100a 255 / 16 / 262,688 B (over a block's 232,448) -> 228 / 0 / 115,232
+# BLOCK_H: the most query heads of one KV head a program holds (more: programs per KV head, each a group of heads).
+# sm_90a keeps 64 (255 / 56 B): 32-head groups at 8 warps hold no spill (32-key tiles 182 / 0 / 67,584 B, 16-key
+# 137 / 0) but wgmma needs 64 rows a warpgroup, so they compile to mma.sync; the split kernel (the default) has both.
 _PAGED_SINGLE = {"BLOCK_N": 16, "BLOCK_H": 64, "num_warps": 8, "num_stages": 2}
 
 _DEFAULT: dict[str, dict[str, Any]] = {
@@ -109,8 +112,8 @@ _DEFAULT: dict[str, dict[str, Any]] = {
     # BLOCK_R rows per program (1 for real vocabularies; more for small ones); BISECT_ITERS is unused by
     # kernels/sample.py (its bisections are exact: 32 steps on int32 keys), kept for the Ascend table
     "sample": {"BLOCK_V": 1024, "BLOCK_R": 1, "BISECT_ITERS": 40, "num_warps": 4},
-    # BLOCK_H is documentation of the intended M tile: the kernel takes all query heads of one KV head
-    "attn_paged": {"BLOCK_N": 32, "BLOCK_H": 16, "num_warps": 4, "num_stages": 2},
+    # BLOCK_H: the most query heads of one KV head a program holds (a KV head's REP heads in groups of BLOCK_H)
+    "attn_paged": {"BLOCK_N": 32, "BLOCK_H": 64, "num_warps": 4, "num_stages": 2},
     "topk_select": {"BLOCK_S": 1024, "BLOCK_SORT": 2048, "num_warps": 4},
     "indexer_scores": {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
     "attn_sparse": {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2},

@@ -4,7 +4,7 @@ Tolerance: fp32 runs are exact up to the online softmax's re-association (1e-5).
 rounds P to bf16 before the P·V dot (what the tensor cores take) while the oracle keeps P in fp32:
 each output is sum_s p_s v_s with sum p_s <= 1, so that costs at most 2**-8 * max|v|, plus the output's
 own bf16 rounding: two roundings at the scale of max|v|. Both kernels: split-KV (the default) and one
-program per (token, KV head) (``decode="single"``).
+program per (token, KV head, group of at most ``BLOCK_H`` of its query heads) (``decode="single"``).
 """
 
 import pytest
@@ -38,6 +38,9 @@ CASES = [
     ([12, 30], [4, 7], 4, 2, 24, False, 0, False, 0.0),  # chunked prefill, GQA, ragged D
     ([20], [20], 8, 2, 16, False, 6, True, 30.0),  # full prefill, window, softcap
     ([3, 50], [0, 2], 2, 1, 16, True, 0, True, 0.0),  # a sequence with no new tokens
+    # more query heads of a KV head than a program holds (the interpreter's BLOCK_H 16): decode=single runs groups
+    ([6, 19], [1, 2], 64, 2, 16, False, 0, True, 0.0),  # 32 heads a KV head: two groups each, two KV heads
+    ([7], [1], 40, 1, 16, True, 0, True, 0.0),  # 40 heads: three groups, the last one half masked
 ]
 
 
