@@ -112,7 +112,7 @@ class Engine:
             num_placeholder_drafts=prop.num_speculative_tokens if on_step_thread else 0,
             spec_off_at=off_at if on_step_thread else None)
         graphs = self._decode_graphs(backend, prop)
-        if graphs is not None and hasattr(prop, "graphs") and not on_step_thread:  # MTP's forward: a graph too
+        if graphs is not None and hasattr(prop, "graphs"):  # MTP's forward: a graph too
             from inferhal.core.spec.mtp_graph import MtpDraftGraphs
 
             prop.graphs = MtpDraftGraphs(prop, graphs, self.max_model_len)

@@ -21,8 +21,9 @@ captured once, on first use: the kind is the logits of every token (or, for an a
 tokens), and with a drafter that reads the target's hidden states (MTP: ``forward_and_hidden``) the final
 hidden states of every token as a second output, which the drafter reads after the step. Sampling,
 verification (``spec.verify``) and bitmasks stay outside the graph; the MTP drafter's own forward (its prefill
-and chained drafts) after a uniform step is a graph of its own, per (bucket, ``q``, ``k``), with synchronous
-scheduling in one process (core/spec/mtp_graph.py), else eager.
+and chained drafts) after a uniform step is a graph of its own, per (bucket, ``q``, ``k``), in one process
+(core/spec/mtp_graph.py; with asynchronous scheduling the step thread makes the next step's drafts with the
+prefill: core/engine/runner.py), else eager.
 
 Nothing a captured step computes may depend on a device value read on the host, or on host data of the
 capture: the step's batch carries no host plan (``ForwardBatch.seqs`` is None), so the models size their

@@ -40,7 +40,9 @@ verification prefills the drafter with the step's exact positions. It keeps each
 knows them (the host's copy, taken when the request enters a step, plus what it sampled since);
 :attr:`StepResult.drafts` tells the host which drafts it verified, so :meth:`Scheduler.update` rolls
 back the placeholders that did not stand. Outputs equal synchronous mode's: the verifier decides every
-token, the drafts only how many come per step.
+token, the drafts only how many come per step. With MTP draft graphs (core/spec/mtp_graph.py) the runner makes
+the next step's drafts right after verification, in the prefill's replay (:meth:`ModelRunner._next_wants`), and
+the next step keeps as many as it has placeholders: the drafts the eager order gives.
 """
 
 from __future__ import annotations
@@ -117,6 +119,7 @@ class ModelRunner:
         self._last: dict[str, int] = {}  # each request's last token sampled by the previous step (PENDING)
         self._tokens: dict[str, list[int]] = {}  # each request's tokens as this thread knows them (proposer)
         self._behind: dict[str, int] = {}  # placeholders the previous step scheduled that did not stand
+        self._early: dict[str, list[int]] | None = None  # the next step's drafts, made with the prefill (draft graphs)
 
     def _logits_buffer(self, rows: int) -> torch.Tensor:
         """``[rows, V]`` fp32 for the model's logits, one buffer grown to the most rows seen and reused every
@@ -158,12 +161,33 @@ class ModelRunner:
                     prop.accept(rid, len(s.spec_token_ids), len(toks) - 1)
                 self._tokens[rid].extend(toks)
                 behind[rid] = placeholders.get(rid, len(s.spec_token_ids)) - (len(toks) - 1)
-            seqs.append(StepSeq(rid, s.num_computed, exact, row, self._tokens[rid], s.block_ids))
+            seqs.append(StepSeq(rid, s.num_computed, exact, row, self._tokens[rid], s.block_ids, s.num_new))
             row += s.num_new
         self._behind = behind
-        prop.prefill(TargetStep(tuple(seqs), res.hidden, self.kv))
+        step = TargetStep(tuple(seqs), res.hidden, self.kv)
+        graphs = getattr(prop, "graphs", None)
+        if graphs is not None and graphs.usable():  # MTP draft graphs: the prefill and the next step's drafts
+            self._early = prop.prefill_and_propose(step, self._next_wants(step, requests), self.kv)
+        else:
+            prop.prefill(step)
         res.hidden = None
         return res
+
+    def _next_wants(self, step: TargetStep, requests: Mapping[str, Request]) -> list[DraftWant]:
+        """Drafts for every request of ``step`` that decodes next, as many as its ``max_tokens`` and
+        ``max_model_len`` leave, made now (one draft graph replay with the prefill, core/spec/mtp_graph.py)
+        where the eager drafter makes them at the next step's start. The same drafts: they depend only on this
+        step's tokens and hidden states and on the request's KV, which nothing writes in between (the blocks of
+        the chained positions are this step's lookahead); the next step keeps as many as it has placeholders."""
+        wants = []
+        for s in step.seqs:
+            toks = s.token_ids
+            if s.start + s.num_exact != len(toks) - 1:
+                continue
+            r = requests[s.request_id]
+            left = min(r.params.max_tokens - (len(toks) - r.num_prompt_tokens), self.max_model_len - len(toks))
+            wants.append(DraftWant(s.request_id, toks, left - 1, s.block_ids))
+        return wants
 
     def caught_up(self) -> None:
         """No step in flight and the host folded in every one (the engine's ``_fold_in_flight``): the next step
@@ -174,7 +198,7 @@ class ModelRunner:
         """Free the drafter's state of ended requests (on the step thread, or while no step is in flight)."""
         for rid in request_ids:
             self.proposer.free(rid)
-            for known in (self._tokens, self._behind, self._last):  # (a later request may reuse the id)
+            for known in (self._tokens, self._behind, self._last, self._early or {}):  # (a later request may reuse the id)
                 known.pop(rid, None)
 
     def _resolve(self, out: SchedulerOutput, requests: Mapping[str, Request]) -> tuple[SchedulerOutput, dict[str, int]]:
@@ -182,6 +206,7 @@ class ModelRunner:
         placeholders replaced by at most that many drafts from the proposer (none past ``max_tokens`` or
         ``max_model_len``); → the step and each request's number of placeholders."""
         placeholders = {s.request_id: len(s.spec_token_ids) for s in out.seqs if PENDING in s.spec_token_ids}
+        early, self._early = self._early, None
         wants = []
         for s in out.seqs:
             if s.request_id in placeholders:
@@ -192,7 +217,10 @@ class ModelRunner:
                                        f"tokens known to the step thread")
                 left = min(r.params.max_tokens - (len(toks) - r.num_prompt_tokens), self.max_model_len - len(toks))
                 wants.append(DraftWant(s.request_id, toks, min(placeholders[s.request_id], left - 1), s.block_ids))
-        drafts = self.proposer.propose(wants, self.kv) if wants else {}
+        if early is not None:  # made with the previous step's prefill (_next_wants)
+            drafts = {w.request_id: early.get(w.request_id, [])[:max(w.limit, 0)] for w in wants}
+        else:
+            drafts = self.proposer.propose(wants, self.kv) if wants else {}
         seqs = []
         for s in out.seqs:
             shift = self._behind.get(s.request_id, 0)

@@ -21,9 +21,10 @@ before the replay (the accepted counts are the verifier's tokens, already on the
 
 Padding sequences up to the bucket repeat the first sequence's inputs with every slot -1. Taken only when the
 drafter's plan is uniform: every running request of the step computed ``q`` tokens (``q`` one of the decode
-graphs' widths), decodes next and wants drafts, and a bucket holds them; else the eager drafter runs. Synchronous
-scheduling, one process: with asynchronous scheduling the prefill and the drafts are separate calls on the step
-thread, and under DP attention the MTP layer's MoE exchange would need the ranks' agreement (both eager).
+graphs' widths), decodes next and wants drafts, and a bucket holds them; else the eager drafter runs. One
+process: under DP attention the MTP layer's MoE exchange would need the ranks' agreement (eager there). With
+asynchronous scheduling the step thread calls it right after a step with the next step's wants
+(core/engine/runner.py: ``ModelRunner._next_wants``), where the eager drafter proposes at the next step's start.
 """
 
 from __future__ import annotations
@@ -59,11 +60,16 @@ class MtpDraftGraphs:
 
     # ------------------------------------------------------------------ the host's plan
 
+    def usable(self) -> bool:
+        """Whether any drafting call may replay: no capture failed, and one process (under DP attention the MTP
+        layer's MoE exchange would need the ranks' agreement)."""
+        return not self.disabled and not self.decode.disabled and self.decode.peers is None
+
     def plan(self, step: TargetStep, wants: Sequence[DraftWant] | None) -> tuple[int, list[int]] | None:
         """``(q, drafts kept per sequence)`` when this drafting call can replay, else None (eager). Host data
         only: the step's rows and exact counts, the wants' limits and each request's allocated blocks."""
         d = self.decode
-        if (self.disabled or d.disabled or d.peers is not None or not wants or step.hidden is None
+        if (not self.usable() or not wants or step.hidden is None
                 or len(wants) != len(step.seqs) or d.bucket(len(step.seqs)) is None):
             return None
         q = step.seqs[0].num_rows

@@ -116,7 +116,7 @@ def run(loaded, prompts, method, runner, async_scheduling=False, pads=None):
         return got
 
     eng.proposer.propose = logged
-    if hasattr(eng.proposer, "prefill_and_propose"):  # MTP, synchronous: a draft graph's drafts skip propose
+    if hasattr(eng.proposer, "prefill_and_propose"):  # MTP: a draft graph's drafts skip propose
         fused = eng.proposer.prefill_and_propose
 
         def logged_fused(step, wants, kv=None):
@@ -162,10 +162,11 @@ def test_verification_steps_replay_with_the_eager_tokens_logprobs_and_drafts(loa
         drafts, want_drafts = ({k: d for k, d in x.items() if d} for x in (drafts, want_drafts))
     assert drafts == want_drafts and sum(len(d) for d in drafts.values()) > 0
     graphs = eng.runner.graphs
-    # MTP, synchronous: its draft steps after a uniform step replay too (core/spec/mtp_graph.py: the same
-    # runner, under the guard), each (bucket, q, k) captured once
+    # MTP: its draft steps after a uniform step replay too (core/spec/mtp_graph.py: the same runner, under the
+    # guard), each (bucket, q, k) captured once; asynchronous: the step thread drafts right after verification
+    # (core/engine/runner.py), and the drafts equal the eager order's (its start-of-step proposals)
     drafter = getattr(eng.proposer, "graphs", None)
-    assert (drafter is not None) == (method == "mtp" and not async_scheduling)
+    assert (drafter is not None) == (method == "mtp")
     d_caps, d_reps, d_keys = (0, 0, set()) if drafter is None else \
         (drafter.num_captures, drafter.num_replays, {(b, q) for b, q, _ in drafter._replays})
     assert drafter is None or (d_reps > 0 and drafter.disabled is None and d_caps == len(drafter._replays))
