@@ -74,6 +74,23 @@ def dot_rows_move_freely(m: int, k: int, n: int) -> bool:
     return True
 
 
+def check_row_moved(run, x: torch.Tensor, r: int, full: torch.Tensor, tiles, name: str, scale: float) -> None:
+    """Row ``r`` of ``x`` through ``run`` (a GEMM whose dots take ``tiles = (BLOCK_M, BLOCK_K, N tiles)``) against
+    row ``r`` of ``full`` (``run(x)``): at its own place in its tile, the launch's other rows zero, bitwise (equal
+    by construction); as row 0 of a launch of its own, bitwise where :func:`dot_rows_move_freely`, else within
+    one rounding."""
+    bm, bk, bns = tiles
+    lo = r - r % bm
+    alone = torch.zeros_like(x[lo:r + 1])
+    alone[-1] = x[r]
+    assert torch.equal(run(alone)[-1], full[r]), f"{name}: row {r} at its own place"
+    moved = run(x[r:r + 1])
+    if all(dot_rows_move_freely(bm, bk, bn) for bn in bns):
+        assert torch.equal(moved, full[r:r + 1]), f"{name}: row {r} as row 0"
+    else:
+        check(moved, full[r:r + 1], links=1, name=f"{name}, a row moved in its tile", scale=scale)
+
+
 def pytest_terminal_summary(terminalreporter):
     if MAX_ERRORS:
         terminalreporter.section("kernel max errors vs reference (execution level: interpreter)")

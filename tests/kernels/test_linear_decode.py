@@ -6,7 +6,7 @@ partials in split order), so the tolerance is the tiled kernel's (tests/kernels/
 one output rounding, one more for a dequantised weight). Bitwise comparisons are only between computations
 equal by construction: the same kernel and tiles on a row alone and inside a batch (an MMA row never mixes
 with other rows; the M tile is fixed), and the tiled path against itself. A row moved to another place in its
-tile is bitwise only where the interpreter's host BLAS promises it (``dot_rows_move_freely``).
+tile is bitwise only where the interpreter's host BLAS promises it (tests/kernels/conftest.py).
 """
 
 import pytest
@@ -17,7 +17,7 @@ from inferhal.backends.reference import ops as ref
 from inferhal.kernels.linear import linear
 from inferhal.kernels.linear_decode import decode_grid
 from inferhal.kernels.tuning import config
-from tests.kernels.conftest import dot_rows_move_freely
+from tests.kernels.conftest import check_row_moved
 from tests.kernels.test_linear import data, scale_of, weight
 
 #: V4-Flash's dense projections at decode (conf/model/deepseek_v4_flash.yaml: hidden 4096, q_lora_rank 1024,
@@ -64,24 +64,17 @@ def test_decode_quantised_weights(fmt, close):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("n,k", [(96, 320), (48, 32)])  # K splits (with the reduction) and one split
-def test_a_row_alone_equals_the_row_in_64_and_128_rows(dtype, n, k, close):
+def test_a_row_alone_equals_the_row_in_64_and_128_rows(dtype, n, k):
     x, w, g = data(128, n, k, 5, dtype)
     w, b = w.to(dtype), torch.randn(n, generator=g).to(dtype)
     full = linear(x, w, b)
     for rows in (1, 64, 127):
         assert torch.equal(linear(x[:rows], w, b), full[:rows]), rows
+    # row 63 alone: bitwise on a GPU (an MMA row never depends on its place), and in the interpreter where the
+    # host's BLAS promises it (tests/kernels/conftest.py), else within one rounding
     cfg = config("gemm_decode")  # the tiles this run's dots take
-    lo = 63 - 63 % cfg["BLOCK_M"]
-    alone = torch.zeros_like(x[lo:64])
-    alone[-1] = x[63]  # row 63 at its own place in its tile, every other row of the launch zero
-    assert torch.equal(linear(alone, w, b)[-1], full[63])
-    # row 63 as row 0 of a launch of its own: bitwise on a GPU (an MMA row never depends on its place), and in
-    # the interpreter where the host's BLAS promises it (tests/kernels/conftest.py), else within one rounding
-    moved = linear(x[63:64], w, b)
-    if all(dot_rows_move_freely(cfg["BLOCK_M"], cfg["BLOCK_K"], bn) for bn in cfg["N_TILES"]):
-        assert torch.equal(moved, full[63:64])
-    else:
-        close(moved, full[63:64], links=1, name="linear decode, a row moved in its tile", scale=scale_of(full))
+    check_row_moved(lambda rows: linear(rows, w, b), x, 63, full, (cfg["BLOCK_M"], cfg["BLOCK_K"], cfg["N_TILES"]),
+                    "linear decode", scale_of(full))
 
 
 def test_past_max_rows_and_dot_scaled_weights_take_the_tiled_gemm():
