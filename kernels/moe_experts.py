@@ -17,7 +17,10 @@ Plan of one call:
 Rounding mirrors the oracle (``backends/reference/moe.py``): the gate/up and down GEMM results are
 rounded to the activation dtype (as F.linear in that dtype does), h is rounded before the down GEMM,
 and dequantised weights are rounded to the activation dtype. fp32 activations use IEEE fp32 dots
-(never tf32). No split-K, one fixed tile per target: batch-invariant.
+(never tf32). No split-K, one fixed tile per target and shape class: a step of few pairs an expert
+(decode) takes swap-AB tiles (:func:`decode_tiles`: the weight rows on the MMA's M side, BLOCK_M pairs on its
+N side), a larger one the tiled kernels; ``path="tiled"`` takes the tiled kernels at every size
+(batch-invariant across sizes).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from inferhal.core.ops.params import ExpertsParams
 from inferhal.core.ops.quant import QuantWeight
 from inferhal.kernels.common import dot_operand, e2m1, interp, launch, round_to, tl_dtype
 from inferhal.kernels.moe_pairs import align_pairs, tile_pairs
-from inferhal.kernels.tuning import FP8_PATHS, config
+from inferhal.kernels.tuning import FP8_PATHS, MOE_PATHS, config
 
 PLAIN, FP8_BLOCK, FP4_DEQUANT, FP4_SCALED = 0, 1, 2, 3
 
@@ -83,13 +86,17 @@ def moe_gate_up_kernel(x_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, h_ptr, D, I, 
                        s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, blk_k, limit,
                        W_FMT: tl.constexpr, DTYPE: tl.constexpr, PREC: tl.constexpr, LHS_FMT: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr,
-                       SCALE_ROW: tl.constexpr = False):
+                       SCALE_ROW: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
     rows, pair, rvalid, tok, e = tile_pairs(pair_ptr, tile_e_ptr, TOPK, BLOCK_M)
     if e < 0:  # past the step's tiles (align_pairs sizes the grid by a bound)
         return
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # columns of h (rows of W_gate; W_up at +I)
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:  # decode: the weight rows are the MMA's M side, the tile's few pairs its N side
+        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, D, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         xt = tl.load(x_ptr + tok[:, None] * stride_x + rk[None, :], mask=rvalid[:, None] & (rk < D)[None, :], other=0.0)
@@ -104,9 +111,17 @@ def moe_gate_up_kernel(x_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, h_ptr, D, I, 
                          W_FMT, DTYPE, INTERP, SCALE_ROW)
             wu = _load_w(w_ptr, ws_ptr, e, I + rn, k0, rk, 2 * I, D, s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, blk_k,
                          W_FMT, DTYPE, INTERP, SCALE_ROW)
-            xo = dot_operand(xt, INTERP)
-            acc_g = tl.dot(xo, dot_operand(tl.trans(wg), INTERP), acc_g, input_precision=PREC)
-            acc_u = tl.dot(xo, dot_operand(tl.trans(wu), INTERP), acc_u, input_precision=PREC)
+            if SWAP_AB:
+                xo = dot_operand(tl.trans(xt), INTERP)
+                acc_g = tl.dot(dot_operand(wg, INTERP), xo, acc_g, input_precision=PREC)
+                acc_u = tl.dot(dot_operand(wu, INTERP), xo, acc_u, input_precision=PREC)
+            else:
+                xo = dot_operand(xt, INTERP)
+                acc_g = tl.dot(xo, dot_operand(tl.trans(wg), INTERP), acc_g, input_precision=PREC)
+                acc_u = tl.dot(xo, dot_operand(tl.trans(wu), INTERP), acc_u, input_precision=PREC)
+    if SWAP_AB:
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
     g = round_to(acc_g, DTYPE, INTERP).to(tl.float32)  # F.linear output in the activation dtype
     u = round_to(acc_u, DTYPE, INTERP).to(tl.float32)
     if limit > 0:
@@ -122,12 +137,15 @@ def moe_down_kernel(h_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, rw_ptr, y_ptr, D
                     s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, blk_k,
                     W_FMT: tl.constexpr, DTYPE: tl.constexpr, PREC: tl.constexpr, LHS_FMT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr,
-                    SCALE_ROW: tl.constexpr = False):
+                    SCALE_ROW: tl.constexpr = False, SWAP_AB: tl.constexpr = False):
     rows, pair, rvalid, _, e = tile_pairs(pair_ptr, tile_e_ptr, 1, BLOCK_M)
     if e < 0:  # past the step's tiles (align_pairs sizes the grid by a bound)
         return
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns (rows of W_down)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         ht = tl.load(h_ptr + rows[:, None].to(tl.int64) * I + rk[None, :], mask=(rk < I)[None, :], other=0.0)
@@ -137,7 +155,12 @@ def moe_down_kernel(h_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, rw_ptr, y_ptr, D
         else:
             w = _load_w(w_ptr, ws_ptr, e, rn, k0, rk, D, I, s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, blk_k,
                         W_FMT, DTYPE, INTERP, SCALE_ROW)
-            acc = tl.dot(dot_operand(ht, INTERP), dot_operand(tl.trans(w), INTERP), acc, input_precision=PREC)
+            if SWAP_AB:
+                acc = tl.dot(dot_operand(w, INTERP), dot_operand(tl.trans(ht), INTERP), acc, input_precision=PREC)
+            else:
+                acc = tl.dot(dot_operand(ht, INTERP), dot_operand(tl.trans(w), INTERP), acc, input_precision=PREC)
+    if SWAP_AB:
+        acc = tl.trans(acc)
     rw = tl.load(rw_ptr + tl.where(rvalid, pair, 0), mask=rvalid, other=0.0)
     y = round_to(acc, DTYPE, INTERP).to(tl.float32) * rw[:, None]
     pr = tl.where(rvalid, pair, 0).to(tl.int64)
@@ -183,12 +206,17 @@ def _weight(w, num_rows: int, k: int, name: str, act: torch.dtype) -> _Weight:
 
 
 def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gate_up, w_down, p: ExpertsParams,
-                *, target: str | None = None, fp8: str = "widen") -> torch.Tensor:
+                *, target: str | None = None, fp8: str = "widen", path: str = "decode") -> torch.Tensor:
     """``moe.experts``: x[T, D], routing weights/ids [T, K], w_gate_up [E, 2I, D], w_down [E, D, I] -> y[T, D].
     ``fp8``: how fp8_block weights multiply: ``widen`` (to the activation dtype, here) or ``w8a8`` (FP8 x FP8,
-    :mod:`.moe_fp8`; both weights fp8_block with 128-wide K blocks, else refused)."""
+    :mod:`.moe_fp8`; both weights fp8_block with 128-wide K blocks, else refused). ``path``: ``decode`` runs
+    steps of at most ``moe_gemm_decode``'s MAX_PAIRS_PER_EXPERT pairs an expert on average (T x K <= E x that)
+    through swap-AB tiles of few pairs (:func:`decode_tiles`), larger ones through the tiled kernels; ``tiled``
+    runs the tiled kernels at every T (what cuda_sm100 runs under backend.batch_invariant=true)."""
     if fp8 not in FP8_PATHS:
         raise ValueError(f"moe.experts: fp8={fp8!r}; known: {', '.join(FP8_PATHS)}")
+    if path not in MOE_PATHS:
+        raise ValueError(f"moe.experts: path={path!r}; known: {', '.join(MOE_PATHS)}")
     t, d = x.shape
     num_experts = w_gate_up.shape[0]
     two_i = w_gate_up.shape[1]
@@ -209,7 +237,8 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gat
         y_pairs = moe_experts_w8a8(x.contiguous(), weights, ids, w_gate_up, w_down, p.swiglu_limit, target)
         return ordered_sum(y_pairs.view(t, topk, d)).to(x.dtype)
     quant = max(wgu.fmt, wdn.fmt)
-    cfg = config("moe_gemm_fp4" if quant == FP4_SCALED else "moe_gemm", target)
+    swap = path == "decode" and decode_tiles(t * topk, num_experts, quant, target)
+    cfg = config("moe_gemm_decode" if swap else "moe_gemm_fp4" if quant == FP4_SCALED else "moe_gemm", target)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     opts = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     x = x.contiguous()
@@ -220,7 +249,7 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gat
         h = torch.empty((n_tiles * bm, inter), dtype=x.dtype, device=x.device)
         common = dict(DTYPE=tl_dtype(x.dtype), PREC="ieee" if x.dtype == torch.float32 else "tf32",
                       LHS_FMT="fp16" if x.dtype == torch.float16 else "bf16", BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                      INTERP=interp(), **opts)
+                      INTERP=interp(), SWAP_AB=swap, **opts)
         launch(moe_gate_up_kernel, (n_tiles, triton.cdiv(inter, bn)),
             x, wgu.data, wgu.scale, pairs, tile_expert, h, d, inter, topk, x.stride(0), *wgu.strides(),
             wgu.block[0], wgu.block[1], float(p.swiglu_limit), W_FMT=wgu.fmt, SCALE_ROW=wgu.scale_row(bk), **common)
@@ -228,6 +257,17 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gat
             h, wdn.data, wdn.scale, pairs, tile_expert, weights.float().contiguous(), y_pairs, d, inter,
             *wdn.strides(), wdn.block[0], wdn.block[1], W_FMT=wdn.fmt, SCALE_ROW=wdn.scale_row(bk), **common)
     return ordered_sum(y_pairs.view(t, topk, d)).to(x.dtype)
+
+
+def decode_tiles(num_pairs: int, num_experts: int, quant: int = PLAIN, target: str | None = None) -> bool:
+    """Whether a step of ``num_pairs`` (token, choice) pairs takes the decode tiles: at most
+    MAX_PAIRS_PER_EXPERT pairs an expert on average, where the tiled kernels' 64- or 128-row tiles would hold a
+    few real rows each. The decode tiles hold BLOCK_M pairs (16 on the GPU targets) on the N side of swapped
+    dots, the weight rows on the M side (an MMA's M is 64 or 128). A shape class from T alone, like linear's
+    decode rows (not batch-invariant across the bound: backend.batch_invariant=true runs ``path="tiled"``).
+    FP4 weights with ue8m0 scales (``tl.dot_scaled``, whose scaled operand is the right-hand one) stay tiled."""
+    cfg = config("moe_gemm_decode", target)
+    return quant != FP4_SCALED and 0 < num_pairs <= num_experts * cfg["MAX_PAIRS_PER_EXPERT"]
 
 
 def ordered_sum(y: torch.Tensor) -> torch.Tensor:

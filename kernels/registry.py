@@ -76,11 +76,11 @@ def _blocks(cfg):
     return {k: v for k, v in cfg.items() if k.startswith("BLOCK_")}
 
 
-def _moe(fmt: int, wtype: str, stype: str, down: bool):
+def _moe(fmt: int, wtype: str, stype: str, down: bool, swap: bool = False):
     def cx(cfg):
         tl = _tl()
         return {"W_FMT": fmt, "DTYPE": tl.bfloat16, "PREC": "tf32", "LHS_FMT": "bf16", "INTERP": False,
-                "SCALE_ROW": fmt == 1, **_blocks(cfg)}
+                "SCALE_ROW": fmt == 1, "SWAP_AB": swap, **_blocks(cfg)}
 
     ptrs = {"w_ptr": wtype, "ws_ptr": stype, "pair_ptr": "*i32", "tile_e_ptr": "*i32"}
     if down:
@@ -107,10 +107,13 @@ def _specs() -> list[KernelSpec]:
                    lambda cfg: {"K": 6, "BLOCK_E": 256, "BLOCK_K": 8, "SCORING": 2, "HAS_BIAS": True,
                                 "HAS_HASH": False, "RENORM": True, **_blocks(cfg)}),
     ]
+    # the tiled kernels, then the decode tiles (swap-AB: moe_experts.decode_tiles) of the formats that have them
     for label, fmt, wt, st, tun in (("bf16", 0, "*bf16", "*fp32", "moe_gemm"), ("fp8_block", 1, "*fp8e4nv", "*fp32", "moe_gemm"),
-                                    ("fp4_dot_scaled", 3, "*u8", "*u8", "moe_gemm_fp4")):
+                                    ("fp4_dot_scaled", 3, "*u8", "*u8", "moe_gemm_fp4"),
+                                    ("bf16_decode", 0, "*bf16", "*fp32", "moe_gemm_decode"),
+                                    ("fp8_block_decode", 1, "*fp8e4nv", "*fp32", "moe_gemm_decode")):
         for down in (False, True):
-            ptrs, cx = _moe(fmt, wt, st, down)
+            ptrs, cx = _moe(fmt, wt, st, down, swap=tun == "moe_gemm_decode")
             kern = "moe_down_kernel" if down else "moe_gate_up_kernel"
             out.append(KernelSpec(f"moe_{'down' if down else 'gate_up_swiglu'}_{label}", "moe.experts",
                                   f"inferhal.kernels.moe_experts:{kern}", tun, ptrs, ("limit",), cx, mma=True,

@@ -37,6 +37,10 @@ EP_EXCHANGES = ("auto", "exact", "padded")
 #: kernels/linear_decode.py (N tile and K splits chosen from N and K), more through the tiled GEMM; ``tiled``
 #: runs the tiled GEMM at every M (what cuda_sm100 runs under backend.batch_invariant=true)
 LINEAR_PATHS = ("decode", "tiled")
+#: how moe.experts picks its tiles (``path=``): ``decode`` runs steps of few pairs an expert through swap-AB tiles
+#: (moe_gemm_decode, kernels/moe_experts.decode_tiles), larger ones through the tiled kernels; ``tiled``: the tiled
+#: kernels at every size (what cuda_sm100 runs under backend.batch_invariant=true)
+MOE_PATHS = ("decode", "tiled")
 
 # linear at decode (kernels/linear_decode.py): BLOCK_M rows a program (a fixed tile: never chosen from M), the N
 # tile the widest of N_TILES whose tiles x K splits reach PROGRAMS programs (two per SM of a 132-SM H100 / H200),
@@ -89,6 +93,11 @@ _DEFAULT: dict[str, dict[str, Any]] = {
     "moe_route": {"BLOCK_T": 4, "num_warps": 4},
     "moe_gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
     "moe_gemm_fp4": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
+    # expert GEMMs at decode (SWAP_AB): BLOCK_N weight rows on the MMA's M side (128: one tcgen05 / two wgmma M
+    # tiles), BLOCK_M pairs on its N side (a V4-Flash decode step of 64 tokens x 6 choices over 256 experts holds
+    # ~1.5 pairs an expert); up to MAX_PAIRS_PER_EXPERT pairs an expert on average, then the tiled kernels
+    "moe_gemm_decode": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64, "MAX_PAIRS_PER_EXPERT": 32, "num_warps": 4,
+                        "num_stages": 3},
     # dense GEMMs (linear, lm_head, lm_head.argmax): bf16 / dequantised weights, ue8m0 FP4 (dot_scaled),
     # FP8 x FP8 (BLOCK_K is the 128-wide scale block of the weight and of the activations)
     "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
@@ -177,6 +186,8 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
     "interpreter": {
         "moe_gemm": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1},
         "moe_gemm_fp4": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
+        "moe_gemm_decode": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "MAX_PAIRS_PER_EXPERT": 32, "num_warps": 4,
+                            "num_stages": 1},
         "gemm": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1},
         "gemm_fp4": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
         "gemm_fp8": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1},

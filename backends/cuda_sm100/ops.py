@@ -115,9 +115,13 @@ BATCH_INVARIANCE: dict = {
                       "partials' bytes; single: one program per (token, KV head) over its own keys in fixed "
                       "BLOCK_N blocks aligned to absolute positions; nothing from other sequences"),
     "moe.route": _bi("fixed BLOCK_T rows per program, per-row scoring and top-k (ties by lower id)"),
-    "moe.experts": _bi(_GEMM + "; a pair's row never mixes with the other rows of its expert tile; the K "
-                       "choices of a token added in order k = 0..K-1 (elementwise adds); fp8_matmul=w8a8 "
-                       "quantises each token's activations per 128 channels from its own row"),
+    "moe.experts": _bi("under backend.batch_invariant=true the tiled kernels at every step size: " + _GEMM +
+                       "; a pair's row never mixes with the other rows of its expert tile; the K choices of a token "
+                       "added in order k = 0..K-1 (elementwise adds); fp8_matmul=w8a8 quantises each token's "
+                       "activations per 128 channels from its own row. Otherwise steps of few pairs an expert "
+                       "(kernels/moe_experts.decode_tiles: T x K <= E x 32) run swap-AB decode tiles (16 pairs on "
+                       "the N side), a token's result the same at every such size, and larger steps the tiled "
+                       "kernels, whose sums differ", mode_only=True),
     "mhc.head": _bi("one program per token, one pass over the flattened streams (no split-K from the token count)"),
     "mhc.pre": _bi("one program per token, one pass over the flattened streams (no split-K from the token "
                    "count: the mHC trap), Sinkhorn in registers"),
@@ -145,7 +149,7 @@ DEGRADED: dict[str, dict[str, str]] = {
 
 def provide(level, target: str, options=None, batch_invariant: bool = False) -> dict:
     """op ID -> OpImpl of each kernel, bound to ``target``'s tuning and the options; ``batch_invariant``
-    (``backend.batch_invariant=true``): linear runs its tiled GEMM at every M (``path="tiled"``)."""
+    (``backend.batch_invariant=true``): linear and moe.experts run their tiled kernels at every M (``path="tiled"``)."""
     import importlib
 
     from inferhal.core.ops.table import OpImpl
@@ -157,7 +161,7 @@ def provide(level, target: str, options=None, batch_invariant: bool = False) -> 
         kw = {"decode": opts["attn_decode"]} if op_id in DECODE_OPS else {}
         if op_id in FP8_OPS:
             kw["fp8"] = opts["fp8_matmul"]
-        if op_id == "linear" and batch_invariant:
+        if op_id in ("linear", "moe.experts") and batch_invariant:
             kw["path"] = "tiled"
         if op_id == "moe.dispatch":
             kw["exchange"] = opts["ep_exchange"]
@@ -171,7 +175,7 @@ def provide(level, target: str, options=None, batch_invariant: bool = False) -> 
 
 def variants(target: str) -> dict:
     """The ``op_variants`` extra: each op the options switch, under every value of its option (``attn_decode``
-    for the decode attention and indexer, ``fp8_matmul`` for the FP8 products, linear's tiled path), for the device run to check
+    for the decode attention and indexer, ``fp8_matmul`` for the FP8 products, linear's and moe.experts' tiled path), for the device run to check
     and time side by side on the same inputs (old and new kernels). op ID -> {"option=value": callable}."""
     import importlib
 
@@ -184,8 +188,8 @@ def variants(target: str) -> dict:
             choices = {f"attn_decode={v}": {"decode": v} for v in DECODES}
         elif op_id in FP8_OPS:
             choices = {f"fp8_matmul={v}": {"fp8": v} for v in FP8_PATHS}
-            if op_id == "linear":  # the tiled GEMM at every M (before the decode kernel; batch-invariant mode)
-                choices["path=tiled"] = {"path": "tiled"}
+            # the tiled kernels at every size (before the decode kernel or tiles; batch-invariant mode)
+            choices["path=tiled"] = {"path": "tiled"}
         else:
             continue
         wrapper = getattr(importlib.import_module(mod), fn)

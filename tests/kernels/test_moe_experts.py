@@ -37,24 +37,56 @@ def scaled_close(close, out, ref, name):
     close(out, ref, links=3, name=name, scale=max(scale, 1.0))
 
 
+#: both tile choices (kernels/moe_experts.py: swap-AB decode tiles of few pairs, the tiled kernels)
+PATHS = pytest.mark.parametrize("path", ["decode", "tiled"])
+
+
 @pytest.mark.parametrize("t,d,inter,e,k", [(1, 32, 32, 4, 1), (5, 48, 40, 4, 2), (17, 64, 96, 8, 3), (0, 32, 32, 2, 1)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("limit", [0.0, 1.0])
-def test_bf16_experts(t, d, inter, e, k, dtype, limit, close):
+@PATHS
+def test_bf16_experts(t, d, inter, e, k, dtype, limit, path, close):
     x, w, ids, wgu, wdn = setup(t, d, inter, e, k, t + d, dtype)
     wgu, wdn = wgu.to(dtype), wdn.to(dtype)
     if t:
         ids[0, 0] = -1  # an EP-remote expert: skipped
     p = ExpertsParams(swiglu_limit=limit)
-    scaled_close(close, moe_experts(x, w, ids, wgu, wdn, p), ref_experts(x, w, ids, wgu, wdn, p), f"moe.experts {dtype}")
+    scaled_close(close, moe_experts(x, w, ids, wgu, wdn, p, path=path), ref_experts(x, w, ids, wgu, wdn, p),
+                 f"moe.experts {dtype} {path}")
 
 
 @pytest.mark.parametrize("t,d,inter,e,k", [(3, 128, 128, 2, 2), (9, 160, 96, 3, 2)])
-def test_fp8_block_experts(t, d, inter, e, k, close):
+@PATHS
+def test_fp8_block_experts(t, d, inter, e, k, path, close):
     x, w, ids, wgu, wdn = setup(t, d, inter, e, k, 11 + t, torch.bfloat16)
     qgu, qdn = quantize_fp8_block(wgu), quantize_fp8_block(wdn)
     p = ExpertsParams(swiglu_limit=10.0)
-    scaled_close(close, moe_experts(x, w, ids, qgu, qdn, p), ref_experts(x, w, ids, qgu, qdn, p), "moe.experts fp8_block")
+    scaled_close(close, moe_experts(x, w, ids, qgu, qdn, p, path=path), ref_experts(x, w, ids, qgu, qdn, p),
+                 f"moe.experts fp8_block {path}")
+
+
+def test_decode_tiles_cover_few_pairs_an_expert_and_a_token_gives_the_same_bits_at_1_and_20_tokens(monkeypatch):
+    """The swap-AB decode tiles take steps of at most MAX_PAIRS_PER_EXPERT pairs an expert on average (not FP4
+    with ue8m0 scales), the tiled kernels the rest; within the decode tiles a token's result does not depend
+    on the step's other tokens (prefix slices keep each pair's place in its expert's tile, which a CPU BLAS
+    may care about: tests/kernels/conftest.py), and 20 tokens cross an expert's 16-pair tile edge."""
+    import inferhal.kernels.moe_experts as mx
+    from inferhal.kernels.tuning import config
+
+    cap = config("moe_gemm_decode")["MAX_PAIRS_PER_EXPERT"]
+    assert mx.decode_tiles(8 * cap, 8) and not mx.decode_tiles(8 * cap + 1, 8) and not mx.decode_tiles(0, 8)
+    assert not mx.decode_tiles(4, 8, mx.FP4_SCALED)
+    swapped, launch = [], mx.launch
+    monkeypatch.setattr(mx, "launch", lambda fn, grid, *a, **kw: (swapped.append(kw["SWAP_AB"]), launch(fn, grid, *a, **kw)))
+    x, w, ids, wgu, wdn = setup(32, 64, 64, 2, 2, 3, torch.bfloat16)  # 32 pairs an expert (the cap): 2 tiles each
+    wgu, wdn, p = wgu.bfloat16(), wdn.bfloat16(), ExpertsParams()
+    full = moe_experts(x, w, ids, wgu, wdn, p)
+    for n in (1, 20):
+        assert torch.equal(moe_experts(x[:n], w[:n], ids[:n], wgu, wdn, p), full[:n]), n
+    moe_experts(x, w, ids, wgu, wdn, p, path="tiled")
+    assert swapped == [True, True] * 3 + [False, False]  # gate/up and down: decode three times, then tiled
+    with pytest.raises(ValueError, match="path='wide'; known: decode, tiled"):
+        moe_experts(x, w, ids, wgu, wdn, p, path="wide")
 
 
 @pytest.mark.parametrize("block", [(128, 128), (32, 16)])
@@ -81,13 +113,15 @@ def e8m0(q: QuantWeight) -> QuantWeight:
 
 @pytest.mark.parametrize("scales", ["e8m0", "fp32"])
 @pytest.mark.parametrize("t,d,inter,e,k", [(4, 64, 64, 2, 2), (7, 96, 160, 3, 2)])
-def test_fp4_experts(t, d, inter, e, k, scales, close):
+@PATHS
+def test_fp4_experts(t, d, inter, e, k, scales, path, close):
     x, w, ids, wgu, wdn = setup(t, d, inter, e, k, 5 + t, torch.bfloat16)
     qgu, qdn = quantize_fp4_group(wgu), quantize_fp4_group(wdn)
-    if scales == "e8m0":  # ue8m0 scales take the tl.dot_scaled path
+    if scales == "e8m0":  # ue8m0 scales take the tl.dot_scaled path (tiled on either path)
         qgu, qdn = e8m0(qgu), e8m0(qdn)
     p = ExpertsParams(swiglu_limit=10.0)
-    scaled_close(close, moe_experts(x, w, ids, qgu, qdn, p), ref_experts(x, w, ids, qgu, qdn, p), f"moe.experts fp4 {scales}")
+    scaled_close(close, moe_experts(x, w, ids, qgu, qdn, p, path=path), ref_experts(x, w, ids, qgu, qdn, p),
+                 f"moe.experts fp4 {scales} {path}")
 
 
 def test_align_pairs_groups_by_expert():

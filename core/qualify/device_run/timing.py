@@ -304,14 +304,16 @@ def experts_perf(torch, ctx, pf: Perf, s, P) -> None:
         torch._scaled_mm(a8, b8, one, one, out_dtype=bf), torch._scaled_mm(h8, d8, one, one, out_dtype=bf)),
         0, flops, "float8_e4m3fn")
     shape = f"T{t} D{d} I{i} E{e} k{k}"
+    prefill = ("default", "fp8_matmul=widen", "fp8_matmul=w8a8")  # path=tiled is the default at this size
     pf.kernel("moe.experts", f"moe.experts bf16 {shape}", lambda f: f(xe, we, ids, *wbf, ep),
-              (wgu.numel() + wdn.numel()) * 2 + xe.numel() * 4, flops, "bfloat16")
+              (wgu.numel() + wdn.numel()) * 2 + xe.numel() * 4, flops, "bfloat16", only=prefill)
     w8 = (quantize_fp8_block(wgu), quantize_fp8_block(wdn))
     del wbf, xs, hs, a8, h8
     pf.kernel("moe.experts", f"moe.experts fp8_block (bf16 activations) {shape}", lambda f: f(xe, we, ids, *w8, ep),
-              (wgu.numel() + wdn.numel()) + xe.numel() * 4, flops, "float8_e4m3fn")
+              (wgu.numel() + wdn.numel()) + xe.numel() * 4, flops, "float8_e4m3fn", only=prefill)
     del w8, wgu, wdn
-    # decode-sized: few tokens over many experts, bound by reading the touched experts' weights
+    # decode-sized: few tokens over many experts, bound by reading the touched experts' weights; a backend's decode
+    # tiles (cuda_sm100: swap-AB, the default here) beside its tiled kernels (path=tiled) on the same inputs
     t, e = s["decode_experts"]
     xe = torch.randn(t, d, device=dev, dtype=bf)
     wgu = torch.randn(e, 2 * i, d, device=dev, dtype=bf) * 0.02

@@ -98,18 +98,21 @@ def test_op_variants_offer_every_kernel_the_options_switch(active):
         assert got["attn_decode=single"].keywords == {"target": "interpreter", "decode": "single"}
         table = active.ops.entry(op_id).fn.fn
         assert got["attn_decode=split"].func is table.func and got["attn_decode=split"].keywords == table.keywords
-    assert set(offered["moe.experts"]) == {"fp8_matmul=widen", "fp8_matmul=w8a8"}
+    assert set(offered["moe.experts"]) == {"fp8_matmul=widen", "fp8_matmul=w8a8", "path=tiled"}
+    assert offered["moe.experts"]["path=tiled"].keywords == {"target": "interpreter", "path": "tiled"}
     assert set(offered["linear"]) == {"fp8_matmul=widen", "fp8_matmul=w8a8", "path=tiled"}
     assert offered["linear"]["path=tiled"].keywords == {"target": "interpreter", "path": "tiled"}
 
 
-def test_linear_runs_the_tiled_gemm_at_every_m_in_the_batch_invariant_mode():
-    """linear's decode kernel (up to 128 rows) sums in another order than the tiled GEMM (more rows), so the
-    batch-invariant mode binds the tiled path (declared invariant in that mode only)."""
+@pytest.mark.parametrize("op_id", ["linear", "moe.experts"])
+def test_linear_and_experts_run_the_tiled_kernels_at_every_m_in_the_batch_invariant_mode(op_id):
+    """linear's decode kernel (up to 128 rows) and moe.experts' decode tiles (few pairs an expert) sum in another
+    order than the tiled kernels (larger steps), so the batch-invariant mode binds the tiled path (declared
+    invariant in that mode only)."""
     from inferhal.backends.cuda_sm100.ops import BATCH_INVARIANCE
 
     reg = BackendRegistry.discover()
-    on = reg.select(BackendConfig(name="cuda_sm100", interpret=True, batch_invariant=True)).ops.entry("linear").fn.fn
-    off = reg.select(BackendConfig(name="cuda_sm100", interpret=True)).ops.entry("linear").fn.fn
+    on = reg.select(BackendConfig(name="cuda_sm100", interpret=True, batch_invariant=True)).ops.entry(op_id).fn.fn
+    off = reg.select(BackendConfig(name="cuda_sm100", interpret=True)).ops.entry(op_id).fn.fn
     assert on.keywords.get("path") == "tiled" and "path" not in off.keywords
-    assert BATCH_INVARIANCE["linear"].mode_only
+    assert BATCH_INVARIANCE[op_id].mode_only
