@@ -184,10 +184,12 @@ class ModelRunner:
             toks = s.token_ids
             if s.start + s.num_exact != len(toks) - 1:
                 continue
-            r = requests[s.request_id]
-            left = min(r.params.max_tokens - (len(toks) - r.num_prompt_tokens), self.max_model_len - len(toks))
-            wants.append(DraftWant(s.request_id, toks, left - 1, s.block_ids))
+            wants.append(DraftWant(s.request_id, toks, self._room(requests[s.request_id], toks) - 1, s.block_ids))
         return wants
+
+    def _room(self, r: Request, toks: Sequence[int]) -> int:
+        """Tokens request ``r`` may still get, ``toks`` known: its ``max_tokens`` and ``max_model_len`` room."""
+        return min(r.params.max_tokens - (len(toks) - r.num_prompt_tokens), self.max_model_len - len(toks))
 
     def caught_up(self) -> None:
         """No step in flight and the host folded in every one (the engine's ``_fold_in_flight``): the next step
@@ -215,8 +217,8 @@ class ModelRunner:
                 if start != len(toks) - 1:
                     raise RuntimeError(f"request {s.request_id!r}: a decode at position {start} with {len(toks)} "
                                        f"tokens known to the step thread")
-                left = min(r.params.max_tokens - (len(toks) - r.num_prompt_tokens), self.max_model_len - len(toks))
-                wants.append(DraftWant(s.request_id, toks, min(placeholders[s.request_id], left - 1), s.block_ids))
+                wants.append(DraftWant(s.request_id, toks, min(placeholders[s.request_id], self._room(r, toks) - 1),
+                                       s.block_ids))
         if early is not None:  # made with the previous step's prefill (_next_wants)
             drafts = {w.request_id: early.get(w.request_id, [])[:max(w.limit, 0)] for w in wants}
         else:
