@@ -10,6 +10,13 @@ from inferhal.core.cli.main import main
 from inferhal.core.errors import UserError
 
 
+@pytest.fixture(autouse=True)
+def _elsewhere(tmp_path, monkeypatch):
+    """Each test in a folder of its own: main's output check makes bench.output_dir (./bench-results) before the
+    kind and the settings are read, and would leave it in the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 def test_kinds_are_the_bench_modules_with_a_run():
     kinds = cmd_bench.kinds()
     assert {"e2e", "engine", "eplb", "greedy_head", "ops", "cpu_linear"} <= set(kinds)
@@ -57,8 +64,7 @@ def test_bench_settings_that_cannot_run_are_refused_with_the_field_named(kind, o
     assert needle in capsys.readouterr().err
 
 
-def test_an_unknown_kind_lists_the_kinds(capsys, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the output check makes bench.output_dir (./bench-results) before the kind is read
+def test_an_unknown_kind_lists_the_kinds(capsys):
     assert main(["bench", "opz"]) == 2
     err = capsys.readouterr().err
     assert "got 'opz'" in err and "greedy_head" in err and "ops" in err
