@@ -185,7 +185,7 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, *, target: str 
             and len(w.shape) == 2 and w.block[1] == 128):
         from inferhal.kernels.linear_lowp import linear_w8a8
 
-        return linear_w8a8(x, w, target=target)
+        return linear_w8a8(x, w, target=target, path=path)
     x2 = rows(x)
     b = None if bias is None else bias.contiguous()
     if b is not None and b.numel() != w.shape[0]:

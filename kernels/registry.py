@@ -383,6 +383,19 @@ def _decode_specs(ptrs) -> list[KernelSpec]:
             out.append(KernelSpec(f"linear_decode_{label}_n{bn}", "linear", fn, "gemm_decode",
                                   {**ptrs(wt, "*fp32", "*bf16"), "part_ptr": "*fp32"}, (), cx(fmt, split, bn),
                                   mma=True, values=vals))
+    # FP8 x FP8 at decode (fp8_matmul=w8a8): K blocks are the 128-wide scale blocks, so q_a_proj's 4096 columns
+    # split in whole blocks (8 splits of 512); codes and scales as linear_fp8_w8a8's
+    w8 = {"xq_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "y_ptr": "*bf16",
+          "part_ptr": "*fp32"}
+    for bn, (n, k, split) in shapes.items():
+        vals = {"M": 64, "N": n, "K": k, "KS": 512 if split else k, "stride_xq": k, "stride_xs": k // 128, "s_wn": k,
+                "s_wk": 1, "s_sn": k // 128, "s_sk": 1, "blk_n": 128, "stride_y": n}
+        out.append(KernelSpec(f"linear_decode_fp8_w8a8_n{bn}", "linear",
+                              "inferhal.kernels.linear_lowp:linear_w8a8_decode_kernel", "gemm_decode", w8, (),
+                              lambda cfg, bn=bn, split=split: {"DTYPE": _tl().bfloat16, "SPLIT": split,
+                                                               "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": bn,
+                                                               "BLOCK_K": 128, "INTERP": False},
+                              mma=True, values=vals))
     out.append(KernelSpec("linear_decode_split_reduce", "linear", "inferhal.kernels.linear_decode:split_reduce_kernel",
                           "gemm_decode", {"part_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*bf16"}, (),
                           lambda cfg: {"HAS_BIAS": False, "DTYPE": _tl().bfloat16, "BLOCK": cfg["REDUCE_BLOCK"],

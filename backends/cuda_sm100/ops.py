@@ -96,7 +96,8 @@ BATCH_INVARIANCE: dict = {
     "rope.apply": _bi("one program per (token, head), elementwise: no reduction"),
     "linear": _bi("under backend.batch_invariant=true the tiled GEMM at every M: " + _GEMM + ". Otherwise up to 128 "
                   "rows run kernels/linear_decode.py (N tile and K splits from N and K, partials summed in split "
-                  "order: a row's result is the same at 1 and at 128 rows) and more rows the tiled GEMM, whose "
+                  "order: a row's result is the same at 1 and at 128 rows; fp8_matmul=w8a8 its FP8 x FP8 kernel "
+                  "on the same grid) and more rows the tiled GEMM, whose "
                   "sums differ", mode_only=True),
     "lm_head": _bi(_GEMM),
     "lm_head.argmax": _bi(_GEMM + "; per-row argmax over the N tiles in tile order, first index on ties"),

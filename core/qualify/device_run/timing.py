@@ -170,7 +170,8 @@ def linear_perf(torch, ctx, pf: Perf, s, P) -> None:
 
 def linear_decode_perf(torch, ctx, pf: Perf, s, P) -> None:
     """linear at decode sizes: the op's default (a backend's decode kernel, where it has one for these rows) and the
-    tiled GEMM (``path=tiled``, the kernel before it) beside a copy of the same bytes (weight + x + y)."""
+    tiled GEMM (``path=tiled``, the kernel before it), and for FP8 weights FP8 x FP8 (``fp8_matmul=w8a8``: its
+    decode kernel), beside a copy of the same bytes (weight + x + y)."""
     from inferhal.core.ops.quantize import quantize_fp8_block
 
     dev, bf = ctx.dev, torch.bfloat16
@@ -186,7 +187,7 @@ def linear_decode_perf(torch, ctx, pf: Perf, s, P) -> None:
                 pf.case()
                 pf.ceiling("copy", f"{nbytes} B (decode linear {label} {wname} M{m})", _copier(torch, dev, nbytes), nbytes)
                 pf.kernel("linear", f"linear decode {wname} {label} M{m} N{n} K{k}", lambda f, wt=wt: f(x, wt), nbytes,
-                          2 * m * n * k, "bfloat16", only=pick)
+                          2 * m * n * k, "bfloat16", only=pick + (("fp8_matmul=w8a8",) if wname == "fp8_block" else ()))
 
 
 def attention_perf(torch, ctx, pf: Perf, s, P) -> None:
