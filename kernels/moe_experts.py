@@ -234,7 +234,8 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gat
         why = w8a8_blocks_ok(w_gate_up, w_down)
         if why:
             raise ValueError(f"moe.experts fp8=w8a8: {why}")
-        y_pairs = moe_experts_w8a8(x.contiguous(), weights, ids, w_gate_up, w_down, p.swiglu_limit, target)
+        swap = path == "decode" and decode_tiles(t * topk, num_experts, FP8_BLOCK, target)
+        y_pairs = moe_experts_w8a8(x.contiguous(), weights, ids, w_gate_up, w_down, p.swiglu_limit, target, swap)
         return ordered_sum(y_pairs.view(t, topk, d)).to(x.dtype)
     quant = max(wgu.fmt, wdn.fmt)
     swap = path == "decode" and decode_tiles(t * topk, num_experts, quant, target)

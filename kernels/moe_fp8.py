@@ -17,7 +17,8 @@ cores' limited FP8 accumulation never spans more than one block).
    weight, into one fp32 row per pair; the K rows of a token summed in order (``ordered_sum``).
 
 Padding rows of a tile (an expert with fewer pairs than ``BLOCK_M``) load nothing and store nothing. One
-fixed tile per target, no split-K: batch-invariant. Oracle: the reference grouped GEMM on the dequantised
+fixed tile per target and shape class, no split-K: steps of few pairs an expert take decode tiles (swap-AB, as
+:mod:`.moe_experts`'s: ``moe_gemm_fp8_decode``), larger ones the tiled kernels (``path="tiled"``: always). Oracle: the reference grouped GEMM on the dequantised
 activations and fp32-dequantised weights (``tests/kernels/test_moe_fp8.py``).
 """
 
@@ -44,17 +45,28 @@ def _w_tile(w_ptr, ws_ptr, e, rn, nm, k0, rk, km, s_we, s_wn, s_wk, s_se, s_sn, 
 
 @triton.jit
 def _rows_gemm(a_ptr, as_ptr, w_ptr, ws_ptr, row, rvalid, e, rn, nm, K, stride_a, stride_as, s_we, s_wn, s_wk, s_se,
-               s_sn, s_sk, blk_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+               s_sn, s_sk, blk_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               SWAP_AB: tl.constexpr = False):
     """fp32 ``[BLOCK_M, BLOCK_N]``: rows ``row`` of the e4m3 codes ``a`` (scales ``as`` per 128 columns) times
-    expert ``e``'s weight rows ``rn``, one fresh e4m3 dot per 128-wide K block scaled into the accumulator."""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    expert ``e``'s weight rows ``rn``, one fresh e4m3 dot per 128-wide K block scaled into the accumulator.
+    ``SWAP_AB`` (decode tiles of few pairs): the weight rows on the dot's M side, the pairs on its N side, the
+    accumulator transposed once at the end."""
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         km = rk < K
         a = tl.load(a_ptr + row[:, None] * stride_a + rk[None, :], mask=rvalid[:, None] & km[None, :], other=0.0)
         sa = tl.load(as_ptr + row * stride_as + k0 // BLOCK_K, mask=rvalid, other=0.0)
         w, sw = _w_tile(w_ptr, ws_ptr, e, rn, nm, k0, rk, km, s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, BLOCK_K)
-        acc += tl.dot(a, w) * sa[:, None] * sw[None, :]
+        if SWAP_AB:
+            acc += tl.dot(tl.trans(w), tl.trans(a)) * sw[:, None] * sa[None, :]
+        else:
+            acc += tl.dot(a, w) * sa[:, None] * sw[None, :]
+    if SWAP_AB:
+        acc = tl.trans(acc)
     return acc
 
 
@@ -62,7 +74,7 @@ def _rows_gemm(a_ptr, as_ptr, w_ptr, ws_ptr, row, rvalid, e, rn, nm, K, stride_a
 def moe_gate_up_w8a8_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, hq_ptr, hs_ptr, D, I, TOPK,
                             stride_xq, stride_xs, s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, stride_hq, stride_hs,
                             limit, DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
+                            BLOCK_K: tl.constexpr, INTERP: tl.constexpr, SWAP_AB: tl.constexpr = False):
     rows, pair, rvalid, tok, e = tile_pairs(pair_ptr, tile_e_ptr, TOPK, BLOCK_M)
     if e < 0:  # past the step's tiles (align_pairs sizes the grid by a bound)
         return
@@ -71,9 +83,9 @@ def moe_gate_up_w8a8_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr,
     # gate, then up: one K loop each (x's codes read twice, from L2) so that one accumulator and one partial
     # are live at a time (both GEMMs in one loop spilled 2.8-3.1 KB at 4 warps on sm_90a / sm_100a)
     g = round_to(_rows_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, tok, rvalid, e, rn, nm, D, stride_xq, stride_xs, s_we,
-                            s_wn, s_wk, s_se, s_sn, s_sk, blk_n, BLOCK_M, BLOCK_N, BLOCK_K), DTYPE, INTERP)
+                            s_wn, s_wk, s_se, s_sn, s_sk, blk_n, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB), DTYPE, INTERP)
     u = round_to(_rows_gemm(xq_ptr, xs_ptr, w_ptr, ws_ptr, tok, rvalid, e, I + rn, nm, D, stride_xq, stride_xs, s_we,
-                            s_wn, s_wk, s_se, s_sn, s_sk, blk_n, BLOCK_M, BLOCK_N, BLOCK_K), DTYPE, INTERP)
+                            s_wn, s_wk, s_se, s_sn, s_sk, blk_n, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB), DTYPE, INTERP)
     g = g.to(tl.float32)  # the GEMM outputs in the activation dtype
     u = u.to(tl.float32)
     if limit > 0:
@@ -92,7 +104,8 @@ def moe_gate_up_w8a8_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr,
 @triton.jit
 def moe_down_w8a8_kernel(hq_ptr, hs_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, rw_ptr, y_ptr, D, I, stride_hq,
                          stride_hs, s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, DTYPE: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERP: tl.constexpr,
+                         SWAP_AB: tl.constexpr = False):
     rows, pair, rvalid, _, e = tile_pairs(pair_ptr, tile_e_ptr, 1, BLOCK_M)
     if e < 0:  # past the step's tiles (align_pairs sizes the grid by a bound)
         return
@@ -100,7 +113,7 @@ def moe_down_w8a8_kernel(hq_ptr, hs_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, rw
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns (rows of W_down)
     nm = rn < D
     acc = _rows_gemm(hq_ptr, hs_ptr, w_ptr, ws_ptr, r64, rvalid, e, rn, nm, I, stride_hq, stride_hs, s_we, s_wn, s_wk,
-                     s_se, s_sn, s_sk, blk_n, BLOCK_M, BLOCK_N, BLOCK_K)
+                     s_se, s_sn, s_sk, blk_n, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB)
     rw = tl.load(rw_ptr + tl.where(rvalid, pair, 0), mask=rvalid, other=0.0)
     y = round_to(acc, DTYPE, INTERP).to(tl.float32) * rw[:, None]
     pr = tl.where(rvalid, pair, 0).to(tl.int64)
@@ -120,14 +133,15 @@ def w8a8_blocks_ok(w_gate_up, w_down) -> str:
 
 
 def moe_experts_w8a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gate_up, w_down, limit: float,
-                     target: str | None) -> torch.Tensor:
-    """The fp32 pair rows ``[T * K, D]`` of ``moe.experts`` on FP8 x FP8 (shapes checked by the caller)."""
+                     target: str | None, swap: bool = False) -> torch.Tensor:
+    """The fp32 pair rows ``[T * K, D]`` of ``moe.experts`` on FP8 x FP8 (shapes checked by the caller).
+    ``swap``: the decode tiles (``moe_gemm_fp8_decode``: few pairs a tile on the N side of swapped dots)."""
     from inferhal.kernels.linear_lowp import act_quant
 
     t, d = x.shape
     num_experts, two_i = w_gate_up.shape[0], w_gate_up.shape[1]
     inter, topk = two_i // 2, ids.shape[1]
-    cfg = config("moe_gemm_fp8", target)
+    cfg = config("moe_gemm_fp8_decode" if swap else "moe_gemm_fp8", target)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     if bn != 128 or bk != 128:
         raise ValueError(f"moe.experts w8a8: the tuning must give 128-wide N and K tiles (h's and the weights' "
@@ -140,7 +154,7 @@ def moe_experts_w8a8(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, 
     xq, xs = act_quant(x, bk, target=target)
     hq = torch.empty((n_tiles * bm, inter), dtype=torch.float8_e4m3fn, device=x.device)
     hs = torch.empty((n_tiles * bm, triton.cdiv(inter, bn)), dtype=torch.float32, device=x.device)
-    common = dict(DTYPE=tl_dtype(x.dtype), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, INTERP=interp(),
+    common = dict(DTYPE=tl_dtype(x.dtype), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, INTERP=interp(), SWAP_AB=swap,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     gs, ds = w_gate_up.scale.float(), w_down.scale.float()
     launch(moe_gate_up_w8a8_kernel, (n_tiles, triton.cdiv(inter, bn)),

@@ -132,17 +132,20 @@ def _specs() -> list[KernelSpec]:
 
 def _moe_fp8_specs() -> list[KernelSpec]:
     """FP8 x FP8 expert GEMMs (kernels/moe_fp8.py): e4m3 activations and weights, 128 x 128 block scales."""
-    cx = lambda cfg: {"DTYPE": _tl().bfloat16, "INTERP": False, **_blocks(cfg)}  # noqa: E731
     fn = "inferhal.kernels.moe_fp8:"
     common = {"w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "pair_ptr": "*i32", "tile_e_ptr": "*i32"}
-    return [
-        KernelSpec("moe_gate_up_swiglu_fp8_w8a8", "moe.experts", fn + "moe_gate_up_w8a8_kernel", "moe_gemm_fp8",
-                   {**common, "xq_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "hq_ptr": "*fp8e4nv", "hs_ptr": "*fp32"},
-                   ("limit",), cx, mma=True, values=moe_fp8_values(False, True)),
-        KernelSpec("moe_down_fp8_w8a8", "moe.experts", fn + "moe_down_w8a8_kernel", "moe_gemm_fp8",
-                   {**common, "hq_ptr": "*fp8e4nv", "hs_ptr": "*fp32", "rw_ptr": "*fp32", "y_ptr": "*fp32"}, (), cx,
-                   mma=True, values=moe_fp8_values(True, True)),
-    ]
+    out = []
+    for suffix, tun, swap in (("", "moe_gemm_fp8", False), ("_decode", "moe_gemm_fp8_decode", True)):  # tiled, decode
+        cx = lambda cfg, swap=swap: {"DTYPE": _tl().bfloat16, "INTERP": False, "SWAP_AB": swap, **_blocks(cfg)}  # noqa: E731
+        out += [
+            KernelSpec(f"moe_gate_up_swiglu_fp8_w8a8{suffix}", "moe.experts", fn + "moe_gate_up_w8a8_kernel", tun,
+                       {**common, "xq_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "hq_ptr": "*fp8e4nv", "hs_ptr": "*fp32"},
+                       ("limit",), cx, mma=True, values=moe_fp8_values(False, True)),
+            KernelSpec(f"moe_down_fp8_w8a8{suffix}", "moe.experts", fn + "moe_down_w8a8_kernel", tun,
+                       {**common, "hq_ptr": "*fp8e4nv", "hs_ptr": "*fp32", "rw_ptr": "*fp32", "y_ptr": "*fp32"}, (), cx,
+                       mma=True, values=moe_fp8_values(True, True)),
+        ]
+    return out
 
 
 def _kv_record_specs(specs: Mapping[str, KernelSpec]) -> list[KernelSpec]:

@@ -98,6 +98,8 @@ _DEFAULT: dict[str, dict[str, Any]] = {
     # ~1.5 pairs an expert); up to MAX_PAIRS_PER_EXPERT pairs an expert on average, then the tiled kernels
     "moe_gemm_decode": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64, "MAX_PAIRS_PER_EXPERT": 32, "num_warps": 4,
                         "num_stages": 3},
+    # the same for FP8 x FP8 experts (fp8_matmul=w8a8): N and K tiles stay the 128-wide quantisation blocks
+    "moe_gemm_fp8_decode": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3},
     # dense GEMMs (linear, lm_head, lm_head.argmax): bf16 / dequantised weights, ue8m0 FP4 (dot_scaled),
     # FP8 x FP8 (BLOCK_K is the 128-wide scale block of the weight and of the activations)
     "gemm": {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3},
@@ -188,6 +190,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "moe_gemm_fp4": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
         "moe_gemm_decode": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "MAX_PAIRS_PER_EXPERT": 32, "num_warps": 4,
                             "num_stages": 1},
+        "moe_gemm_fp8_decode": {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1},
         "gemm": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "num_warps": 4, "num_stages": 1},
         "gemm_fp4": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 1},
         "gemm_fp8": {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1},

@@ -49,26 +49,35 @@ def oracle(x, weights, ids, qgu, qdn, limit):
 # T, D, I, E, K: one 128 block; ragged D and I (partial quantisation blocks, an N tile past I); several K blocks
 @pytest.mark.parametrize("t,d,inter,e,k", [(3, 128, 128, 2, 2), (9, 160, 96, 3, 2), (6, 384, 256, 2, 2)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_w8a8_experts_match_the_quantised_oracle(t, d, inter, e, k, dtype, close):
+@pytest.mark.parametrize("path", ["decode", "tiled"])  # swap-AB decode tiles (these sizes), the tiled kernels
+def test_w8a8_experts_match_the_quantised_oracle(t, d, inter, e, k, dtype, path, close):
     x, w, ids, wgu, wdn = setup(t, d, inter, e, k, 11 + t, dtype)
     ids[0, 0] = -1  # an EP-remote expert: skipped
     qgu, qdn = quantize_fp8_block(wgu), quantize_fp8_block(wdn)
     p = ExpertsParams(swiglu_limit=10.0 if t % 2 else 0.0)
-    out, want = moe_experts(x, w, ids, qgu, qdn, p, fp8="w8a8"), oracle(x, w, ids, qgu, qdn, p.swiglu_limit)
-    scaled_close(close, out, want, f"moe.experts w8a8 {dtype}")
+    out = moe_experts(x, w, ids, qgu, qdn, p, fp8="w8a8", path=path)
+    want = oracle(x, w, ids, qgu, qdn, p.swiglu_limit)
+    scaled_close(close, out, want, f"moe.experts w8a8 {dtype} {path}")
     widened = moe_experts(x, w, ids, qgu, qdn, p)  # the default path: activations not quantised
     assert (widened.float() - want.float()).abs().max() > (out.float() - want.float()).abs().max()
 
 
-def test_w8a8_rows_are_bitwise_batch_invariant():
+def test_w8a8_rows_are_bitwise_batch_invariant(monkeypatch):
     """Each token's activations are quantised from its own row and its rows never mix in a tile: a token alone,
-    or in the batch's first rows, gives the same bits."""
+    or in the batch's first rows, gives the same bits, on the decode tiles (SWAP_AB) and on the tiled kernels."""
+    import inferhal.kernels.moe_fp8 as mf
+
+    swapped, launch = set(), mf.launch
+    monkeypatch.setattr(mf, "launch", lambda fn, grid, *a, **kw: (swapped.add(kw["SWAP_AB"]), launch(fn, grid, *a, **kw)))
     x, w, ids, wgu, wdn = setup(24, 256, 128, 4, 2, 3, torch.bfloat16)
     qgu, qdn = quantize_fp8_block(wgu), quantize_fp8_block(wdn)
     p = ExpertsParams(swiglu_limit=10.0)
-    full = moe_experts(x, w, ids, qgu, qdn, p, fp8="w8a8")
-    for n in (1, 5):
-        assert torch.equal(moe_experts(x[:n], w[:n], ids[:n], qgu, qdn, p, fp8="w8a8"), full[:n])
+    for path in ("decode", "tiled"):  # 48 pairs over 4 experts: the decode tiles (16 pairs) cross an edge
+        full = moe_experts(x, w, ids, qgu, qdn, p, fp8="w8a8", path=path)
+        for n in (1, 5, 20):
+            assert torch.equal(moe_experts(x[:n], w[:n], ids[:n], qgu, qdn, p, fp8="w8a8", path=path), full[:n])
+        assert swapped == {path == "decode"}
+        swapped.clear()
     assert moe_experts(x[:0], w[:0], ids[:0], qgu, qdn, p, fp8="w8a8").shape == (0, 256)
 
 
