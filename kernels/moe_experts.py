@@ -104,8 +104,13 @@ def moe_gate_up_kernel(x_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, h_ptr, D, I, 
             qg, sg = _load_fp4_scaled(w_ptr, ws_ptr, e, rn, k0, I, D, s_we, s_wn, s_wk, s_se, s_sn, s_sk, BLOCK_K)
             qu, su = _load_fp4_scaled(w_ptr, ws_ptr, e, I + rn, k0, 2 * I, D, s_we, s_wn, s_wk, s_se, s_sn, s_sk,
                                       BLOCK_K)
-            acc_g = tl.dot_scaled(xt, None, LHS_FMT, qg, sg, "e2m1", acc=acc_g)
-            acc_u = tl.dot_scaled(xt, None, LHS_FMT, qu, su, "e2m1", acc=acc_u)
+            if SWAP_AB:  # the packed weight as the scaled lhs [BN, BK/2], x^T the rhs
+                xo = tl.trans(xt)
+                acc_g = tl.dot_scaled(tl.trans(qg), sg, "e2m1", xo, None, LHS_FMT, acc=acc_g)
+                acc_u = tl.dot_scaled(tl.trans(qu), su, "e2m1", xo, None, LHS_FMT, acc=acc_u)
+            else:
+                acc_g = tl.dot_scaled(xt, None, LHS_FMT, qg, sg, "e2m1", acc=acc_g)
+                acc_u = tl.dot_scaled(xt, None, LHS_FMT, qu, su, "e2m1", acc=acc_u)
         else:
             wg = _load_w(w_ptr, ws_ptr, e, rn, k0, rk, I, D, s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, blk_k,
                          W_FMT, DTYPE, INTERP, SCALE_ROW)
@@ -151,7 +156,10 @@ def moe_down_kernel(h_ptr, w_ptr, ws_ptr, pair_ptr, tile_e_ptr, rw_ptr, y_ptr, D
         ht = tl.load(h_ptr + rows[:, None].to(tl.int64) * I + rk[None, :], mask=(rk < I)[None, :], other=0.0)
         if W_FMT == 3:
             q, s = _load_fp4_scaled(w_ptr, ws_ptr, e, rn, k0, D, I, s_we, s_wn, s_wk, s_se, s_sn, s_sk, BLOCK_K)
-            acc = tl.dot_scaled(ht, None, LHS_FMT, q, s, "e2m1", acc=acc)
+            if SWAP_AB:
+                acc = tl.dot_scaled(tl.trans(q), s, "e2m1", tl.trans(ht), None, LHS_FMT, acc=acc)
+            else:
+                acc = tl.dot_scaled(ht, None, LHS_FMT, q, s, "e2m1", acc=acc)
         else:
             w = _load_w(w_ptr, ws_ptr, e, rn, k0, rk, D, I, s_we, s_wn, s_wk, s_se, s_sn, s_sk, blk_n, blk_k,
                         W_FMT, DTYPE, INTERP, SCALE_ROW)
@@ -228,17 +236,16 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gat
     wgu = _weight(w_gate_up, two_i, d, "w_gate_up", x.dtype)
     wdn = _weight(w_down, d, inter, "w_down", x.dtype)
     topk = ids.shape[1]
+    swap = path == "decode" and decode_tiles(t * topk, num_experts, target)
     if fp8 == "w8a8" and FP8_BLOCK in (wgu.fmt, wdn.fmt):
         from inferhal.kernels.moe_fp8 import moe_experts_w8a8, w8a8_blocks_ok
 
         why = w8a8_blocks_ok(w_gate_up, w_down)
         if why:
             raise ValueError(f"moe.experts fp8=w8a8: {why}")
-        swap = path == "decode" and decode_tiles(t * topk, num_experts, FP8_BLOCK, target)
         y_pairs = moe_experts_w8a8(x.contiguous(), weights, ids, w_gate_up, w_down, p.swiglu_limit, target, swap)
         return ordered_sum(y_pairs.view(t, topk, d)).to(x.dtype)
     quant = max(wgu.fmt, wdn.fmt)
-    swap = path == "decode" and decode_tiles(t * topk, num_experts, quant, target)
     cfg = config("moe_gemm_decode" if swap else "moe_gemm_fp4" if quant == FP4_SCALED else "moe_gemm", target)
     bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     opts = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
@@ -260,15 +267,15 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w_gat
     return ordered_sum(y_pairs.view(t, topk, d)).to(x.dtype)
 
 
-def decode_tiles(num_pairs: int, num_experts: int, quant: int = PLAIN, target: str | None = None) -> bool:
+def decode_tiles(num_pairs: int, num_experts: int, target: str | None = None) -> bool:
     """Whether a step of ``num_pairs`` (token, choice) pairs takes the decode tiles: at most
     MAX_PAIRS_PER_EXPERT pairs an expert on average, where the tiled kernels' 64- or 128-row tiles would hold a
     few real rows each. The decode tiles hold BLOCK_M pairs (16 on the GPU targets) on the N side of swapped
     dots, the weight rows on the M side (an MMA's M is 64 or 128). A shape class from T alone, like linear's
     decode rows (not batch-invariant across the bound: backend.batch_invariant=true runs ``path="tiled"``).
-    FP4 weights with ue8m0 scales (``tl.dot_scaled``, whose scaled operand is the right-hand one) stay tiled."""
+    Every weight format: FP4 with ue8m0 scales swaps too (the packed weight as ``tl.dot_scaled``'s scaled lhs)."""
     cfg = config("moe_gemm_decode", target)
-    return quant != FP4_SCALED and 0 < num_pairs <= num_experts * cfg["MAX_PAIRS_PER_EXPERT"]
+    return 0 < num_pairs <= num_experts * cfg["MAX_PAIRS_PER_EXPERT"]
 
 
 def ordered_sum(y: torch.Tensor) -> torch.Tensor:

@@ -111,7 +111,8 @@ def _specs() -> list[KernelSpec]:
     for label, fmt, wt, st, tun in (("bf16", 0, "*bf16", "*fp32", "moe_gemm"), ("fp8_block", 1, "*fp8e4nv", "*fp32", "moe_gemm"),
                                     ("fp4_dot_scaled", 3, "*u8", "*u8", "moe_gemm_fp4"),
                                     ("bf16_decode", 0, "*bf16", "*fp32", "moe_gemm_decode"),
-                                    ("fp8_block_decode", 1, "*fp8e4nv", "*fp32", "moe_gemm_decode")):
+                                    ("fp8_block_decode", 1, "*fp8e4nv", "*fp32", "moe_gemm_decode"),
+                                    ("fp4_dot_scaled_decode", 3, "*u8", "*u8", "moe_gemm_decode")):
         for down in (False, True):
             ptrs, cx = _moe(fmt, wt, st, down, swap=tun == "moe_gemm_decode")
             kern = "moe_down_kernel" if down else "moe_gate_up_kernel"
