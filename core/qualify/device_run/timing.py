@@ -313,8 +313,8 @@ def experts_perf(torch, ctx, pf: Perf, s, P) -> None:
     pf.kernel("moe.experts", f"moe.experts fp8_block (bf16 activations) {shape}", lambda f: f(xe, we, ids, *w8, ep),
               (wgu.numel() + wdn.numel()) + xe.numel() * 4, flops, "float8_e4m3fn", only=prefill)
     del w8, wgu, wdn
-    # decode-sized: few tokens over many experts, bound by reading the touched experts' weights; a backend's decode
-    # tiles (cuda_sm100: swap-AB, the default here) beside its tiled kernels (path=tiled) on the same inputs
+    # decode-sized: few tokens over many experts, bound by reading the touched experts' weights; a backend's own
+    # decode tiles (its default here, where it has them) beside its tiled kernels (a path=tiled variant) on the same inputs
     t, e = s["decode_experts"]
     xe = torch.randn(t, d, device=dev, dtype=bf)
     wgu = torch.randn(e, 2 * i, d, device=dev, dtype=bf) * 0.02
