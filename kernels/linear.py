@@ -185,7 +185,11 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, *, target: str 
             and len(w.shape) == 2 and w.block[1] == 128):
         from inferhal.kernels.linear_lowp import linear_w8a8
 
-        return linear_w8a8(x, w, target=target, path=path)
+        if path == "decode" and 0 < rows(x).shape[0] <= config("gemm_decode", target)["MAX_ROWS"]:
+            from inferhal.kernels.linear_decode import linear_w8a8_decode
+
+            return linear_w8a8_decode(x, w, target=target)
+        return linear_w8a8(x, w, target=target)
     x2 = rows(x)
     b = None if bias is None else bias.contiguous()
     if b is not None and b.numel() != w.shape[0]:

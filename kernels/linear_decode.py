@@ -31,8 +31,10 @@ import torch
 import triton
 import triton.language as tl
 
-from inferhal.kernels.common import launch, round_to
+from inferhal.kernels.common import interp, launch, round_to, tl_dtype
 from inferhal.kernels.linear_k import k_block
+from inferhal.kernels.linear_lowp import w8a8_block, w8a8_operands
+from inferhal.kernels.tuning import config
 
 
 @triton.jit
@@ -78,6 +80,30 @@ def split_reduce_kernel(part_ptr, b_ptr, y_ptr, M, N, S, stride_y, HAS_BIAS: tl.
     tl.store(y_ptr + r * stride_y + c, round_to(acc, DTYPE, INTERP), mask=cm)
 
 
+@triton.jit
+def linear_w8a8_decode_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, part_ptr, M, N, K, KS, stride_xq, stride_xs, s_wn,
+                              s_wk, s_sn, s_sk, blk_n, stride_y, DTYPE: tl.constexpr, SPLIT: tl.constexpr,
+                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              INTERP: tl.constexpr):
+    """FP8 x FP8 at decode: :func:`.linear_lowp.linear_w8a8_kernel`'s K blocks over a program per (N-tile, K-split, M-tile) of
+    :func:`decode_grid` (from N and K only); with splits the fp32 partials [S, M, N] go to
+    :func:`split_reduce_kernel`, else one rounding here."""
+    rm = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    sp = tl.program_id(1)
+    mm, nm = rm < M, rn < N
+    rows = rm.to(tl.int64)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(sp * KS, tl.minimum(K, sp * KS + KS), BLOCK_K):
+        acc = w8a8_block(acc, xq_ptr, xs_ptr, w_ptr, ws_ptr, rows, mm, rn, nm, k0, K, stride_xq, stride_xs, s_wn, s_wk,
+                          s_sn, s_sk, blk_n, BLOCK_K)
+    out = mm[:, None] & nm[None, :]
+    if SPLIT:
+        tl.store(part_ptr + (sp * M + rows)[:, None] * N + rn[None, :], acc, mask=out)
+    else:
+        tl.store(y_ptr + rows[:, None] * stride_y + rn[None, :], round_to(acc, DTYPE, INTERP), mask=out)
+
+
 def decode_grid(n: int, k: int, cfg) -> tuple[int, int, int]:
     """(BLOCK_N, splits, KS = K columns per split, a multiple of BLOCK_K) of a decode ``linear`` of N outputs
     over K, from (N, K) and the target's ``gemm_decode`` entry only: the widest tile of ``N_TILES`` whose N-tiles
@@ -120,3 +146,29 @@ def linear_decode(x2: torch.Tensor, fmt: int, data, scale, offset, block, bias, 
                                                       y.stride(0), HAS_BIAS=bias is not None, DTYPE=dtype, BLOCK=rb,
                                                       INTERP=interp, num_warps=4)
     return y
+
+
+def linear_w8a8_decode(x: torch.Tensor, w, *, target: str | None = None) -> torch.Tensor:
+    """FP8 x FP8 ``linear`` at decode rows (x[..., K] with at most the ``gemm_decode`` entry's MAX_ROWS rows):
+    :func:`.linear_lowp.linear_w8a8`'s activations and K blocks on this module's grid, the splits whole 128-wide
+    scale blocks, the partials summed in split order."""
+    x2, xq, xs, fp8 = w8a8_operands(x, w, target)
+    cfg = {**config("gemm_decode", target), "BLOCK_K": fp8["BLOCK_K"]}
+    m, k = x2.shape
+    n = w.shape[0]
+    y = torch.empty((m, n), dtype=x2.dtype, device=x.device)
+    if not (m and n):
+        return y.reshape(*x.shape[:-1], n)
+    bn, splits, ks = decode_grid(n, k, cfg)
+    ws = w.scale.float()
+    part = torch.empty((splits, m, n), dtype=torch.float32, device=y.device) if splits > 1 else ws
+    dtype, intp = tl_dtype(y.dtype), interp()
+    launch(linear_w8a8_decode_kernel, (triton.cdiv(n, bn), splits, triton.cdiv(m, cfg["BLOCK_M"])),
+           xq, xs, w.data, ws, y, part, m, n, k, ks, xq.stride(0), xs.stride(0), *w.data.stride(), *ws.stride(),
+           w.block[0], y.stride(0), DTYPE=dtype, SPLIT=splits > 1, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn,
+           BLOCK_K=cfg["BLOCK_K"], INTERP=intp, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    if splits > 1:
+        rb = cfg["REDUCE_BLOCK"]
+        split_reduce_kernel[(m, triton.cdiv(n, rb))](part, ws, y, m, n, splits, y.stride(0), HAS_BIAS=False,
+                                                      DTYPE=dtype, BLOCK=rb, INTERP=intp, num_warps=4)
+    return y.reshape(*x.shape[:-1], n)

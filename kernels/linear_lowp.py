@@ -7,7 +7,7 @@ quantisation, so they are opt-in; their oracle is the reference product of the d
 - ``linear_w8a8``: FP8 x FP8 (``tcgen05.mma kind::f8f6f4`` on SM100): activations quantised per token and
   128-column block to e4m3 (amax / 448, DeepSeek's ``act_quant``) by ``act_quant_kernel``, then one e4m3 dot
   per 128-wide K block, scaled by both block scales into the fp32 accumulator (DeepSeek's ``fp8_gemm``); at
-  decode rows (``path="decode"``) over :mod:`.linear_decode`'s grid of N tiles and K splits.
+  decode rows the same K blocks over :mod:`.linear_decode`'s grid of N tiles and K splits.
 - ``linear_w4a4``: FP4 x FP4 through ``tl.dot_scaled``: MXFP4 (ue8m0 scales per 32, ``kind::mxf4``) or
   NVFP4 (e4m3 scales per 16, ``kind::mxf4nvf4``), activations quantised to the weight's layout by
   ``act_quant_fp4_kernel``. The interpreter's ``dot_scaled`` misreads e4m3 scales: there (``INTERP``) NVFP4
@@ -41,7 +41,7 @@ def act_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, stride_q, stride_s, BLOCK
 
 
 @triton.jit
-def _w8a8_block(acc, xq_ptr, xs_ptr, w_ptr, ws_ptr, rows, mm, rn, nm, k0, K, stride_xq, stride_xs, s_wn, s_wk, s_sn,
+def w8a8_block(acc, xq_ptr, xs_ptr, w_ptr, ws_ptr, rows, mm, rn, nm, k0, K, stride_xq, stride_xs, s_wn, s_wk, s_sn,
                 s_sk, blk_n, BLOCK_K: tl.constexpr):
     """acc + (xq . wq^T) * xs[:, kb] * ws[n // blk_n, kb] over the K block at ``k0`` (BLOCK_K = the 128-wide
     scale block)."""
@@ -67,33 +67,9 @@ def linear_w8a8_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K, stride_xq,
     rows = rm.to(tl.int64)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        acc = _w8a8_block(acc, xq_ptr, xs_ptr, w_ptr, ws_ptr, rows, mm, rn, nm, k0, K, stride_xq, stride_xs, s_wn, s_wk,
+        acc = w8a8_block(acc, xq_ptr, xs_ptr, w_ptr, ws_ptr, rows, mm, rn, nm, k0, K, stride_xq, stride_xs, s_wn, s_wk,
                           s_sn, s_sk, blk_n, BLOCK_K)
     tl.store(y_ptr + rows[:, None] * stride_y + rn[None, :], round_to(acc, DTYPE, INTERP), mask=mm[:, None] & nm[None, :])
-
-
-@triton.jit
-def linear_w8a8_decode_kernel(xq_ptr, xs_ptr, w_ptr, ws_ptr, y_ptr, part_ptr, M, N, K, KS, stride_xq, stride_xs, s_wn,
-                              s_wk, s_sn, s_sk, blk_n, stride_y, DTYPE: tl.constexpr, SPLIT: tl.constexpr,
-                              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                              INTERP: tl.constexpr):
-    """FP8 x FP8 at decode: :func:`linear_w8a8_kernel`'s K blocks over a program per (N-tile, K-split, M-tile) of
-    :func:`~.linear_decode.decode_grid` (from N and K only); with splits the fp32 partials [S, M, N] go to
-    :func:`~.linear_decode.split_reduce_kernel`, else one rounding here."""
-    rm = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    sp = tl.program_id(1)
-    mm, nm = rm < M, rn < N
-    rows = rm.to(tl.int64)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(sp * KS, tl.minimum(K, sp * KS + KS), BLOCK_K):
-        acc = _w8a8_block(acc, xq_ptr, xs_ptr, w_ptr, ws_ptr, rows, mm, rn, nm, k0, K, stride_xq, stride_xs, s_wn, s_wk,
-                          s_sn, s_sk, blk_n, BLOCK_K)
-    out = mm[:, None] & nm[None, :]
-    if SPLIT:
-        tl.store(part_ptr + (sp * M + rows)[:, None] * N + rn[None, :], acc, mask=out)
-    else:
-        tl.store(y_ptr + rows[:, None] * stride_y + rn[None, :], round_to(acc, DTYPE, INTERP), mask=out)
 
 
 @triton.jit
@@ -181,53 +157,35 @@ def act_quant(x: torch.Tensor, block: int = 128, *, target: str | None = None):
     return q, s
 
 
-def linear_w8a8(x: torch.Tensor, w: QuantWeight, *, target: str | None = None, path: str = "tiled") -> torch.Tensor:
-    """FP8 x FP8 ``linear`` (see the module docstring): x[..., K] (bf16/fp16/fp32) quantised per token and
-    128-column block, w an fp8_block weight with 128-wide K blocks -> [..., N] in x's dtype. ``path``
-    ``decode``: up to the ``gemm_decode`` entry's MAX_ROWS rows through :func:`linear_w8a8_decode_kernel` (tiles
-    and K splits from N and K, as linear's decode kernel), more rows tiled; ``tiled``: the tiled kernel."""
+def w8a8_operands(x: torch.Tensor, w: QuantWeight, target: str | None):
+    """(x as rows, its e4m3 codes, their scales per 128 columns, the ``gemm_fp8`` config) for an FP8 x FP8
+    product with ``w`` (a 2-D fp8_block weight with K blocks as wide as the config's K tile, else refused)."""
     if not isinstance(w, QuantWeight) or w.format != "fp8_block" or len(w.shape) != 2:
         raise ValueError("linear_w8a8: takes a 2-D fp8_block weight")
     cfg = config("gemm_fp8", target)
-    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
-    if w.block[1] != bk:
-        raise ValueError(f"linear_w8a8: weight K blocks are {w.block[1]} wide, the kernel's K tile is {bk}")
+    if w.block[1] != cfg["BLOCK_K"]:
+        raise ValueError(f"linear_w8a8: weight K blocks are {w.block[1]} wide, the kernel's K tile is {cfg['BLOCK_K']}")
     x2 = rows(x)
+    xq, xs = act_quant(x2, cfg["BLOCK_K"], target=target)
+    return x2, xq, xs, cfg
+
+
+def linear_w8a8(x: torch.Tensor, w: QuantWeight, *, target: str | None = None) -> torch.Tensor:
+    """FP8 x FP8 ``linear`` (see the module docstring): x[..., K] (bf16/fp16/fp32) quantised per token and
+    128-column block, w an fp8_block weight with 128-wide K blocks -> [..., N] in x's dtype, through the tiled
+    kernel (at decode rows: :func:`.linear_decode.linear_w8a8_decode`)."""
+    x2, xq, xs, cfg = w8a8_operands(x, w, target)
+    bm, bn, bk = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"]
     m, k = x2.shape
     n = w.shape[0]
-    xq, xs = act_quant(x2, bk, target=target)
     y = torch.empty((m, n), dtype=x2.dtype, device=x.device)
-    dec = config("gemm_decode", target) if path == "decode" else None
-    if m and n and dec is not None and m <= dec["MAX_ROWS"]:
-        _w8a8_decode(xq, xs, w, y, {**dec, "BLOCK_K": bk})
-    elif m and n:
+    if m and n:
         ws = w.scale.float()
         launch(linear_w8a8_kernel, (triton.cdiv(n, bn), triton.cdiv(m, bm)),
                xq, xs, w.data, ws, y, m, n, k, xq.stride(0), xs.stride(0), *w.data.stride(), *ws.stride(),
                w.block[0], y.stride(0), DTYPE=tl_dtype(x2.dtype), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
                INTERP=interp(), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return y.reshape(*x.shape[:-1], n)
-
-
-def _w8a8_decode(xq, xs, w: QuantWeight, y, cfg) -> None:
-    """y = the FP8 x FP8 product at decode rows; ``cfg``: the ``gemm_decode`` entry with the scale block as
-    BLOCK_K (its splits are whole scale blocks)."""
-    from inferhal.kernels.linear_decode import decode_grid, split_reduce_kernel
-
-    m, k = xq.shape
-    n = w.shape[0]
-    bn, splits, ks = decode_grid(n, k, cfg)
-    ws = w.scale.float()
-    part = torch.empty((splits, m, n), dtype=torch.float32, device=y.device) if splits > 1 else ws
-    dtype, intp = tl_dtype(y.dtype), interp()
-    launch(linear_w8a8_decode_kernel, (triton.cdiv(n, bn), splits, triton.cdiv(m, cfg["BLOCK_M"])),
-           xq, xs, w.data, ws, y, part, m, n, k, ks, xq.stride(0), xs.stride(0), *w.data.stride(), *ws.stride(),
-           w.block[0], y.stride(0), DTYPE=dtype, SPLIT=splits > 1, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn,
-           BLOCK_K=cfg["BLOCK_K"], INTERP=intp, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    if splits > 1:
-        rb = cfg["REDUCE_BLOCK"]
-        split_reduce_kernel[(m, triton.cdiv(n, rb))](part, ws, y, m, n, splits, y.stride(0), HAS_BIAS=False,
-                                                      DTYPE=dtype, BLOCK=rb, INTERP=intp, num_warps=4)
 
 
 def _fp4_group(w) -> int:

@@ -395,7 +395,7 @@ def _decode_specs(ptrs) -> list[KernelSpec]:
         vals = {"M": 64, "N": n, "K": k, "KS": 512 if split else k, "stride_xq": k, "stride_xs": k // 128, "s_wn": k,
                 "s_wk": 1, "s_sn": k // 128, "s_sk": 1, "blk_n": 128, "stride_y": n}
         out.append(KernelSpec(f"linear_decode_fp8_w8a8_n{bn}", "linear",
-                              "inferhal.kernels.linear_lowp:linear_w8a8_decode_kernel", "gemm_decode", w8, (),
+                              "inferhal.kernels.linear_decode:linear_w8a8_decode_kernel", "gemm_decode", w8, (),
                               lambda cfg, bn=bn, split=split: {"DTYPE": _tl().bfloat16, "SPLIT": split,
                                                                "BLOCK_M": cfg["BLOCK_M"], "BLOCK_N": bn,
                                                                "BLOCK_K": 128, "INTERP": False},

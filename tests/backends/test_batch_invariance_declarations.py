@@ -76,9 +76,11 @@ def test_when_every_op_declares_it_the_mode_is_on_and_fallbacks_are_the_referenc
 
 def test_the_matrix_inferhal_backends_prints(reg):
     matrix = reg.invariance_matrix()
-    sm100 = matrix["cuda_sm100"]  # linear switches to its decode kernel up to 128 rows: invariant in the mode only
-    assert sm100["linear"]["state"] == "in mode"
-    assert {c["state"] for op, c in sm100.items() if op != "linear"} == {"always"}
+    # linear switches to its decode kernel up to 128 rows and moe.experts to its decode tiles up to 32 pairs an
+    # expert: invariant in the mode only
+    sm100 = matrix["cuda_sm100"]
+    assert sm100["linear"]["state"] == sm100["moe.experts"]["state"] == "in mode"
+    assert {c["state"] for op, c in sm100.items() if op not in ("linear", "moe.experts")} == {"always"}
     assert {c["state"] for c in matrix["reference"].values()} == {"in mode"}
     assert matrix["ascend950"]["attn.paged"]["state"] == "no"
     assert matrix["cpu_amx"]["linear"]["state"] == "no" and matrix["cpu_amx"]["moe.route"]["state"] == "fallback"

@@ -136,10 +136,10 @@ def test_fp8_activations_w8a8(close):
 
 
 def test_fp8_activations_w8a8_at_decode_rows(close):
-    """FP8 x FP8 at decode rows (``path="decode"``, linear's default): the decode grid's N tiles and K splits of
+    """FP8 x FP8 at decode rows (linear's default path): the decode grid's N tiles and K splits of
     whole 128-wide scale blocks (here 4 splits, the partials summed in split order), against the quantised
     activations' oracle; a row prefix gives the same bits; past MAX_ROWS rows the tiled kernel."""
-    from inferhal.kernels.linear_decode import decode_grid
+    from inferhal.kernels.linear_decode import decode_grid, linear_w8a8_decode
 
     x, w, _ = data(40, 96, 512, 6, torch.bfloat16)
     q = quantize_fp8_block(w)
@@ -147,13 +147,15 @@ def test_fp8_activations_w8a8_at_decode_rows(close):
     assert decode_grid(96, 512, {**dec, "BLOCK_K": 128})[1] == 4
     xq, xs = act_quant(x)
     want = ((xq.float().view(40, 4, 128) * xs[..., None]).view(40, 512) @ dequantize(q).T).to(torch.bfloat16)
-    got = linear_w8a8(x, q, path="decode")
+    got = linear_w8a8_decode(x, q)
     close(got, want, links=2, name="linear w8a8 decode", scale=scale_of(want))
     assert torch.equal(linear(x, q, fp8="w8a8"), got)  # linear's default path
-    assert torch.equal(linear_w8a8(x[:5], q, path="decode"), got[:5])
-    close(got, linear_w8a8(x, q), links=2, name="linear w8a8 decode vs tiled", scale=scale_of(want))
+    assert torch.equal(linear_w8a8_decode(x[:5], q), got[:5])
+    tiled = linear(x, q, fp8="w8a8", path="tiled")
+    assert torch.equal(tiled, linear_w8a8(x, q))
+    close(got, tiled, links=2, name="linear w8a8 decode vs tiled", scale=scale_of(want))
     big = torch.cat([x] * 4)[: dec["MAX_ROWS"] + 1]
-    assert torch.equal(linear_w8a8(big, q, path="decode"), linear_w8a8(big, q))
+    assert torch.equal(linear(big, q, fp8="w8a8"), linear_w8a8(big, q))
 
 
 @pytest.mark.parametrize("layout", ["mxfp4", "nvfp4"])
