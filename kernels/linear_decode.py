@@ -140,12 +140,19 @@ def linear_decode(x2: torch.Tensor, fmt: int, data, scale, offset, block, bias, 
            SPLIT=splits > 1, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, INTERP=interp,
            SCALE_ROW=scale_row_ok and block[1] % bk == 0,
            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    _sum_splits(part, bias, scale, y, splits, cfg, dtype, interp)
+    return y
+
+
+def _sum_splits(part, bias, dummy, y, splits: int, cfg, dtype, interp: bool) -> None:
+    """With more than one split: y = the partials ``part`` [S, M, N] summed in split order (+ ``bias``), rounded
+    once (``split_reduce_kernel``); ``dummy``: any tensor, passed where there is no bias."""
     if splits > 1:
+        m, n = y.shape
         rb = cfg["REDUCE_BLOCK"]
-        split_reduce_kernel[(m, triton.cdiv(n, rb))](part, bias if bias is not None else scale, y, m, n, splits,
+        split_reduce_kernel[(m, triton.cdiv(n, rb))](part, bias if bias is not None else dummy, y, m, n, splits,
                                                       y.stride(0), HAS_BIAS=bias is not None, DTYPE=dtype, BLOCK=rb,
                                                       INTERP=interp, num_warps=4)
-    return y
 
 
 def linear_w8a8_decode(x: torch.Tensor, w, *, target: str | None = None) -> torch.Tensor:
@@ -167,8 +174,5 @@ def linear_w8a8_decode(x: torch.Tensor, w, *, target: str | None = None) -> torc
            xq, xs, w.data, ws, y, part, m, n, k, ks, xq.stride(0), xs.stride(0), *w.data.stride(), *ws.stride(),
            w.block[0], y.stride(0), DTYPE=dtype, SPLIT=splits > 1, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=bn,
            BLOCK_K=cfg["BLOCK_K"], INTERP=intp, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    if splits > 1:
-        rb = cfg["REDUCE_BLOCK"]
-        split_reduce_kernel[(m, triton.cdiv(n, rb))](part, ws, y, m, n, splits, y.stride(0), HAS_BIAS=False,
-                                                      DTYPE=dtype, BLOCK=rb, INTERP=intp, num_warps=4)
+    _sum_splits(part, None, ws, y, splits, cfg, dtype, intp)
     return y.reshape(*x.shape[:-1], n)
