@@ -481,6 +481,9 @@ def _v4_specs() -> list[KernelSpec]:
 
 
 KERNELS: list[KernelSpec] = _specs()
+#: issue #46's hot ops: their kernels must hold no spill stack (tests/kernels/test_aot.py on sm_100a; .ci/run on
+#: sm_90a, where the decode=single attention kernels are exempt)
+HOT_OPS = ("attn.sparse_topk", "attn.paged", "indexer.scores", "linear", "moe.experts")
 
 
 def by_name(name: str) -> KernelSpec:

@@ -11,12 +11,11 @@ import sys
 
 import pytest
 
-from inferhal.kernels.registry import KERNELS
+from inferhal.kernels.registry import HOT_OPS, KERNELS
 
 MMA = [k.name for k in KERNELS if k.mma]
 #: issue #46's target: no spill stack in the decode attention, indexer, linear and MoE kernels
-NO_SPILL = [k.name for k in KERNELS if k.mma
-            and k.op_id in ("attn.sparse_topk", "attn.paged", "indexer.scores", "linear", "moe.experts")]
+NO_SPILL = [k.name for k in KERNELS if k.mma and k.op_id in HOT_OPS]
 #: the most shared memory one block may use on sm_90 and sm_100 (227 KB)
 SHARED_MAX = 232448
 
