@@ -25,8 +25,14 @@ do, every rank pads its decode step to the bucket of the largest batch across th
    :meth:`~inferhal.core.engine.graphs.DecodeGraphs.idle`), so its exchanges are the same program as its peers';
 4. :meth:`~.dp_moe.DPExperts.graph_step` tells the expert runner: each MoE layer of the step's forward is one
    exchange of the bucket's ``bucket x q`` token rows without a header; :meth:`GraphPeers.done` ends that
-   after the forward (a drafter's own MoE layers, MTP's, then run in rounds again); its counters are set at the
-   step's end.
+   after the forward; its counters are set at the step's end;
+5. with an MTP drafter, after a graph step (and only then: every rank has left the step's exchanges, none is
+   still in rounds) the ranks vote again, on the draft graph (:meth:`GraphPeers.agree_draft`,
+   core/spec/mtp_graph.py): eligible with the sequences whose drafts a replay computes, idle, or eager; the same
+   rules pick one (bucket, ``q``) for all, a rank with no drafts to make replays a padding-only draft through it,
+   and the draft forward's MoE calls (the prefill's ``bucket x q`` rows, then ``bucket`` rows for each chained
+   draft) exchange without headers too. When the vote finds no graph, every rank drafts eagerly and the MTP
+   layer's MoE runs in rounds.
 
 The capacity needs no argument: every rank dispatches the bucket's token rows (its own and the padding sequences'
 copies), so the dispatch's default capacity, rows x top_k, is the same on every rank; it holds every routed pair
@@ -61,7 +67,8 @@ def check_graphs(graphs_on: bool, eplb_on: bool) -> None:
 
 class GraphPeers:
     """The ranks' agreement on each step's bucket (the module docstring); ``graphs.peers`` of every DP rank.
-    ``log``: per agreed graph step, every rank's rows (0: padding only), the bucket, whether greedy and ``q``."""
+    ``log``: per agreed graph step, every rank's rows (0: padding only), the bucket, whether greedy and ``q``;
+    ``draft_log`` the same for the MTP draft graphs."""
 
     def __init__(self, comm: Any, graphs: Any, experts: Any) -> None:
         if not experts.pass_layers:
@@ -69,15 +76,48 @@ class GraphPeers:
                             "layers in a fixed order (pass_layers, e.g. DeepSeek-V4); set backend.graphs=false")
         self.comm, self.graphs, self.experts = comm, graphs, experts
         self.log: list[tuple[list[int], int, bool, int]] = []
+        self.draft_log: list[tuple[list[int], int, int]] = []  # per draft graph replay: rows, bucket, q
+        self.stepped = False  # the last agree() chose a graph: every rank ran this step's forward as one
 
     def agree(self, rows: int | None, greedy: bool, q: int = 1) -> tuple[int, bool, int] | None:
         """This rank's vote (``rows``: the sequences of an eligible step of ``q`` tokens each, 0 for an idle
         rank, None for a step that is not eligible; ``greedy``: its step wants tokens, not logits) →
-        ``(bucket, greedy, q)`` of the graph every rank replays this step, or None (all eager). Collective."""
+        ``(bucket, greedy, q)`` of the graph every rank replays this step, or None (all eager). Collective,
+        once per step on every rank; :attr:`stepped` says afterwards whether the step is a graph step."""
+        got = self._vote(rows, greedy, q, "the graph bucket of a step")
+        self.stepped = got is not None
+        if got is None:
+            return None
+        counts, size, both, width = got
+        layers = len(self.experts.pass_layers)
+        self.experts.graph_step([size * width] * layers, [(rows or 0) * width] * layers)
+        self.log.append((counts, size, both, width))
+        return size, both, width
+
+    def agree_draft(self, rows: int | None, q: int, k: int) -> tuple[int, int] | None:
+        """After a graph step (:attr:`stepped`, so every rank has left its forward's exchanges), the MTP draft
+        graph's vote (core/spec/mtp_graph.py): ``rows`` the sequences whose drafts a replay computes (each of
+        ``q`` rows in the step), 0 for a rank with none, None for one that drafts eagerly → ``(bucket, q)`` of the
+        draft graph every rank replays (an idle rank a padding-only one), or None (every rank drafts eagerly,
+        its MTP layer's MoE in rounds). Its forward's MoE calls: the prefill's ``bucket x q`` rows, then
+        ``bucket`` rows for each of the ``k - 1`` chained drafts. Collective."""
+        if not self.stepped:
+            raise RuntimeError("a draft graph's vote after a step that was not a graph step on every rank")
+        got = self._vote(rows, True, q, "the MTP draft graph of a step")
+        if got is None:
+            return None
+        counts, size, _, width = got
+        own = rows or 0
+        self.experts.graph_step([size * width] + [size] * (k - 1), [own * width] + [own] * (k - 1))
+        self.draft_log.append((counts, size, width))
+        return size, width
+
+    def _vote(self, rows: int | None, greedy: bool, q: int, what: str
+              ) -> tuple[list[int], int, bool, int] | None:
+        """All-gather ``[state, rows, greedy, q]`` → (every rank's rows, bucket, greedy for all, q) or None."""
         state = EAGER if rows is None else ELIGIBLE if rows else IDLE
         mine = torch.tensor([state, rows or 0, int(greedy), q if rows else 0], dtype=torch.long)
-        got = [mine] if self.comm.layout.world_size == 1 else \
-            collective(self.comm, "the graph bucket of a step", self.comm.all_gather, mine)
+        got = [mine] if self.comm.layout.world_size == 1 else collective(self.comm, what, self.comm.all_gather, mine)
         states, counts = [int(g[0]) for g in got], [int(g[1]) for g in got]
         qs = {int(g[3]) for g in got if int(g[0]) == ELIGIBLE}
         if EAGER in states or len(qs) != 1:  # not eligible somewhere, nobody eligible, or different q
@@ -85,11 +125,9 @@ class GraphPeers:
         (width,) = qs
         size = self.graphs.bucket(max(counts))  # the largest rows fit a bucket of its rank: the same sizes here
         both = all(int(g[2]) for g in got)  # one graph for all: a logits graph when any rank samples
-        self.experts.graph_step(size * width, (rows or 0) * width)
-        self.log.append((counts, size, both, width))
-        return size, both, width
+        return counts, size, both, width
 
     def done(self) -> None:
-        """The graph step's forward has ended (replayed or captured): the rest of the step (a drafter's MoE
-        layers) runs in rounds again."""
+        """The graph forward has ended (replayed or captured): the rest of the step (a drafter's MoE layers
+        outside a draft graph) runs in rounds again."""
         self.experts.graph_done()

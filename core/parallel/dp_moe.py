@@ -44,12 +44,14 @@ nobody split, and rounds outside a pass (MTP layers), run as one exchange each, 
 
 **Graph steps** (``backend.graphs=true``, :mod:`.dp_graphs`): the ranks agree before a decode step on one
 bucket and tokens a sequence ``q``, every rank's forward has ``bucket x q`` token rows (an idle rank's all
-padding), and :meth:`DPExperts.graph_step` sets ``graph_rows``: each MoE layer is then one exchange of those
-rows without a header (every rank runs the main stack's layers in order), through a dispatch that reads nothing
-on the host (the backend's padded exchange while a graph is captured, its capacity rows x top_k the same on
-every rank), until :meth:`DPExperts.graph_done` after the forward (a drafter's MoE layers, MTP's, run later in
-the step in rounds). A replayed step runs no Python, so its counters are set at the step's end from those rows:
-``pass_layers`` rounds, the rank's own rows, and the padded exchange's bytes (``ranks - 1`` blocks of
+padding), and :meth:`DPExperts.graph_step` sets ``graph_calls``, the token rows of each MoE call of the coming
+forward (the main stack's: ``bucket x q`` at each of ``pass_layers``): each call is then one exchange of its rows
+without a header, through a dispatch that reads nothing on the host (the backend's padded exchange while a graph
+is captured, its capacity rows x top_k the same on every rank), until :meth:`DPExperts.graph_done` after the
+forward. An MTP draft graph after such a step (core/spec/mtp_graph.py) is a second graph forward of the step:
+its prefill's ``bucket x q`` rows, then ``bucket`` rows for each chained draft. A drafter's MoE calls outside a
+draft graph run in rounds. A replayed forward runs no Python, so the step's counters are set at its end from
+those rows: a round per call, the rank's own rows, and the padded exchange's bytes (``ranks - 1`` blocks of
 ``rows x top_k`` rows each way); no timing.
 
 Timing (per step, in :class:`MoeTraffic`): ``a2a_s``, the seconds the exchanges' collectives ran
@@ -88,6 +90,7 @@ class MoeTraffic:
     a2a_s: float = 0.0  # seconds in moe.dispatch / moe.combine collectives (on the communication thread with tbo)
     wait_s: float = 0.0  # seconds the forward's thread spent in them or waiting for them (= a2a_s without tbo)
     graph_rows: int = 0  # a graph step's token rows, bucket x q (every rank's; counters from it, not timed); 0: eager
+    draft_graph_rows: int = 0  # its MTP draft graph's rows, bucket x q then bucket per chained draft, summed; 0: none
 
     @property
     def a2a_bytes(self) -> int:
@@ -114,9 +117,13 @@ class DPExperts(EPExperts):
         self._pass: list[int] = []  # the layers left of the pass this rank brings tokens to
         self._split = False  # that pass is split: each layer is two exchanges (ours as A, an empty B)
         self._inflight: list[Future] = []  # exchanges submitted and not waited for yet
-        self.graph_rows = 0  # > 0: inside a graph step's forward of that many token rows on every rank (dp_graphs)
-        self._graph_own, self._graph_k = 0, 0  # its real rows here; top_k, as its capture saw it
-        self._graph_counted = 0  # the step's graph rows, counted at its end (graph_rows is 0 after its forward)
+        # inside a graph forward (dp_graphs): the token rows of each of its MoE calls on every rank, in order (a
+        # device runner's warm-up runs before its capture repeat them: the calls cycle), and the next call's index
+        self.graph_calls: tuple[int, ...] = ()
+        self._graph_at = 0
+        self._graph_k = 0  # top_k, as its capture saw it
+        # the step's graph forwards, counted at its end: (rows, this rank's own rows) of each MoE call
+        self._graph_steps: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
 
     @property
     def two_batch(self) -> bool:
@@ -125,7 +132,7 @@ class DPExperts(EPExperts):
 
     def __call__(self, layer: int, x: torch.Tensor, weights: torch.Tensor, logical_ids: torch.Tensor) -> torch.Tensor:
         # x: [T, D] this rank's tokens, weights: [T, K] fp32, logical_ids: [T, K] -> y: [T, D] routed experts
-        if self.graph_rows:  # a graph step: every rank at the same rows, no header
+        if self.graph_calls:  # a graph forward: every rank at the same rows, no header
             return self._graph_layer(layer, x, weights, logical_ids)
         if self._pass:  # inside a planned pass: no header, the layer is known
             want = self._pass.pop(0)
@@ -152,40 +159,50 @@ class DPExperts(EPExperts):
         self._split = bool(self._pass)  # the pass's last layer ends it
         return self._settled([self._steps(layer, x, weights, logical_ids), self._empty_steps(layer)])[0]
 
-    def graph_step(self, rows: int, own: int) -> None:
-        """The coming forward is a graph step of ``rows`` token rows on every rank, ``own`` of them this rank's
-        (:mod:`.dp_graphs`, before the step); :meth:`graph_done` ends it, :meth:`drain` counts it."""
-        self.graph_rows = self._graph_counted = int(rows)
-        self._graph_own = int(own)
+    def graph_step(self, rows: Sequence[int], own: Sequence[int]) -> None:
+        """The coming forward is a graph forward whose MoE calls have ``rows[i]`` token rows on every rank,
+        ``own[i]`` of them this rank's (:mod:`.dp_graphs`, before it); :meth:`graph_done` ends it, :meth:`drain`
+        counts it with the step."""
+        if not rows or len(rows) != len(own):
+            raise ValueError(f"a graph forward's MoE calls: rows {list(rows)}, own rows {list(own)}")
+        self.graph_calls, self._graph_at = tuple(int(r) for r in rows), 0
+        self._graph_steps.append((self.graph_calls, tuple(int(o) for o in own)))
 
     def graph_done(self) -> None:
-        """The graph step's forward has ended: later MoE calls of the step (a drafter's layers) run in rounds."""
-        self.graph_rows = 0
+        """The graph forward has ended: later MoE calls of the step run in rounds (or in the next graph forward)."""
+        self.graph_calls, self._graph_at = (), 0
 
     def _graph_layer(self, layer: int, x: torch.Tensor, weights: torch.Tensor,
                      logical_ids: torch.Tensor) -> torch.Tensor:
-        """One MoE layer of a graph step: one exchange of the step's rows, nothing read or counted on the host."""
+        """One MoE call of a graph forward: one exchange of its rows, nothing read or counted on the host."""
         t, k = logical_ids.shape
-        if t != self.graph_rows or x.dtype != self.dtype:
+        want = self.graph_calls[self._graph_at % len(self.graph_calls)]
+        self._graph_at += 1
+        if t != want or x.dtype != self.dtype:
             raise RankDivergenceError(f"rank {self.comm.layout.rank}: MoE layer {layer} got {t} rows of {x.dtype} in "
-                                      f"a graph step of {self.graph_rows} rows of {self.dtype} on every rank")
+                                      f"a graph forward whose call has {want} rows of {self.dtype} on every rank")
         self._graph_k = int(k)
         p = self.placement
         phys = to_physical(logical_ids, p.log2phy[layer], p.logcnt[layer], torch.arange(t, device=x.device))
         return self.through_experts(layer, x, weights, phys)
 
-    def _count_graph_step(self) -> None:
-        """A graph step's counters, from its rows (its exchanges were the padded layout's; see the docstring)."""
-        tr, layers, n = self.traffic, len(self.pass_layers), int(self.comm.layout.world_size)
-        rows, own = self._graph_counted, self._graph_own
-        sent = layers * (n - 1) * rows * self._graph_k  # rows this rank sent to other ranks, each way
+    def _count_graph_steps(self) -> None:
+        """The step's graph forwards' counters, from their rows (their exchanges were the padded layout's; see
+        the module docstring)."""
+        tr, n = self.traffic, int(self.comm.layout.world_size)
         es = torch.empty((), dtype=self.dtype).element_size()
-        tr.graph_rows = rows
-        tr.rounds += layers
-        tr.empty_rounds += 0 if own else layers
-        tr.token_rows += own * layers
-        tr.dispatch_bytes += sent * (self._dim * es + 8)
-        tr.combine_bytes += sent * self._dim * es
+        for i, (rows, own) in enumerate(self._graph_steps):
+            if i == 0:
+                tr.graph_rows = rows[0]
+            else:
+                tr.draft_graph_rows += sum(rows)
+            sent = (n - 1) * sum(rows) * self._graph_k  # rows this rank sent to other ranks, each way
+            tr.rounds += len(rows)
+            tr.empty_rounds += sum(1 for o in own if not o)
+            tr.token_rows += sum(own)
+            tr.dispatch_bytes += sent * (self._dim * es + 8)
+            tr.combine_bytes += sent * self._dim * es
+        self._graph_steps = []
 
     def run_two(self, a: Generator, b: Generator, offset_b: int) -> list[Any]:
         """A forward of the pass layers split in two micro-batches, with overlap. ``a`` and ``b`` are the
@@ -250,9 +267,9 @@ class DPExperts(EPExperts):
             left, self._pass, self._split = self._pass, [], False
             raise RankDivergenceError(f"rank {self.comm.layout.rank}: step {step} ended inside a pass with MoE "
                                       f"layers {left} left (the model does not follow pass_layers)")
-        if self._graph_counted:
-            self._count_graph_step()
-            self.graph_rows = self._graph_counted = 0
+        if self._graph_steps:
+            self._count_graph_steps()
+            self.graph_calls, self._graph_at = (), 0
         while True:
             chosen, split, got = self._round(None, step, unfinished)
             if chosen is None:
@@ -267,7 +284,8 @@ class DPExperts(EPExperts):
     def shrink(self, placement: Placement) -> None:
         """:meth:`EPExperts.shrink`, and whatever the torn step left is dropped (its pass, its counters)."""
         super().shrink(placement)
-        self._pass, self._split, self._inflight, self.graph_rows, self._graph_counted = [], False, [], 0, 0
+        self._pass, self._split, self._inflight, self._graph_steps = [], False, [], []
+        self.graph_calls, self._graph_at = (), 0
         self.traffic = MoeTraffic()
 
     def end_step(self) -> MoeTraffic:

@@ -21,8 +21,16 @@ before the replay (the accepted counts are the verifier's tokens, already on the
 
 Padding sequences up to the bucket repeat the first sequence's inputs with every slot -1. Taken only when the
 drafter's plan is uniform: every running request of the step computed ``q`` tokens (``q`` one of the decode
-graphs' widths), decodes next and wants drafts, and a bucket holds them; else the eager drafter runs. One
-process: under DP attention the MTP layer's MoE exchange would need the ranks' agreement (eager there). With
+graphs' widths), decodes next and wants drafts, and a bucket holds them; else the eager drafter runs.
+
+Under DP attention (``decode.peers``, core/parallel/dp_graphs.py) the MTP layer's MoE exchange joins every rank,
+so after a graph step (every rank left its forward together) the ranks vote on the draft graph too
+(:meth:`~inferhal.core.parallel.dp_graphs.GraphPeers.agree_draft`): a rank whose plan holds votes its sequences,
+a rank with none 0, any other rank eager (then every rank drafts eagerly, its MoE in rounds). Agreed, every rank
+replays the (bucket of the largest, ``q``, ``k``) graph; a rank with no drafts to make replays a padding-only
+one (one sequence of ``q`` rows reading block 0 and writing nothing, its hidden states zero), and a failed
+capture raises (its peers exchange at the graph's shapes). After a step that was eager somewhere the ranks may
+still be in the step's MoE rounds, so the drafts are eager on every rank. With
 asynchronous scheduling the step thread calls it right after a step with the next step's wants
 (core/engine/runner.py: ``ModelRunner._next_wants``), where the eager drafter proposes at the next step's start.
 """
@@ -61,9 +69,8 @@ class MtpDraftGraphs:
     # ------------------------------------------------------------------ the host's plan
 
     def usable(self) -> bool:
-        """Whether any drafting call may replay: no capture failed, and one process (under DP attention the MTP
-        layer's MoE exchange would need the ranks' agreement)."""
-        return not self.disabled and not self.decode.disabled and self.decode.peers is None
+        """Whether any drafting call may replay: no capture failed (under DP attention a failed capture raises)."""
+        return not self.disabled and not self.decode.disabled
 
     def plan(self, step: TargetStep, wants: Sequence[DraftWant] | None) -> tuple[int, list[int]] | None:
         """``(q, drafts kept per sequence)`` when this drafting call can replay, else None (eager). Host data
@@ -164,14 +171,63 @@ class MtpDraftGraphs:
         return draft
 
     def draft(self, step: TargetStep, wants: Sequence[DraftWant] | None) -> dict[str, list[int]] | None:
-        """The prefill and the drafts of this call from a replay, or None (run the eager drafter)."""
+        """The prefill and the drafts of this call from a replay, or None (run the eager drafter). Under DP
+        attention a collective after a graph step (the module docstring)."""
+        peers = self.decode.peers
+        if peers is not None:
+            return self._draft_with_peers(step, wants, peers)
         planned = self.plan(step, wants)
         if planned is None:
             return None
         q, keep = planned
         size = self.decode.bucket(len(keep))
-        args = self.inputs(step, q, keep, size)
+        drafts = self._replay(size, q, self.inputs(step, q, keep, size))
+        if drafts is None:
+            return None
+        return {s.request_id: d[:n] for s, d, n in zip(step.seqs, drafts[: len(keep)].tolist(), keep) if n}
+
+    def _draft_with_peers(self, step: TargetStep, wants: Sequence[DraftWant] | None,
+                          peers: Any) -> dict[str, list[int]] | None:
+        if not peers.stepped:  # eager somewhere: a rank may still be in the step's MoE rounds
+            return None
+        planned = self.plan(step, wants) if step.seqs else None
+        rows = len(planned[1]) if planned is not None else 0 if not step.seqs else None
+        agreed = peers.agree_draft(rows, planned[0] if planned is not None else 1, self.prop.k)
+        if agreed is None:
+            return None
+        size, q = agreed
+        if planned is None:  # nothing to draft here: a padding-only replay, so the exchanges match the peers'
+            self._replay(size, q, self.padding_inputs(size, q))
+            return {}
+        keep = planned[1]
+        drafts = self._replay(size, q, self.inputs(step, q, keep, size))
+        return {s.request_id: d[:n] for s, d, n in zip(step.seqs, drafts[: len(keep)].tolist(), keep) if n}
+
+    def padding_inputs(self, size: int, q: int) -> list[torch.Tensor]:
+        """:meth:`inputs` of ``size`` copies of one sequence of ``q`` rows at positions ``0 .. q-1`` that reads
+        block 0 (as each block its positions reach) and writes nothing, its hidden states zero: what a DP rank
+        with no drafts to make replays."""
+        prop = self.prop
+        dev, k, cfg = prop.device, prop.k, prop.model.cfg
+
+        def full(shape, value, dtype=torch.long):
+            return torch.full(shape, value, dtype=dtype, device=dev)
+
+        table = full((size, self.width), -1, torch.int32)
+        table[:, : -(-q // prop.block_size)] = 0
+        chain = (k - 1, size)
+        return [full((size * q,), 0), torch.zeros(size * q, cfg.hc_mult, cfg.hidden_size, dtype=prop.model.dtype,
+                                                      device=dev),
+                torch.arange(0, q * size + 1, q, dtype=torch.int32, device=dev), torch.arange(q, device=dev).repeat(size),
+                full((size,), q, torch.int32), table, full((size * q,), -1),
+                torch.arange(q - 1, q * size, q, device=dev), full(chain, q - 1), full(chain, q, torch.int32),
+                full(chain, -1)]
+
+    def _replay(self, size: int, q: int, args: list[torch.Tensor]) -> torch.Tensor | None:
+        """The ``[size, k]`` drafts of one replay (captured first if new), or None where the capture failed
+        (alone: eager from now on, said once; under DP attention it raises)."""
         key = (size, q, self.prop.k)
+        peers = self.decode.peers
         replay = self._replays.get(key)
         if replay is None:
             try:
@@ -179,13 +235,20 @@ class MtpDraftGraphs:
             except Exception as exc:  # noqa: BLE001 - any capture failure: eager drafts from now on, said once
                 self.disabled = f"capturing a {size}-sequence MTP draft step of {q} rows a sequence failed: " \
                                 f"{type(exc).__name__}: {exc}"
+                if peers is not None:
+                    peers.done()
+                    raise RuntimeError(f"backend.graphs: {self.disabled}; a DP rank cannot draft eagerly while its "
+                                       f"peers exchange at the graph's shapes: set backend.graphs=false") from exc
                 log.warning("MTP draft graphs off for this engine: %s", self.disabled)
                 warnings.warn(f"backend.graphs: MTP draft graphs off for this engine, drafts run eagerly: "
-                              f"{self.disabled}", GraphCaptureWarning, stacklevel=2)
+                              f"{self.disabled}", GraphCaptureWarning, stacklevel=3)
                 return None
             self._replays[key] = replay
             self.num_captures += 1
-        drafts = replay(*args)[: len(keep)].tolist()  # the one read, after the replay
+        try:
+            drafts = replay(*args)
+        finally:
+            if peers is not None:  # the rest of the step exchanges in rounds
+                peers.done()
         self.num_replays += 1
-        return {s.request_id: d[:n] for s, d, n in zip(step.seqs, drafts, keep) if n}
-
+        return drafts

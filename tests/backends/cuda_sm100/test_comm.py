@@ -85,7 +85,7 @@ def test_host_side_collectives_run_on_gloo(cpu_half_group, monkeypatch):
     assert StepSync(comm).check(7, done=True) is True  # the per-step header
     assert gather_objects(comm, {"rank": 0, "tokens": [1, 2]}) == [{"rank": 0, "tokens": [1, 2]}] * 2  # 2 gathers
     graphs, experts = type("G", (), {"bucket": lambda self, n: 4})(), type("E", (), {})()
-    experts.pass_layers, experts.graph_step = True, lambda size, rows: None
+    experts.pass_layers, experts.graph_step = range(2), lambda rows, own: None
     assert GraphPeers(comm, graphs, experts).agree(3, True) == (4, True, 1)  # the graph vote
     assert [s[0] for s in spy.seen] == ["cpu"] * 4
     assert {s[2] for s in spy.seen} == {"ProcessGroupGloo"}

@@ -206,9 +206,12 @@ def graph_suite(layout, out_dir):
                   "split": [(s.moe.graph_rows, s.moe.split_passes) for s in hook.log]}
     llm, hook, runner = graph_llm(layout, "auto", "dep2", overrides=SPEC)  # verification steps of 1 + K tokens
     toks, steps = run(llm, SPEC_PROMPTS, params(spec=True))
+    eng = llm.engine.engine
+    drafts = eng.drafting.proposer.graphs
     got["spec"] = {"tokens": toks, "steps": steps, "keys": runner.keys, "replays": runner.replays,
-                   "reads": runner.reads, "votes": llm.engine.engine.runner.graphs.peers.log,
-                   "moe": [(s.attn_tokens, s.seqs, s.moe) for s in hook.log]}
+                   "reads": runner.reads, "votes": eng.runner.graphs.peers.log,
+                   "draft_votes": eng.runner.graphs.peers.draft_log, "draft_replays": drafts.num_replays,
+                   "draft_captures": drafts.num_captures, "moe": [(s.attn_tokens, s.seqs, s.moe) for s in hook.log]}
     llm, hook, runner = graph_llm(layout, "exact", "dep2")
     try:  # a prompt each, then a decode step of one row each
         run(llm, PROMPTS[1:3], params()[2:4])

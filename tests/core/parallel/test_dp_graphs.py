@@ -4,9 +4,9 @@ under replicated attention (ep2) every rank pads its shard to as many rows; both
 exchange's equal-split all-to-all has one shape on every rank.
 
 The spawned tests (dep2, dep2 with two-batch overlap, dep2 with MTP drafts, and ep2 over gloo, ``graph_workers.py``)
-replay decode and speculative verification steps through a CPU graph runner that records a capture and runs each
-replay on the captured buffers under core's host-read guard, fatal for core, model and the kernels' EP ops (Triton's
-interpreter): CPU reference / interpreter evidence, no GPU."""
+replay decode steps, speculative verification steps and MTP's draft steps through a CPU graph runner that records a
+capture and runs each replay on the captured buffers under core's host-read guard, fatal for core, model and the
+kernels' EP ops (Triton's interpreter): CPU reference / interpreter evidence, no GPU."""
 
 from types import SimpleNamespace
 
@@ -68,8 +68,36 @@ def test_the_ranks_agree_on_one_graph_per_step(mine, others, want):
     graphs, experts = DecodeGraphs(None, None, (), 16, 64, [1, 2, 4, 8], None), Experts()
     peers = GraphPeers(Votes(*others), graphs, experts)
     assert peers.agree(*mine) == want
-    # the expert runner is told the step's token rows (bucket x q) and its own
-    assert experts.steps == ([] if want is None else [(want[0] * want[2], mine[0] * want[2])])
+    # the expert runner is told each MoE call's token rows (bucket x q at every main layer) and its own
+    assert experts.steps == ([] if want is None else [([want[0] * want[2]] * MOE_LAYERS,
+                                                       [mine[0] * want[2]] * MOE_LAYERS)])
+    assert peers.stepped == (want is not None)
+
+
+@pytest.mark.parametrize("mine,others,want", [
+    ((3, 3), [(ELIGIBLE, 1, 1, 3)], (4, 3)),  # both draft after verifying 3 tokens a sequence
+    ((0, 1), [(ELIGIBLE, 2, 1, 3)], (2, 3)),  # a rank with no drafts to make pads to its peer's bucket
+    ((2, 1), [(ELIGIBLE, 1, 1, 1)], (2, 1)),  # after plain decode steps: the prefill is one row a sequence
+    ((None, 1), [(ELIGIBLE, 1, 1, 3)], None),  # a rank that drafts eagerly (e.g. drafting paused): all eager
+    ((2, 3), [(ELIGIBLE, 1, 1, 1)], None),  # different rows a sequence: all eager
+    ((0, 1), [(IDLE, 0, 1, 0)], None),  # nobody drafts
+])
+def test_after_a_graph_step_the_ranks_agree_on_one_draft_graph(mine, others, want):
+    """MTP's draft graph (core/spec/mtp_graph.py): a second vote of the step, whose forward's MoE calls are the
+    prefill's bucket x q rows, then a bucket's rows for each chained draft (k = 3: two)."""
+    graphs, experts = DecodeGraphs(None, None, (), 16, 64, [1, 2, 4, 8], None), Experts()
+    peers = GraphPeers(Votes(*others), graphs, experts)
+    with pytest.raises(RuntimeError, match="not a graph step on every rank"):  # the ranks may be in MoE rounds
+        peers.agree_draft(*mine, 3)
+    peers.stepped = True
+    assert peers.agree_draft(*mine, 3) == want
+    if want is None:
+        assert experts.steps == [] and peers.draft_log == []
+    else:
+        size, q = want
+        own = mine[0]
+        assert experts.steps == [([size * q, size, size], [own * q, own, own])]
+        assert peers.draft_log == [([own] + [o[1] for o in others], size, q)]
 
 
 def test_graphs_with_eplb_are_refused_by_name():
@@ -225,23 +253,41 @@ def test_dep2_replays_verification_steps_when_every_rank_has_the_same_q(ranks, s
     """MTP drafts 2 a sequence under dep2: the ranks vote their tokens a sequence, so a step where every rank
     with work verifies 3 tokens a sequence replays one (bucket, 3) graph on both, an idle rank's padding
     sequence of 3 tokens included; a step where the ranks' q differ (a request near max_tokens drafts fewer)
-    runs eagerly on both. The tokens are the single process's; the MTP layer's MoE, after the graph step's
-    forward, runs in rounds."""
+    runs eagerly on both. The tokens are the single process's."""
     votes = ranks[0]["spec"]["votes"]
     assert ranks[1]["spec"]["votes"] == votes
     assert ([2, 1], 2, False, 3) in votes and ([2, 0], 2, False, 3) in votes  # both verify; rank 1 idle
+    draft_votes = ranks[0]["spec"]["draft_votes"]
     steps = [rank["spec"]["steps"] for rank in ranks]
     for rank in ranks:
         got = rank["spec"]
         assert got["tokens"] == singles[1]
-        # one capture per (bucket, q, kind) used, each replayed at every agreed step
-        assert set(got["keys"]) == {(s, q) for _, s, _, q in votes} and got["replays"] == len(votes)
-        assert len(got["keys"]) == len({(s, g, q) for _, s, g, q in votes})
+        # one capture per (bucket, q, kind) used and per draft graph (bucket, q), each replayed at every agreed step
+        assert set(got["keys"]) == {(s, q) for _, s, _, q in votes} | {(s, q) for _, s, q in draft_votes}
+        assert len(got["keys"]) == len({(s, g, q) for _, s, g, q in votes}) + len({(s, q) for _, s, q in draft_votes})
+        assert got["replays"] == len(votes) + len(draft_votes)
         assert got["reads"] and all(" at backends/reference/" in k for k in got["reads"])
         graph = [moe for _, _, moe in got["moe"] if moe.graph_rows]
         assert [m.graph_rows for m in graph] == [s * q for _, s, _, q in votes]  # token rows: bucket x q
-        assert all(m.rounds > MOE_LAYERS for m, v in zip(graph, votes) if v[3] > 1)  # + the MTP layer's rounds
     # a decode on each rank, 3 tokens a sequence on rank 0 and fewer on rank 1: eager on both
     differ = [i for i, ((n0, t0, _), (n1, t1, _)) in enumerate(zip(*steps))
               if i and t0 == 3 * n0 and n1 and t1 % n1 == 0 and t1 != 3 * n1]
     assert differ and all(steps[r][i][2] == steps[r][i - 1][2] for r in (0, 1) for i in differ)
+
+
+@pytest.mark.slow
+def test_dep2_replays_the_mtp_drafts_after_a_graph_step(ranks):
+    """After a graph step the ranks vote again, on MTP's draft graph (core/spec/mtp_graph.py): both replay one
+    (bucket, q) draft graph, a rank with nothing to draft a padding-only one, and its MoE calls (the prefill's
+    bucket x q rows, then a bucket's rows for the chained draft) exchange without a header, as the step's."""
+    draft_votes = ranks[0]["spec"]["draft_votes"]
+    assert ranks[1]["spec"]["draft_votes"] == draft_votes
+    assert ([2, 1], 2, 3) in draft_votes and ([2, 0], 2, 3) in draft_votes  # both draft; rank 1 pads
+    k = 2  # drafts a sequence: the prefill's MoE call and one chained draft's
+    for rank in ranks:
+        got = rank["spec"]
+        assert got["draft_replays"] == len(draft_votes) and got["draft_captures"] == len({(s, q) for _, s, q in
+                                                                                          draft_votes})
+        drafted = [moe for _, _, moe in got["moe"] if moe.draft_graph_rows]
+        assert [m.draft_graph_rows for m in drafted] == [s * q + s * (k - 1) for _, s, q in draft_votes]
+        assert all(m.headers == 1 and m.rounds == MOE_LAYERS + k for m in drafted)  # the step's end only
