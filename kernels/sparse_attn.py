@@ -21,7 +21,8 @@ Two kernels, selected by the wrapper's ``decode`` argument (the cuda_sm100 backe
   ``BLOCK_H`` heads, split); the window is one key range cut by the token's own key count, the top-k
   row is cut every ``SPLIT`` entries; a combine kernel merges the partials and adds the sinks;
 - ``single``: one program per token holding all heads (kept to compare on a device); with FP8 / FP4 records
-  two (the ``attn_sparse_records`` entry's ``CHANNEL_SPLIT``), each holding half the value channels.
+  two or four (the ``attn_sparse_records`` entry's ``CHANNEL_SPLIT``), each holding its part of the value
+  channels.
 
 Oracle: ``backends/reference/deepseek.py:attn_sparse_topk``.
 """
@@ -44,12 +45,26 @@ from inferhal.kernels.tuning import config
 
 @triton.jit
 def _channels(k, c, BLOCK_DV: tl.constexpr):
-    """The values of program ``c``: all channels of ``k [N, W]`` (``BLOCK_DV == W``), or its half ``c``."""
+    """The values of program ``c``: all channels of ``k [N, W]`` (``BLOCK_DV == W``), or its half or quarter
+    ``c`` (channels ``[c * BLOCK_DV, (c + 1) * BLOCK_DV)``)."""
     v = k
-    if BLOCK_DV < k.shape[1]:
+    if BLOCK_DV * 2 == k.shape[1]:
         lo, hi = tl.split(tl.permute(tl.reshape(k, (k.shape[0], 2, BLOCK_DV)), (0, 2, 1)))
         v = tl.where(c == 0, lo, hi)
+    elif BLOCK_DV * 4 == k.shape[1]:  # channel (2a + b) * BLOCK_DV + j at [n, a, b, j]: c = 2a + b
+        a0, a1 = tl.split(tl.permute(tl.reshape(k, (k.shape[0], 2, 2, BLOCK_DV)), (0, 3, 2, 1)))  # [N, DV, b]
+        lo, hi = tl.split(tl.where(c // 2 == 0, a0, a1))
+        v = tl.where(c % 2 == 0, lo, hi)
     return v
+
+
+def channel_split(want: int, block_d: int) -> int:
+    """Programs a token of the ``single`` kernel: ``want`` (1, 2 or 4), halved until each holds 16 channels."""
+    if want not in (1, 2, 4):
+        raise ValueError(f"attn_sparse_records: CHANNEL_SPLIT must be 1, 2 or 4, got {want}")
+    while want > 1 and block_d // want < 16:
+        want //= 2
+    return want
 
 
 @triton.jit
@@ -95,9 +110,9 @@ def sparse_attn_kernel(q_ptr, kv_ptr, c_ptr, idx_ptr, o_ptr, sink_ptr, bt_ptr, c
                        RBLOCK: tl.constexpr = 1, CODED: tl.constexpr = 0, RAW_AT: tl.constexpr = 0,
                        SCALES_AT: tl.constexpr = 0, GROUP: tl.constexpr = 16, ALIGN: tl.constexpr = 1,
                        BLOCK_DV: tl.constexpr = 0):
-    """``single``: one program per token, all heads as the M side of ``tl.dot``; with ``BLOCK_DV`` half of
-    ``BLOCK_D``, two per token (``pid(1)``), each scoring the whole keys and holding half the value channels
-    (the same scores and softmax statistics in both). ``BLOCK_DV`` 0: all ``BLOCK_D``."""
+    """``single``: one program per token, all heads as the M side of ``tl.dot``; with ``BLOCK_DV`` a half or a
+    quarter of ``BLOCK_D``, two or four per token (``pid(1)``), each scoring the whole keys and holding its part
+    of the value channels (the same scores and softmax statistics in each). ``BLOCK_DV`` 0: all ``BLOCK_D``."""
     DV: tl.constexpr = BLOCK_D if BLOCK_DV == 0 else BLOCK_DV
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -241,7 +256,7 @@ def attn_sparse_topk(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttnBatch, 
         tile["ALIGN"] = min(tile["ALIGN"], tile_args(fmt, common["BLOCK_D"], cc)["ALIGN"])
     if decode == "single":
         cfg = config("attn_sparse" if fmt is None else "attn_sparse_records", target)
-        cs = 2 if cfg.get("CHANNEL_SPLIT", 1) == 2 and common["BLOCK_D"] >= 32 else 1  # >= 16 channels a program
+        cs = channel_split(cfg.get("CHANNEL_SPLIT", 1), common["BLOCK_D"])
         launch(sparse_attn_kernel, (t, cs),
             q, kv_cache, cc, idx, out, sink_arg if sinks is not None else q, *ptrs, h, d, kv_cache.shape[1], *c_args,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1), kv_cache.stride(0), kv_cache.stride(1),

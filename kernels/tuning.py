@@ -75,8 +75,10 @@ _SPLIT_KV = {
 # sm_100a bf16 221 / 0 / 263,200 B at 64-key tiles (over the 232,448 B a block may hold) -> 204 / 0 / 115,360.
 # With FP8 / FP4 records (a [16, 512] tile decoded beside the accumulator) CHANNEL_SPLIT 2 runs two programs a
 # token, each scoring the whole keys and holding half the value channels: fp8_ds_mla / nvfp4 spill stack, at the
-# tiles above -> halves, sm_100a 160 / 56 B -> 0 / 0 (254 / 210 registers), sm_90a 560 / 280 -> 248 / 136 (a
-# quarter of the channels at 4 warps left 24 / 0). The split kernels (the default) hold none.
+# tiles above -> halves, sm_100a 160 / 56 B -> 0 / 0 (254 / 210 registers), sm_90a 560 / 280 -> 248 / 136. On
+# sm_90a CHANNEL_SPLIT 4 (four programs a token, a quarter of the channels each) at 4 warps: 32 / 0 B (255 / 226
+# registers, 82,240 B shared; at 8 warps 184 / 0, 32-key tiles 416 / 112): the 64 x 512 query held for wgmma is
+# most of what is left. The split kernels (the default) hold none.
 _SPARSE_SINGLE = {"BLOCK_N": 16, "num_warps": 8, "num_stages": 2}
 _SPARSE_SINGLE_RECORDS = {"BLOCK_N": 16, "CHANNEL_SPLIT": 2, "num_warps": 8, "num_stages": 2}
 # attn.paged's program per (token, KV head) (decode=single) the same way, compiled as V4's latent decode (64 heads on
@@ -173,7 +175,7 @@ TUNING: dict[str, dict[str, dict[str, Any]]] = {
         "gemm_int": {"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
         "attn_paged": _PAGED_SINGLE,
         "attn_sparse": _SPARSE_SINGLE,
-        "attn_sparse_records": _SPARSE_SINGLE_RECORDS,
+        "attn_sparse_records": {"BLOCK_N": 16, "CHANNEL_SPLIT": 4, "num_warps": 4, "num_stages": 2},
         # the one-program-per-tile indexer (decode=single) at 8 warps: 48 / 125 / 127 registers for bf16 / fp8_index
         # / mxfp4 keys where 4 warps held 80 / 201 / 189 (16 resident warps a SM or more where 4 warps left 12)
         "indexer_scores": {"BLOCK_N": 64, "num_warps": 8, "num_stages": 2},

@@ -5,6 +5,8 @@ layer view of a shared page (as the KV storage hands out). The kernels round wit
 round-to-nearest-even, ue8m0 exponents from the float's bits, bf16 RoPE channels), so the interpreter's
 misrounding casts never enter."""
 
+from unittest import mock
+
 import pytest
 import torch
 
@@ -12,6 +14,7 @@ from inferhal.backends.reference import kv_records as ref
 from inferhal.backends.reference.ops import kv_write as ref_write
 from inferhal.core.ops.params import KVWriteParams
 from inferhal.core.paging import formats
+from inferhal.kernels import tuning
 from inferhal.kernels.kv_records import decode_rows, kv_write_record
 
 CASES = [("fp8", 512, 64, "main"), ("fp8", 128, 0, "index"), ("fp4", 512, 64, "main"), ("fp4", 128, 0, "index"),
@@ -89,6 +92,13 @@ def test_sparse_attention_and_indexer_kernels_read_records_as_the_reference_does
         out = attn_sparse_topk(q, kv, attn["swa"], *args, p, sinks, decode=decode)
         close(out, expect, links=2 if dtype == torch.bfloat16 else 1, scale=vmax,
               name=f"attn.sparse_topk {main.name} {decode}")
+    # the single kernel's value channels in quarters (cuda_sm90's CHANNEL_SPLIT; the interpreter's entry: halves):
+    # each program scores every key and stores 16 of the 64 channels
+    quarters = {**tuning.config("attn_sparse_records", "interpreter"), "CHANNEL_SPLIT": 4}
+    with mock.patch.dict(tuning.TUNING["interpreter"], {"attn_sparse_records": quarters}):
+        out = attn_sparse_topk(q, kv, attn["swa"], *args, p, sinks, decode="single")
+    close(out, expect, links=2 if dtype == torch.bfloat16 else 1, scale=vmax,
+          name=f"attn.sparse_topk {main.name} single, CHANNEL_SPLIT 4")
     iq, w = torch.randn(len(pos), hi, di, generator=g).to(dtype), torch.randn(len(pos), hi, generator=g)
     ip = IndexerParams(di ** -0.5, hi ** -0.5, index)
     want = ref_indexer(iq, keys, attn["comp"], w, ip)
