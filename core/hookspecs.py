@@ -251,7 +251,8 @@ def inferhal_backend_extra(name: str, profile: "DeviceProfile") -> Any:
       target=NAME``) and ``compile(target) -> list[dict]``, one row per kernel: ``kernel``, ``op``,
       ``compiled`` (bool), ``error``, ``registers``, ``spill_stack_bytes``, ``shared_bytes``,
       ``tmem_columns``, ``mma`` (the matrix-instruction family found in the assembly, as text) and
-      ``mma_ok`` (the kernel needs tensor-core instructions and has them, or does not need them).
+      ``mma_ok`` (the kernel needs tensor-core instructions and has them, or does not need them); optionally
+      ``local_loads`` / ``local_stores``, the local-memory instructions in its assembly (what a spill costs).
     - ``"environment"``: a mapping of name → version or description (strings) of the toolchain and driver
       the backend runs on, read without touching a device (package metadata, files): ``inferhal qualify``
       puts it in its report's environment manifest.

@@ -3,7 +3,7 @@
 ``compile_all("sm_100a")`` runs Triton's compiler (``triton.compile(ASTSource(...),
 target=GPUTarget("cuda", 100, 32))``, bundled ptxas) on each :data:`~inferhal.kernels.registry.KERNELS`
 spec and reports, per kernel: compiled or not (with the error), registers and spills (from the cubin,
-via the bundled ``cuobjdump -res-usage``), shared and tensor memory (from Triton's metadata), and the
+via the bundled ``cuobjdump -res-usage``; where there is a stack, its local loads and stores in the SASS), shared and tensor memory (from Triton's metadata), and the
 MMA instructions in the PTX (``tcgen05.mma`` kinds on SM100, ``wgmma`` on SM90). Nothing here runs a
 kernel: every result's execution level is ``compiled``.
 
@@ -56,6 +56,25 @@ def _resource_usage(cubin: bytes, kernel: str) -> dict[str, int]:
     return out
 
 
+def _local_ops(cubin: bytes) -> tuple[int, int] | tuple[None, None]:
+    """(local loads, local stores) in the kernel's SASS (``LDL`` / ``STL`` from ``cuobjdump -sass``): the traffic a
+    spill stack costs. A stack with none is a frame ptxas reserved and the code never touches (Triton's FP4
+    kernels declare a 1-2 byte local depot in their PTX and report 8 B of stack)."""
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if not os.path.exists(tool) or not cubin:
+        return None, None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        try:
+            sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, timeout=120).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None, None
+    return len(re.findall(r"\bLDL\b", sass)), len(re.findall(r"\bSTL\b", sass))
+
+
 def _mma_kinds(ptx: str) -> list[str]:
     kinds = sorted(set(re.findall(r"tcgen05\.mma[\w.:]*?kind::(\w+)", ptx)))
     return kinds
@@ -85,9 +104,11 @@ def compile_one(spec, arch: str) -> dict[str, Any]:
         return row
     ptx = k.asm.get("ptx", "")
     res = _resource_usage(k.asm.get("cubin", b""), k.metadata.name)
+    loads, stores = _local_ops(k.asm.get("cubin", b"")) if res.get("STACK") else (0, 0)
     row.update(
         compiled=True, error="", seconds=round(time.perf_counter() - t0, 2),
         registers=res.get("REG"), spill_stack_bytes=res.get("STACK"), local_bytes=res.get("LOCAL"),
+        local_loads=loads, local_stores=stores,
         shared_bytes=int(k.metadata.shared), tmem_columns=int(getattr(k.metadata, "tmem_size", 0) or 0),
         num_warps=k.metadata.num_warps, num_stages=k.metadata.num_stages,
         tcgen05="tcgen05.mma" in ptx, tcgen05_kinds=_mma_kinds(ptx), wgmma="wgmma.mma_async" in ptx,

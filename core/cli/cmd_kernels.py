@@ -50,6 +50,14 @@ def run(cfg, words) -> int:
     return 1 if bad else 0
 
 
+def _traffic(r) -> str:
+    """What a row's stack costs, where the backend counted its local loads and stores in the assembly."""
+    loads, stores = r.get("local_loads"), r.get("local_stores")
+    if loads is None or stores is None:
+        return ""
+    return ", never loaded or stored" if not loads and not stores else f", {loads} local loads / {stores} stores"
+
+
 def _print(rows, target, backend, out) -> None:
     from inferhal.core.console import console as make_console
     from rich.markup import escape
@@ -68,7 +76,8 @@ def _print(rows, target, backend, out) -> None:
             t.add_row(r["kernel"], r["op"], "[red]no[/]", "", "", "", "", "", escape(r["error"]))
     console = make_console()
     console.print(t)
-    spilled = [f"{r['kernel']} ({r['spill_stack_bytes']} B)" for r in rows if r["compiled"] and r["spill_stack_bytes"]]
+    spilled = [f"{r['kernel']} ({r['spill_stack_bytes']} B{_traffic(r)})" for r in rows
+               if r["compiled"] and r["spill_stack_bytes"]]
     console.print(f"spill stack in {len(spilled)} of {len(rows)} kernels: {', '.join(spilled)}" if spilled
                   else f"spill stack in none of the {len(rows)} kernels")
     console.print(f"JSON written to {out}")

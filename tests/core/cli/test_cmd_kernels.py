@@ -21,3 +21,13 @@ def test_the_report_names_the_kernels_that_spill(capsys, tmp_path):
 def test_the_report_says_when_nothing_spills(capsys, tmp_path):
     _print([row("a_kernel", 0)], "sm_100a", "cuda_sm100", str(tmp_path / "k.json"))
     assert "spill stack in none of the 1 kernels" in capsys.readouterr().out
+
+
+def test_the_report_says_what_each_stack_costs_where_the_backend_counted_it(capsys, tmp_path):
+    rows = [row("frame_only", 8), row("spilling", 56), row("uncounted", 16)]
+    rows[0].update(local_loads=0, local_stores=0)
+    rows[1].update(local_loads=14, local_stores=12)
+    _print(rows, "sm_90a", "cuda_sm100", str(tmp_path / "k.json"))
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("spill stack in 3 of 3 kernels: frame_only (8 B, never loaded or stored), spilling (56 B, 14 local loads "
+            "/ 12 stores), uncounted (16 B)") in out
