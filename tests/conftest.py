@@ -23,7 +23,8 @@ ONE_WORKER = {path: "real_models" for path in (
     "models/gemma3", "models/llama", "models/gguf", "backends/reference/test_batch_invariant_gemma3.py",
     "core/server", "core/disagg/test_router.py", "core/bench/test_serve_bench.py",
     "core/bench/test_structured_bench.py", "core/structured/test_engine.py", "core/engine/test_cli.py",
-    "core/bench/test_soak.py", "core/config/test_context.py", "core/spec/test_suffix_smollm.py")}
+    "core/bench/test_soak.py", "core/config/test_context.py", "core/spec/test_suffix_smollm.py",
+    "core/bench/test_agent.py")}  # its SmolLM2 server child: 1.0 GB of PSS beside the group's worker at this run's peak
 #: other test paths whose tests share an expensive module- or package-scoped fixture, kept on one worker so that it
 #: runs once (xdist makes every test its own unit here: a module's tests spread over the workers, each worker
 #: building the module's fixtures again): the tiny DeepSeek-V4's greedy run on cuda_sm100's kernels in the
@@ -127,12 +128,25 @@ def pytest_unconfigure(config):
     gc.unfreeze()
 
 
+def _stop_forkserver() -> None:
+    """Stop this process's multiprocessing forkserver, if a test started one (core/procs.py: ranks, instances and
+    servers fork from it, torch preloaded): about 170 MB of PSS per worker that stayed for the rest of the session
+    (measured at the suite's peak: the two workers' idle forkservers were 337-345 MB of its 3.9-4.0 GB). The next
+    module that starts a process starts it again (about 2 s of CPU)."""
+    fs = getattr(sys.modules.get("multiprocessing.forkserver"), "_forkserver", None)
+    if fs is not None and getattr(fs, "_forkserver_pid", None) is not None and hasattr(fs, "_stop"):
+        fs._stop()
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
     """After a module's last test (trylast: after pytest finalised its fixtures): collect garbage and give the freed
-    heap back to the OS, so the suite's peak memory is the largest module's, not the sum of all."""
-    if _TRIM is not None and (nextitem is None or nextitem.module is not item.module):
-        import gc
+    heap back to the OS, and stop an idle forkserver, so the suite's peak memory is the largest module's, not the
+    sum of all."""
+    if nextitem is None or nextitem.module is not item.module:
+        _stop_forkserver()
+        if _TRIM is not None:
+            import gc
 
-        gc.collect()
-        _TRIM(0)
+            gc.collect()
+            _TRIM(0)

@@ -1,6 +1,7 @@
-"""tests/conftest.py's worker groups: a test module that loads a real model in the test process belongs to the
-real-model worker (ONE_WORKER), or the suite holds that model on both workers at once (test_suffix_smollm.py did:
-+0.69 GB on the other worker at the end of a suite run, beside the real-model worker's own)."""
+"""tests/conftest.py's worker groups: a test module that loads a real model in the test process (or starts a server
+child with one) belongs to the real-model worker (ONE_WORKER), or the suite holds that model on both workers at once
+(test_suffix_smollm.py did: +0.69 GB on the other worker at the end of a suite run, beside the real-model worker's
+own; test_agent.py's server child +1.0 GB at another run's peak)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from pathlib import Path
 TESTS = Path(__file__).parent
 #: an LLM of a real model (a GGUF from PyPI) built in the test process
 REAL = re.compile(r'LLM\(\s*"(smollm2_135m_instruct|gemma3_270m)"')
+#: the CLI run on a real model in the test process: it loads the model, or a bench starts a server child with it
+#: (test_agent.py's SmolLM2 child, 1.0 GB of PSS, ran beside the real-model worker at a suite run's peak)
+CLI = re.compile(r'main\(\[\s*"(?:bench|serve|generate)"[^\]]*?"model=(?:smollm2_135m_instruct|gemma3_270m)"')
+#: modules whose CLI runs of a real model are refused before anything loads (the test makes loading fail)
+REFUSED_ONLY = {"models/deepseek_v4/test_kv_dtype.py"}
 #: opt-in modules (skipped unless INFERHAL_LONG=1): never in the README's run
 OPT_IN = {"backends/cuda_sm100/test_e2e_gemma3.py"}
 
@@ -20,8 +26,14 @@ def _suite(config):
 
 
 def real_model_modules() -> list[str]:
-    """The test modules (paths relative to tests/) that build an LLM of a real model in the test process."""
-    return [f.relative_to(TESTS).as_posix() for f in sorted(TESTS.rglob("test_*.py")) if REAL.search(f.read_text())]
+    """The test modules (paths relative to tests/) that build an LLM of a real model in the test process, or run
+    the CLI on one there (a bench's server child included)."""
+    out = []
+    for f in sorted(TESTS.rglob("test_*.py")):
+        rel, text = f.relative_to(TESTS).as_posix(), f.read_text()
+        if REAL.search(text) or (CLI.search(text) and rel not in REFUSED_ONLY):
+            out.append(rel)
+    return out
 
 
 def test_every_module_that_loads_a_real_model_runs_on_the_real_model_worker(pytestconfig):
@@ -32,4 +44,6 @@ def test_every_module_that_loads_a_real_model_runs_on_the_real_model_worker(pyte
 
 def test_the_pattern_finds_the_known_real_model_modules():
     """The check above sees what it looks for (a negative control on today's tree)."""
-    assert {"core/spec/test_suffix_smollm.py", "backends/cuda_sm100/test_e2e_gemma3.py"} <= set(real_model_modules())
+    assert {"core/spec/test_suffix_smollm.py", "backends/cuda_sm100/test_e2e_gemma3.py",
+            "core/bench/test_agent.py", "core/bench/test_serve_bench.py"} <= set(real_model_modules())
+    assert "models/deepseek_v4/test_kv_dtype.py" not in real_model_modules()
