@@ -34,22 +34,26 @@ ARCHS: dict[str, tuple[int, str, str]] = {
 }
 
 
-def _resource_usage(cubin: bytes, kernel: str) -> dict[str, int]:
-    """REG / STACK / SHARED / LOCAL of ``kernel`` from ``cuobjdump -res-usage`` (Triton ships cuobjdump)."""
+def _cuobjdump(cubin: bytes, flag: str, timeout: int) -> str | None:
+    """``cuobjdump FLAG`` of a cubin (Triton ships cuobjdump), or None where the tool is missing or fails."""
     import triton
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    if not os.path.exists(tool):
-        return {}
+    if not os.path.exists(tool) or not cubin:
+        return None
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         try:
-            text = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True, timeout=60).stdout
+            return subprocess.run([tool, flag, f.name], capture_output=True, text=True, timeout=timeout).stdout
         except (OSError, subprocess.SubprocessError):
-            return {}
+            return None
+
+
+def _resource_usage(cubin: bytes, kernel: str) -> dict[str, int]:
+    """REG / STACK / SHARED / LOCAL of ``kernel`` from ``cuobjdump -res-usage``."""
     out: dict[str, int] = {}
-    for line in text.splitlines():
+    for line in (_cuobjdump(cubin, "-res-usage", 60) or "").splitlines():
         if "REG:" in line:
             for key, val in re.findall(r"(\w+(?:\[\d+\])?):(\d+)", line):
                 out[key] = int(val)
@@ -60,18 +64,9 @@ def _local_ops(cubin: bytes) -> tuple[int, int] | tuple[None, None]:
     """(local loads, local stores) in the kernel's SASS (``LDL`` / ``STL`` from ``cuobjdump -sass``): the traffic a
     spill stack costs. A stack with none is a frame ptxas reserved and the code never touches (Triton's FP4
     kernels declare a 1-2 byte local depot in their PTX and report 8 B of stack)."""
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    if not os.path.exists(tool) or not cubin:
+    sass = _cuobjdump(cubin, "-sass", 120)
+    if sass is None:
         return None, None
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        try:
-            sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, timeout=120).stdout
-        except (OSError, subprocess.SubprocessError):
-            return None, None
     return len(re.findall(r"\bLDL\b", sass)), len(re.findall(r"\bSTL\b", sass))
 
 
