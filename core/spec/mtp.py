@@ -23,9 +23,9 @@ those steps wrote (vLLM's behaviour too); drafts stay exact to verify, only acce
 Drafts are the MTP head's argmax (``q`` one-hot), which the rejection sampler (``spec.verify``) verifies
 exactly for greedy and sampled requests alike.
 
-With ``backend.graphs=true`` (synchronous or asynchronous scheduling) the engine calls
-:meth:`MtpProposer.prefill_and_propose`, which replays the prefill and the drafts as one fixed-shape graph after a uniform step (:attr:`MtpProposer.graphs`,
-core/spec/mtp_graph.py) and runs this eager code otherwise.
+With ``backend.graphs=true`` (synchronous or asynchronous scheduling, one process or DP ranks) the engine calls
+:meth:`MtpProposer.prefill_and_propose`, which replays the prefill and the drafts as one fixed-shape graph after
+a uniform step (:attr:`MtpProposer.graphs`, core/spec/mtp_graph.py) and runs this eager code otherwise.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class MtpProposer:
         n = model.cfg.num_layers
         self.group = dataclasses.replace(swa, name=GROUP, layers=tuple(range(n, n + self.num_mtp_layers)))
         self._first: dict[str, tuple[int, torch.Tensor]] = {}  # request → (draft 1, MTP streams at c' - 1)
-        self.graphs: Any = None  # core/spec/mtp_graph.MtpDraftGraphs (backend.graphs=true, one process)
+        self.graphs: Any = None  # core/spec/mtp_graph.MtpDraftGraphs (backend.graphs=true)
 
     @property
     def num_speculative_tokens(self) -> int:

@@ -173,34 +173,27 @@ class MtpDraftGraphs:
     def draft(self, step: TargetStep, wants: Sequence[DraftWant] | None) -> dict[str, list[int]] | None:
         """The prefill and the drafts of this call from a replay, or None (run the eager drafter). Under DP
         attention a collective after a graph step (the module docstring)."""
-        peers = self.decode.peers
-        if peers is not None:
-            return self._draft_with_peers(step, wants, peers)
-        planned = self.plan(step, wants)
-        if planned is None:
-            return None
-        q, keep = planned
-        size = self.decode.bucket(len(keep))
+        planned, peers = self.plan(step, wants), self.decode.peers
+        if peers is None:
+            if planned is None:
+                return None
+            q, keep = planned
+            size = self.decode.bucket(len(keep))
+        else:
+            if not peers.stepped:  # eager somewhere: a rank may still be in the step's MoE rounds
+                return None
+            rows = len(planned[1]) if planned is not None else 0 if not step.seqs else None
+            agreed = peers.agree_draft(rows, planned[0] if planned is not None else 1, self.prop.k)
+            if agreed is None:
+                return None
+            size, q = agreed
+            if planned is None:  # nothing to draft here: a padding-only replay, so the exchanges match the peers'
+                self._replay(size, q, self.padding_inputs(size, q))
+                return {}
+            keep = planned[1]
         drafts = self._replay(size, q, self.inputs(step, q, keep, size))
         if drafts is None:
             return None
-        return {s.request_id: d[:n] for s, d, n in zip(step.seqs, drafts[: len(keep)].tolist(), keep) if n}
-
-    def _draft_with_peers(self, step: TargetStep, wants: Sequence[DraftWant] | None,
-                          peers: Any) -> dict[str, list[int]] | None:
-        if not peers.stepped:  # eager somewhere: a rank may still be in the step's MoE rounds
-            return None
-        planned = self.plan(step, wants) if step.seqs else None
-        rows = len(planned[1]) if planned is not None else 0 if not step.seqs else None
-        agreed = peers.agree_draft(rows, planned[0] if planned is not None else 1, self.prop.k)
-        if agreed is None:
-            return None
-        size, q = agreed
-        if planned is None:  # nothing to draft here: a padding-only replay, so the exchanges match the peers'
-            self._replay(size, q, self.padding_inputs(size, q))
-            return {}
-        keep = planned[1]
-        drafts = self._replay(size, q, self.inputs(step, q, keep, size))
         return {s.request_id: d[:n] for s, d, n in zip(step.seqs, drafts[: len(keep)].tolist(), keep) if n}
 
     def padding_inputs(self, size: int, q: int) -> list[torch.Tensor]:
