@@ -54,6 +54,35 @@ def pytest_configure(config):
         torch.set_num_threads(int(threads))
 
 
+# --- two tiers: the README's `pytest` runs every test but those marked slow; `pytest -m slow` runs those ---
+#: the second tier's marker (pyproject.toml says what it covers); CI (.ci/run) runs the README's command, then it
+SLOW = "slow"
+
+
+def default_run(config) -> bool:
+    """The README's command: no test path named (pyproject's ``testpaths``) and no ``-m``. A run that names paths
+    or node ids runs every test it names, slow ones included; ``-m`` chooses by itself (``-m slow``: the second
+    tier, ``-m "slow or not slow"``: both)."""
+    return config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.option.markexpr
+
+
+def pytest_collection_modifyitems(config, items):
+    """The default run leaves out the tests marked slow (reported as deselected)."""
+    if not default_run(config):
+        return
+    slow = [item for item in items if item.get_closest_marker(SLOW)]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker(SLOW)]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if default_run(config):
+        terminalreporter.write_line(f"the tests marked {SLOW} (the second tier: servers, process groups and real models "
+                                    f"run end to end) did not run: `.venv/bin/pytest -m {SLOW}` runs them; CI runs "
+                                    f"both tiers")
+
+
 def group_of(rel: str):
     """The ONE_WORKER (or SHARED_RUNS) group of a test path relative to tests/ (``models/gemma3/test_bf16.py``),
     or None."""
@@ -134,8 +163,29 @@ def _stop_forkserver() -> None:
     (measured at the suite's peak: the two workers' idle forkservers were 337-345 MB of its 3.9-4.0 GB). The next
     module that starts a process starts it again (about 2 s of CPU)."""
     fs = getattr(sys.modules.get("multiprocessing.forkserver"), "_forkserver", None)
-    if fs is not None and getattr(fs, "_forkserver_pid", None) is not None and hasattr(fs, "_stop"):
-        fs._stop()
+    pid = getattr(fs, "_forkserver_pid", None)
+    if pid is None or not hasattr(fs, "_stop"):
+        return
+    try:  # its children hold its liveness pipe: stopping it would wait for them, forever for one that hangs
+        if Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+            return
+    except OSError:
+        pass
+    fs._stop()
+
+
+#: the resident set (bytes) after the last malloc_trim: trimming walks the whole heap (about 0.1 s on the
+#: real-model worker; py-spy put 1.7 % of a suite's sampled worker time in it at every module's end), so a module
+#: that grew the process by less than _TRIM_AFTER since then is not trimmed
+_TRIMMED = [0]
+_TRIM_AFTER = 64 << 20
+
+
+def _rss() -> int:
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 1 << 62  # unknown: always trim
 
 
 @pytest.hookimpl(trylast=True)
@@ -145,8 +195,9 @@ def pytest_runtest_teardown(item, nextitem):
     sum of all."""
     if nextitem is None or nextitem.module is not item.module:
         _stop_forkserver()
-        if _TRIM is not None:
+        if _TRIM is not None and _rss() - _TRIMMED[0] > _TRIM_AFTER:
             import gc
 
             gc.collect()
             _TRIM(0)
+            _TRIMMED[0] = _rss()

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).parent
 #: an LLM of a real model (a GGUF from PyPI) built in the test process
 REAL = re.compile(r'LLM\(\s*"(smollm2_135m_instruct|gemma3_270m)"')
@@ -47,3 +49,35 @@ def test_the_pattern_finds_the_known_real_model_modules():
     assert {"core/spec/test_suffix_smollm.py", "backends/cuda_sm100/test_e2e_gemma3.py",
             "core/bench/test_agent.py", "core/bench/test_serve_bench.py"} <= set(real_model_modules())
     assert "models/deepseek_v4/test_kv_dtype.py" not in real_model_modules()
+
+
+def test_the_readme_command_leaves_out_the_slow_tier_and_everything_else_chooses(pytestconfig):
+    """The README's `pytest` (testpaths, no -m) deselects the tests marked slow; naming paths or a -m keeps them."""
+    from types import SimpleNamespace
+
+    suite, source = _suite(pytestconfig), pytest.Config.ArgsSource
+
+    def config(args_source, markexpr=""):
+        deselected = []
+        return SimpleNamespace(args_source=args_source, option=SimpleNamespace(markexpr=markexpr),
+                               hook=SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)),
+                               deselected=deselected)
+
+    def item(slow):
+        return SimpleNamespace(slow=slow, get_closest_marker=lambda name: "mark" if slow and name == "slow" else None)
+
+    for cfg, keeps_slow in ((config(source.TESTPATHS), False), (config(source.TESTPATHS, "slow"), True),
+                            (config(source.ARGS), True), (config(source.TESTPATHS, "slow or not slow"), True)):
+        items = [item(False), item(True), item(False)]
+        suite.pytest_collection_modifyitems(cfg, items)
+        assert [i.slow for i in items] == ([False, True, False] if keeps_slow else [False, False])
+        assert [i.slow for i in cfg.deselected] == ([] if keeps_slow else [True])
+
+
+def test_ci_runs_the_readme_command_then_the_slow_tier():
+    root = TESTS.parent
+    readme, ci = (root / "README.md").read_text(), (root / ".ci" / "run").read_text()
+    command = "bash .ci/bootstrap test && .venv/bin/pytest\n"
+    assert command in readme and command in ci
+    assert ci.index(command) < ci.index(".venv/bin/pytest -m slow\n")
+    assert "`.venv/bin/pytest -m slow`" in readme

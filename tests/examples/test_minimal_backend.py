@@ -45,6 +45,7 @@ def test_minimal_backend_passes_the_kit(site, tmp_path):
     assert "failed" not in summary and "passed" in summary, summary
 
 
+@pytest.mark.slow
 def test_minimal_backend_qualifies(site, tmp_path):
     out = subprocess.run([sys.executable, "-m", "inferhal.core.cli.main", "qualify", "backend.name=minimal",
                           "qualify.ops=[norm.rms]", "qualify.progress=false", f"qualify.output_dir={tmp_path}"],

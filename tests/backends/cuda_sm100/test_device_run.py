@@ -39,6 +39,7 @@ def test_without_a_gpu_it_exits_2_with_the_reason(tmp_path):
     assert rep["probe"]["available"] is False and rep["execution_level"] == "absent"
 
 
+@pytest.mark.slow
 def test_interpreter_dry_run_says_interpreter(tmp_path):
     out = _run("--interpret", "--sections", "kernels,layer", "--ops", "norm.rms", "--workers", "1",
                "--out", str(tmp_path / "dc.json"), tmp_path=tmp_path)

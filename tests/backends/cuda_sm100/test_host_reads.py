@@ -55,6 +55,7 @@ def test_tiny_v4_steps_read_only_the_listed_places(tiny_v4_greedy):
         assert places == expected, f"step {i}: the backend's reads by place:\n" + "\n".join(guard.report())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(CONFIGS))
 def test_gguf_decoder_steps_make_no_host_read_in_the_backend(family, tiny_v4):
     backend = tiny_v4.engine.backend
@@ -102,6 +103,7 @@ def test_ep_dispatch_and_combine_read_nothing_under_the_padded_exchange(exchange
     assert torch.allclose(y, want, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_tiny_v4_decode_steps_without_the_plan_read_nothing(tiny_v4):
     """A decode step as a captured graph sees it (``ForwardBatch.seqs`` None: RoPE and HCA widths from the
     model's bound, the compressor's rows from closing_row_bound with -1 rows past the device's count) runs

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from inferhal.core.bench import kv_tiers_copies
 
 
+@pytest.mark.slow
 def test_sync_and_async_saves_measured_side_by_side(tmp_path):
     out = tmp_path / "copies.json"
     assert kv_tiers_copies.main(["deepseek_v4_tiny", "2", "64", str(out)]) == 0

@@ -10,6 +10,7 @@ import pytest
 from inferhal.core.cli.main import main
 
 
+@pytest.mark.slow
 def test_bench_structured_small_run(tmp_path, capsys):
     pytest.importorskip("jsonschema")
     from inferhal.core.models.llama.loader import package_gguf

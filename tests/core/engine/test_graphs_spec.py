@@ -218,6 +218,7 @@ def test_a_split_that_follows_the_padded_width_changes_the_replayed_logprobs(loa
     assert fake.replays and [lp for _, lp in outs] != [lp for _, lp in want_outs]
 
 
+@pytest.mark.slow
 def test_a_verification_step_runs_on_the_kernels_without_a_host_read():
     """A 3-token verification step (the last token and 2 drafts) of one sequence padded to a 2-sequence bucket,
     through the tiny V4's logits-and-hidden step on cuda_sm100's kernels (Triton's interpreter) under the guard

@@ -88,6 +88,7 @@ def run(model, backend, seed, block_size, chunk, caching, policy, num_blocks, ab
     return eng, outs
 
 
+@pytest.mark.slow
 @settings(max_examples=4, deadline=None, phases=(Phase.explicit, Phase.generate),  # shrinking a 200-request run is too slow
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), block_size=st.sampled_from([2, 4, 8]), chunk=st.sampled_from([7, 16, 64]),
@@ -132,6 +133,7 @@ def hybrid_workload(seed: int, n: int = 30) -> list[tuple[list[int], SamplingPar
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method,k,async_scheduling", [("ngram", 3, False), ("mtp", 3, True), ("none", 0, True)])
 def test_hybrid_model_with_drafts_async_and_preemption_matches_solo_runs(tiny_mtp, method, k, async_scheduling):
     """The same property on the tiny V4 (a sliding window beside compressed groups, the drafter's KV group), with

@@ -57,6 +57,7 @@ def test_system_and_stop_sequences(claude):
     assert told.usage.input_tokens != plain.usage.input_tokens  # the system prompt replaces the template's own
 
 
+@pytest.mark.slow
 def test_tools_use_and_a_tool_result_continues(claude):
     kw = dict(model=MODEL, max_tokens=64, tools=[WEATHER], messages=[{"role": "user", "content": "Weather in Paris?"}],
               tool_choice={"type": "any", "disable_parallel_tool_use": True}, **GREEDY)

@@ -98,6 +98,7 @@ def test_sigkill_of_the_server_leaves_no_process_and_no_port():
         p.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_a_pd_router_ending_takes_its_instances_with_it(sig):
     """``parallel.role=pd``: the prefill and decode processes (spawned, each with its model) end with their

@@ -205,6 +205,7 @@ def test_the_fitted_mtp_head_is_accepted_often_and_changes_nothing():
     assert (st["accepted_tokens"] + st["drafted_at"][0]) / st["drafted_at"][0] > 1.25  # tokens per verify step
 
 
+@pytest.mark.slow
 def test_two_ep_ranks_draft_alike_and_print_the_single_process_tokens():
     """parallel=ep2 (two processes, gloo) with MTP drafts at k=3: the tokens of one process without drafts."""
     import subprocess

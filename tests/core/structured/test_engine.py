@@ -38,6 +38,7 @@ def _check_json(outs, schemas=SCHEMAS) -> tuple[int, int]:
     return valid, cut
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["greedy", "sampled"])
 def test_json_schemas_always_validate(llm, mode):
     """Greedy: all 22 schemas (measured 22/22 valid, none cut); sampled at temperature 0.8: every other one

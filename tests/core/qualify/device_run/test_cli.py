@@ -23,6 +23,7 @@ def _run(*args, tmp_path, timeout=600):
     return subprocess.run(_cmd(*args), capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_a_run_on_the_reference_records_every_row_with_its_level(tmp_path):
     out = tmp_path / "run.json"
     got = _run("--backend", "reference", "--scale", "reduced", "--sections", "kernels,perf", "--ops", "norm.rms",
