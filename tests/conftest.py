@@ -70,10 +70,12 @@ def pytest_collection_modifyitems(config, items):
     """The default run leaves out the tests marked slow (reported as deselected)."""
     if not default_run(config):
         return
-    slow = [item for item in items if item.get_closest_marker(SLOW)]
+    keep, slow = [], []
+    for item in items:
+        (slow if item.get_closest_marker(SLOW) else keep).append(item)
     if slow:
         config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if not item.get_closest_marker(SLOW)]
+        items[:] = keep
 
 
 def pytest_terminal_summary(terminalreporter, config):
